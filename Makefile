@@ -1,0 +1,57 @@
+# The two README commands: `make demo` and `make test`. Each makes .venv when
+# missing and installs what it needs. TORCH selects the torch requirement, e.g.
+#   make test TORCH=torch==2.13.0
+PYTHON ?= python3
+VENV ?= .venv
+TORCH ?=
+PYTEST_ARGS ?=
+PY := $(VENV)/bin/python
+APT_PACKAGES := spin gcc graphviz
+
+.PHONY: test demo verify bench bench-quick install sysdeps lint clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+
+install: $(PY)
+	$(PY) -m pip install -q $(if $(TORCH),"$(TORCH)") -e ".[test,demo]"
+
+# System packages for the SPIN checks and SVG diagrams, installed when missing.
+sysdeps:
+	@missing=""; \
+	command -v spin >/dev/null || missing="$$missing spin"; \
+	command -v gcc >/dev/null || missing="$$missing gcc"; \
+	command -v dot >/dev/null || missing="$$missing graphviz"; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "installing$$missing"; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
+	  else \
+	    echo "missing$$missing: run 'sudo apt-get install$$missing' (SPIN tests skip without them)"; \
+	  fi; \
+	fi
+
+test: install sysdeps
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: install
+	$(VENV)/bin/replay-fsm demo
+
+verify: install sysdeps
+	$(PY) -m pytest -m "" tests/test_spin.py
+
+bench: install
+	$(PY) -m pip install -q torchrl || echo "torchrl unavailable: its rows will say so"
+	$(PY) benchmarks/run_all.py
+
+bench-quick: install
+	$(PY) benchmarks/run_all.py --quick
+
+lint: install
+	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m ruff check replay_fsm tests benchmarks
+	$(PY) -m mypy replay_fsm
+
+clean:
+	rm -rf $(VENV) .hypothesis .pytest_cache demo-out

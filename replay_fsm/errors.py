@@ -1,0 +1,37 @@
+"""Exceptions. Misuse raises built-ins or ProtocolError; a broken pipeline raises
+PipelineFailed chained to its cause."""
+
+from __future__ import annotations
+
+
+class ReplayFSMError(Exception):
+    """Base of the library's own errors."""
+
+
+class ProtocolError(ReplayFSMError, RuntimeError):
+    """A call the protocol forbids in the current state; nothing was changed."""
+
+
+class IllegalTransition(ProtocolError):
+    """An event the transition table has no row for, from the slot's state."""
+
+
+class PipelineClosed(ProtocolError):
+    """A call after close()."""
+
+
+class PipelineFailed(ReplayFSMError):
+    """The pipeline failed earlier; ``__cause__`` is the original error."""
+
+
+class CollectorDied(PipelineFailed):
+    """The packer (thread or process) that serves pack requests is gone."""
+
+
+class PackerError(ReplayFSMError):
+    """An exception raised while packing, carried over from the packer's side."""
+
+    def __init__(self, tick: int, traceback_text: str) -> None:
+        super().__init__(f"packing tick {tick} failed:\n{traceback_text}")
+        self.tick = tick
+        self.traceback_text = traceback_text

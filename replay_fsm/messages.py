@@ -1,0 +1,145 @@
+"""Messages between the actors: small frozen records, plus the seed's dict formats.
+
+The seed's collectors speak dicts (``request`` and ``ready``); ``to_seed_dict``
+and ``from_seed_dict`` keep those formats working unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from .spec import Actor, Event, SlotState
+
+PACK_LAYOUT = "packed"
+PACK_EXECUTOR = "collector_thread"
+
+
+@dataclass(frozen=True, slots=True)
+class PackRequest:
+    """Learner -> packer: gather ``sample_count`` rows for ``tick`` into host slot ``slot``.
+
+    ``min_snapshot_ptr``: the packer waits until the buffer has seen this many rows.
+    """
+
+    tick: int
+    slot: int
+    generation: int
+    seed: int
+    sample_count: int
+    min_snapshot_ptr: int
+
+    def to_seed_dict(self, *, snapshot_ptr: int, snapshot_size: int,
+                     learner_hot_slot: int) -> dict[str, Any]:
+        return {
+            "tick_id": self.tick,
+            "snapshot_ptr": snapshot_ptr,
+            "snapshot_size": snapshot_size,
+            "min_snapshot_ptr": self.min_snapshot_ptr,
+            "sample_seed": self.seed,
+            "sample_count": self.sample_count,
+            "shared_slot": self.slot,
+            "learner_hot_gpu_slot": learner_hot_slot,
+            "target_gpu_slot": self.slot,
+            "pack_layout": PACK_LAYOUT,
+            "pack_executor": PACK_EXECUTOR,
+            "generation": self.generation,
+        }
+
+    @classmethod
+    def from_seed_dict(cls, d: dict[str, Any]) -> PackRequest:
+        return cls(
+            tick=int(d["tick_id"]),
+            slot=int(d["shared_slot"]),
+            generation=int(d.get("generation", -1)),
+            seed=int(d["sample_seed"]),
+            sample_count=int(d["sample_count"]),
+            min_snapshot_ptr=int(d["min_snapshot_ptr"]),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PackDone:
+    """Packer -> transfer worker: host slot ``slot`` holds the batch of ``tick``.
+
+    ``error`` carries the packer's traceback text when packing failed.
+    """
+
+    tick: int
+    slot: int
+    generation: int
+    seed: int
+    sample_count: int
+    snapshot_ptr: int
+    snapshot_size: int
+    pack_start_ns: int = 0
+    pack_end_ns: int = 0
+    error: str | None = None
+
+    def to_seed_dict(self) -> dict[str, Any]:
+        return {
+            "tick_id": self.tick,
+            "snapshot_ptr": self.snapshot_ptr,
+            "snapshot_size": self.snapshot_size,
+            "sample_seed": self.seed,
+            "sample_count": self.sample_count,
+            "shared_slot": self.slot,
+            "target_gpu_slot": self.slot,
+            "generation": self.generation,
+            "pack_start_ns": self.pack_start_ns,
+            "pack_end_ns": self.pack_end_ns,
+        }
+
+    @classmethod
+    def from_seed_dict(cls, d: dict[str, Any]) -> PackDone:
+        if int(d["shared_slot"]) != int(d["target_gpu_slot"]):
+            raise ValueError(
+                f"ready message for tick {d['tick_id']}: shared_slot {d['shared_slot']} "
+                f"must equal target_gpu_slot {d['target_gpu_slot']}"
+            )
+        return cls(
+            tick=int(d["tick_id"]),
+            slot=int(d["shared_slot"]),
+            generation=int(d.get("generation", -1)),
+            seed=int(d["sample_seed"]),
+            sample_count=int(d["sample_count"]),
+            snapshot_ptr=int(d["snapshot_ptr"]),
+            snapshot_size=int(d["snapshot_size"]),
+            pack_start_ns=int(d.get("pack_start_ns", 0)),
+            pack_end_ns=int(d.get("pack_end_ns", 0)),
+            error=d.get("error"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseToken:
+    """The end of a HOT period of ``slot``: device reads of it up to here must finish
+    before the slot's device buffer is overwritten (INV-DEVICE-WAR)."""
+
+    slot: int
+    tick: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class CopyOrder:
+    """Transfer worker -> copy engine: copy H[slot] to G[slot] once ``after_release``
+    (the previous HOT period of this slot, if any) has been released and drained."""
+
+    tick: int
+    slot: int
+    generation: int
+    after_release: ReleaseToken | None
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionRecord:
+    """What the observer hook receives for every transition."""
+
+    slot: int
+    tick: int | None
+    generation: int
+    source: SlotState
+    dest: SlotState
+    event: Event
+    actor: Actor | None

@@ -1,0 +1,13 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# fast: local runs. ci: thorough and derandomized, so a failure replays exactly.
+settings.register_profile(
+    "fast", max_examples=25, stateful_step_count=30, deadline=None, print_blob=True,
+)
+settings.register_profile(
+    "ci", max_examples=300, stateful_step_count=100, deadline=None, print_blob=True,
+    derandomize=True, suppress_health_check=[HealthCheck.too_slow],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))

@@ -1,0 +1,50 @@
+"""Helpers shared by the core tests: drive slot 0 into a state, apply one event."""
+
+from __future__ import annotations
+
+from replay_fsm.core import Core
+from replay_fsm.messages import PackDone
+from replay_fsm.spec import Event, SlotState
+
+
+def done_for(core: Core, slot: int) -> PackDone:
+    tick = core.tick_of(slot)
+    return PackDone(tick=-1 if tick is None else tick, slot=slot,
+                    generation=core.generation_of(slot), seed=0, sample_count=1,
+                    snapshot_ptr=1, snapshot_size=1)
+
+
+def drive(state: SlotState, depth: int = 2, **kw: object) -> Core:
+    """A core whose slot 0 holds tick 0 in ``state`` (or is IDLE/FAILED/CLOSED)."""
+    core = Core(depth, **kw)  # type: ignore[arg-type]
+    path = {
+        SlotState.IDLE: [],
+        SlotState.REQUESTED: [Event.REQUEST],
+        SlotState.SUBMITTED: [Event.REQUEST, Event.SUBMIT],
+        SlotState.READY: [Event.REQUEST, Event.SUBMIT, Event.COMPLETE],
+        SlotState.HOT: [Event.REQUEST, Event.SUBMIT, Event.COMPLETE, Event.ACQUIRE],
+        SlotState.FAILED: [Event.FAIL],
+        SlotState.CLOSED: [Event.CLOSE],
+    }[state]
+    for event in path:
+        apply(core, event)
+    assert core.state(0) is state
+    return core
+
+
+def apply(core: Core, event: Event, slot: int = 0) -> object:
+    """Fire ``event`` through the core's public step that targets ``slot``."""
+    if event is Event.REQUEST:
+        return core.request(0 if core.next_tick is None else core.next_tick)
+    if event is Event.SUBMIT:
+        return core.packed(done_for(core, slot))
+    if event is Event.COMPLETE:
+        return core.copied(slot)
+    if event is Event.ACQUIRE:
+        tick = core.tick_of(slot)
+        return core.acquire(0 if tick is None else tick)
+    if event is Event.RELEASE:
+        return core.release()
+    if event is Event.FAIL:
+        return core.fail(RuntimeError("injected"))
+    return core.close()

@@ -1,0 +1,129 @@
+"""One test per table row and one per forbidden (state, event) pair (INV-STICKY)."""
+
+from __future__ import annotations
+
+import pytest
+from transitions import MachineError
+
+from replay_fsm import spec
+from replay_fsm.core import Core, build_machine
+from replay_fsm.errors import IllegalTransition, PipelineClosed, PipelineFailed
+from replay_fsm.spec import TRANSITIONS, Event, SlotState
+
+from .support import apply, drive
+
+FORBIDDEN = [
+    (s, e) for s in SlotState for e in Event if spec.transition_for(s, e) is None
+]
+
+
+def test_table_is_complete_and_deterministic() -> None:
+    keys = [(t.source, t.event) for t in TRANSITIONS]
+    assert len(keys) == len(set(keys)), "two rows for one (state, event)"
+    reached = {spec.INITIAL} | {t.dest for t in TRANSITIONS}
+    assert reached == set(SlotState)
+    assert {t.event for t in TRANSITIONS} == set(Event)
+    for state in SlotState:
+        if state not in spec.TERMINAL:
+            assert any(t.source is state for t in TRANSITIONS), state
+    assert set(spec.INVARIANTS) == {
+        "INV-HOT", "INV-ORDER", "INV-HOST-WAR", "INV-DEVICE-WAR", "INV-RAW", "INV-DATA",
+        "INV-ROW", "INV-LIVE", "INV-STICKY", "INV-CLOSE"}
+
+
+@pytest.mark.parametrize("row", TRANSITIONS, ids=lambda t: f"{t.source.name}-{t.event.value}")
+def test_row_fires_through_core(row: spec.Transition) -> None:
+    seen = []
+    core = drive(row.source, observer=seen.append)
+    seen.clear()
+    apply(core, row.event)
+    assert core.state(0) is row.dest
+    mine = [r for r in seen if r.slot == 0]
+    assert [(r.source, r.event, r.dest, r.actor) for r in mine] == [
+        (row.source, row.event, row.dest, row.actor if row.actor else None)]
+    core.check_invariants()
+
+
+@pytest.mark.parametrize("pair", FORBIDDEN, ids=lambda p: f"{p[0].name}-{p[1].value}")
+def test_forbidden_pair_on_machine_raises(pair: tuple[SlotState, Event]) -> None:
+    state, event = pair
+
+    class Model:
+        pass
+
+    model = Model()
+    machine = build_machine([model])
+    machine.set_state(state, model)  # test set-up only: place the model in ``state``
+    with pytest.raises(MachineError):
+        machine.events[event.value].trigger(model)
+    assert model.state is state  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("pair", FORBIDDEN, ids=lambda p: f"{p[0].name}-{p[1].value}")
+def test_forbidden_pair_on_core_raises_and_changes_nothing(
+        pair: tuple[SlotState, Event]) -> None:
+    """INV-STICKY: an illegal step raises and leaves every slot as it was."""
+    state, event = pair
+    core = drive(state)
+    if event is Event.REQUEST and state not in (SlotState.FAILED, SlotState.CLOSED):
+        apply(core, Event.REQUEST)  # tick 1 to slot 1: the next request targets slot 0
+    before = core.key()
+    if event in (Event.FAIL, Event.CLOSE):
+        apply(core, event)  # fail and close are no-ops once terminal, by design
+    else:
+        expected = {SlotState.FAILED: PipelineFailed, SlotState.CLOSED: PipelineClosed}
+        with pytest.raises(expected.get(state, IllegalTransition)) as info:
+            apply(core, event)
+        if state is not SlotState.FAILED and state is not SlotState.CLOSED:
+            assert f"state={state.name}" in str(info.value) or "no slot is hot" in str(
+                info.value)
+    assert core.key() == before
+
+
+def test_error_after_fail_is_chained_to_the_cause() -> None:
+    core = drive(SlotState.SUBMITTED)
+    cause = ValueError("disk on fire")
+    core.fail(cause)
+    core.fail(RuntimeError("second"))  # the first cause stays
+    for event in (Event.REQUEST, Event.SUBMIT, Event.COMPLETE, Event.ACQUIRE,
+                  Event.RELEASE):
+        with pytest.raises(PipelineFailed) as info:
+            apply(core, event)
+        assert info.value.__cause__ is cause
+    core.close()
+    assert core.states == (SlotState.CLOSED,) * 2
+
+
+def test_ticks_must_be_consecutive_and_acquired_in_order() -> None:
+    core = Core(3)
+    core.request(5)
+    with pytest.raises(IllegalTransition, match="consecutive"):
+        core.request(7)
+    core.request(6)
+    apply(core, Event.SUBMIT, slot=1)
+    apply(core, Event.COMPLETE, slot=1)
+    with pytest.raises(IllegalTransition, match="request order"):
+        core.acquire(6)
+    assert core.pending == ((5, 0), (6, 1))
+
+
+def test_ring_depth_is_validated() -> None:
+    for bad in (1, 0, -2, 2.0, "2"):
+        with pytest.raises(ValueError, match="ring_depth"):
+            Core(bad)  # type: ignore[arg-type]
+
+
+def test_copy_order_names_the_previous_release() -> None:
+    """INV-DEVICE-WAR: the second copy into a slot waits on that slot's last release."""
+    core = Core(2)
+    for tick in range(4):
+        req = core.request(tick)
+        order = apply(core, Event.SUBMIT, slot=req.slot)
+        if tick < 2:
+            assert order.after_release is None  # type: ignore[attr-defined]
+        else:
+            token = order.after_release  # type: ignore[attr-defined]
+            assert (token.slot, token.tick) == (req.slot, tick - 2)
+        core.copied(req.slot)
+        core.acquire(tick)
+        core.release()
