@@ -1,0 +1,223 @@
+"""The packed replay buffer in CPU shared memory, with torn-row-free gathers.
+
+INV-ROW is kept by a per-region seqlock: ``add`` makes the sequence number of each
+region it writes odd, writes, and makes it even again; ``gather`` reads the
+sequence numbers, gathers, reads them again and re-gathers only the rows of
+regions that changed or were being written. ``add`` never waits for a pack and a
+pack never waits for an ``add``; only concurrent writers serialise (one lock held
+around the row copy). The ordering argument relies on stores and loads not being
+reordered across the separate torch calls (true on x86-64's TSO; the release and
+acquire points are library calls on other architectures too).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+Array = Any  # torch.Tensor or np.ndarray
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Column slices of a packed row, in the seed's order."""
+
+    obs: slice
+    next_obs: slice
+    actions: slice
+    rewards: int
+    dones: int
+    truncated: int
+    critic: slice | None
+    next_critic: slice | None
+    width: int
+
+    @classmethod
+    def build(cls, obs_dim: int, action_dim: int, critic_dim: int) -> Layout:
+        o, a, c = obs_dim, action_dim, critic_dim
+        base = 2 * o + a
+        return cls(
+            obs=slice(0, o), next_obs=slice(o, 2 * o), actions=slice(2 * o, base),
+            rewards=base, dones=base + 1, truncated=base + 2,
+            critic=slice(base + 3, base + 3 + c) if c else None,
+            next_critic=slice(base + 3 + c, base + 3 + 2 * c) if c else None,
+            width=base + 3 + 2 * c,
+        )
+
+    def views(self, packed: torch.Tensor) -> dict[str, torch.Tensor]:
+        """The batch dict over a packed [n, width] tensor: views, no copies."""
+        batch = {
+            "obs": packed[:, self.obs],
+            "next_obs": packed[:, self.next_obs],
+            "actions": packed[:, self.actions],
+            "rewards": packed[:, self.rewards],
+            "dones": packed[:, self.dones],
+            "truncated": packed[:, self.truncated],
+        }
+        if self.critic is not None and self.next_critic is not None:
+            batch["critic"] = packed[:, self.critic]
+            batch["next_critic"] = packed[:, self.next_critic]
+        return batch
+
+
+def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor:
+    if isinstance(value, np.ndarray):
+        tensor = torch.from_numpy(np.ascontiguousarray(value))
+    elif isinstance(value, torch.Tensor):
+        tensor = value.detach()
+    else:
+        raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
+                        f"{type(value).__name__}")
+    if tensor.is_complex():
+        raise TypeError(f"{name} must hold real numbers, got dtype {tensor.dtype}")
+    if tensor.dim() == len(shape) + 1 and len(shape) == 1 and tensor.shape[-1] == 1:
+        tensor = tensor.reshape(-1)  # [n, 1] scalars are accepted as [n]
+    if tuple(tensor.shape) != shape:
+        raise ValueError(f"{name}: got shape {tuple(tensor.shape)}, expected {shape}")
+    return tensor.to(device="cpu", dtype=torch.float32)
+
+
+class ReplayBuffer:
+    """A ring of ``capacity`` packed float32 rows in CPU shared memory.
+
+    Picklable to a spawned process without copying ``storage`` (it is shared).
+
+    Raises:
+        ValueError: a non-positive capacity or dimension.
+    """
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
+                 *, region_rows: int | None = None) -> None:
+        for name, value, low in (("capacity", capacity, 1), ("obs_dim", obs_dim, 1),
+                                 ("action_dim", action_dim, 1),
+                                 ("critic_dim", critic_dim, 0)):
+            if not isinstance(value, int) or value < low:
+                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+        self.capacity = capacity
+        self.obs_dim, self.action_dim, self.critic_dim = obs_dim, action_dim, critic_dim
+        self.layout = Layout.build(obs_dim, action_dim, critic_dim)
+        self.storage = torch.zeros(capacity, self.layout.width).share_memory_()
+        # Invariant: _counters = [ptr, size]; written only after the rows they cover.
+        self._counters = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.region_rows = region_rows or max(64, -(-capacity // 1024))
+        n_regions = -(-capacity // self.region_rows)
+        # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
+        self._seq = torch.zeros(n_regions, dtype=torch.int64).share_memory_()
+        self._write_lock = mp.get_context("spawn").Lock()
+
+    @property
+    def width(self) -> int:
+        return self.layout.width
+
+    @property
+    def ptr(self) -> int:
+        """Rows ever written."""
+        return int(self._counters[0])
+
+    @property
+    def size(self) -> int:
+        """Rows that hold data: min(ptr, capacity)."""
+        return int(self._counters[1])
+
+    def add(self, obs: Array, actions: Array, rewards: Array, next_obs: Array,
+            dones: Array, truncated: Array, *, terminal_mask: Array | None = None,
+            terminal_next_obs: Array | None = None, critic: Array | None = None,
+            next_critic: Array | None = None,
+            terminal_next_critic: Array | None = None) -> None:
+        """Append a batch of transitions from many environments (ring writes).
+
+        Where ``terminal_mask`` is set, ``terminal_next_obs`` (and
+        ``terminal_next_critic``) replace next_obs (next_critic), as in the seed.
+        A batch larger than the capacity keeps its newest rows.
+
+        Raises:
+            ValueError: a field's shape is wrong (the message names the field, the
+                shape given and the one expected) or a required field is missing;
+                nothing is written.
+            TypeError: a field is not a tensor or array of real numbers.
+        """
+        if not hasattr(obs, "shape") or len(obs.shape) != 2:
+            raise ValueError(f"obs: got shape {tuple(getattr(obs, 'shape', ()))}, "
+                             f"expected (n, {self.obs_dim})")
+        n = int(obs.shape[0])
+        o, a, c = self.obs_dim, self.action_dim, self.critic_dim
+        rows = torch.empty(n, self.width)
+        lay = self.layout
+        rows[:, lay.obs] = _as_float32("obs", obs, (n, o))
+        rows[:, lay.next_obs] = _as_float32("next_obs", next_obs, (n, o))
+        rows[:, lay.actions] = _as_float32("actions", actions, (n, a))
+        rows[:, lay.rewards] = _as_float32("rewards", rewards, (n,))
+        rows[:, lay.dones] = _as_float32("dones", dones, (n,))
+        rows[:, lay.truncated] = _as_float32("truncated", truncated, (n,))
+        mask = None
+        if terminal_mask is not None:
+            mask = _as_float32("terminal_mask", terminal_mask, (n,)) != 0
+            if terminal_next_obs is None:
+                raise ValueError("terminal_next_obs: required when terminal_mask is given")
+            rows[mask, lay.next_obs] = _as_float32(
+                "terminal_next_obs", terminal_next_obs, (n, o))[mask]
+        if c:
+            if critic is None or next_critic is None:
+                raise ValueError(f"critic and next_critic: required, shape ({n}, {c}), "
+                                 f"since critic_dim={c}")
+            assert lay.critic is not None and lay.next_critic is not None
+            rows[:, lay.critic] = _as_float32("critic", critic, (n, c))
+            rows[:, lay.next_critic] = _as_float32("next_critic", next_critic, (n, c))
+            if mask is not None and terminal_next_critic is not None:
+                rows[mask, lay.next_critic] = _as_float32(
+                    "terminal_next_critic", terminal_next_critic, (n, c))[mask]
+        elif critic is not None or next_critic is not None:
+            raise ValueError("critic, next_critic: given, but this buffer has critic_dim=0")
+        self._append(rows)
+
+    def add_packed(self, rows: torch.Tensor) -> None:
+        """Append rows already in the packed layout ([n, width] float32)."""
+        if rows.dim() != 2 or rows.shape[1] != self.width:
+            raise ValueError(f"rows: got shape {tuple(rows.shape)}, expected "
+                             f"(n, {self.width})")
+        self._append(rows.to(dtype=torch.float32, device="cpu"))
+
+    def _append(self, rows: torch.Tensor) -> None:
+        n, cap = rows.shape[0], self.capacity
+        with self._write_lock:
+            ptr = int(self._counters[0])
+            keep = rows[-cap:] if n > cap else rows
+            start = (ptr + n - keep.shape[0]) % cap
+            first = min(keep.shape[0], cap - start)
+            self._write_region(start, keep[:first])
+            if first < keep.shape[0]:
+                self._write_region(0, keep[first:])
+            self._counters[1] = min(cap, int(self._counters[1]) + n)
+            self._counters[0] = ptr + n
+
+    def _write_region(self, start: int, rows: torch.Tensor) -> None:
+        stop = start + rows.shape[0]
+        r0, r1 = start // self.region_rows, (stop - 1) // self.region_rows + 1
+        self._seq[r0:r1] += 1  # odd: readers of these regions will retry
+        self.storage[start:stop] = rows
+        self._seq[r0:r1] += 1  # even again
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[:] = storage[indices]`` with no torn row (INV-ROW)."""
+        before = self._seq.clone()
+        torch.index_select(self.storage, 0, indices, out=out)
+        if torch.equal(before, self._seq) and not bool((before & 1).any()):
+            return out
+        changed = (before != self._seq) | ((before & 1) == 1)
+        todo = changed[indices // self.region_rows].nonzero().squeeze(1)
+        while todo.numel():
+            rows = indices[todo]
+            regions = rows // self.region_rows
+            seq1 = self._seq[regions]
+            data = self.storage[rows]
+            stable = (seq1 == self._seq[regions]) & ((seq1 & 1) == 0)
+            out[todo[stable]] = data[stable]
+            todo = todo[~stable]
+            if todo.numel():
+                time.sleep(0)  # let the writer finish its region
+        return out

@@ -1,0 +1,109 @@
+"""A bounded single-producer single-consumer channel in shared memory.
+
+Records are fixed-width int64 rows (plus an optional text field) in a ring; two
+semaphores count items and free spaces, so a message is neither lost nor
+duplicated, and ``put`` blocks only when the ring is full. Spawn-safe: the ring
+is a shared tensor and the semaphores are the spawn context's. Cheaper than an
+``mp.Queue``: no pickling and no feeder thread.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+
+
+class ChannelClosed(Exception):
+    """The channel was closed; no more messages will come."""
+
+
+class Channel:
+    def __init__(self, capacity: int, width: int, *, text_bytes: int = 0) -> None:
+        if capacity < 1 or width < 1:
+            raise ValueError("capacity and width must be >= 1")
+        ctx = mp.get_context("spawn")
+        self.capacity, self.width, self.text_bytes = capacity, width, text_bytes
+        self._buf = torch.zeros(capacity, width + 1, dtype=torch.int64).share_memory_()
+        self._text = torch.zeros(capacity, max(text_bytes, 1),
+                                 dtype=torch.uint8).share_memory_()
+        # [head, tail, closed]: head is the consumer's, tail the producer's.
+        self._idx = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self._items = ctx.Semaphore(0)
+        self._spaces = ctx.Semaphore(capacity)
+        self._views()
+
+    def _views(self) -> None:
+        self._buf_np = self._buf.numpy()
+        self._text_np = self._text.numpy()
+        self._idx_np = self._idx.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for key in ("_buf_np", "_text_np", "_idx_np"):
+            state.pop(key)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
+    @property
+    def closed(self) -> bool:
+        return bool(self._idx_np[2])
+
+    def put(self, values: Sequence[int], text: str | None = None,
+            timeout: float | None = None) -> bool:
+        """Append one record; False if no space came within ``timeout``.
+
+        Raises:
+            ChannelClosed: the channel is closed.
+        """
+        if self.closed:
+            raise ChannelClosed()
+        if not self._spaces.acquire(timeout=timeout):
+            return False
+        if self.closed:
+            self._spaces.release()
+            raise ChannelClosed()
+        i = int(self._idx_np[1]) % self.capacity
+        row = self._buf_np[i]
+        row[: len(values)] = values
+        if text is None:
+            row[self.width] = -1
+        else:
+            data = text.encode("utf-8", "replace")[-self.text_bytes:]
+            self._text_np[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
+            row[self.width] = len(data)
+        self._idx_np[1] += 1
+        self._items.release()
+        return True
+
+    def get(self, timeout: float | None = None) -> tuple[list[int], str | None] | None:
+        """Take the oldest record; None if none came within ``timeout``.
+
+        Raises:
+            ChannelClosed: the channel is closed.
+        """
+        if not self._items.acquire(timeout=timeout):
+            return None
+        if self.closed:
+            self._items.release()  # wake the next waiter too
+            raise ChannelClosed()
+        i = int(self._idx_np[0]) % self.capacity
+        row = self._buf_np[i].tolist()
+        n_text = row[self.width]
+        text = None if n_text < 0 else bytes(self._text_np[i, :n_text]).decode("utf-8")
+        self._idx_np[0] += 1
+        self._spaces.release()
+        return row[: self.width], text
+
+    def close(self) -> None:
+        """Wake every waiter; later puts and gets raise ChannelClosed."""
+        if not self.closed:
+            self._idx_np[2] = 1
+            self._items.release()
+            self._spaces.release()

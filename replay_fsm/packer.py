@@ -1,0 +1,153 @@
+"""The collector-side packer: takes pack requests, gathers rows into host slots.
+
+In thread mode the pipeline runs ``Packer.service`` in a thread of the learner's
+process; in process mode the user's collector process calls
+``Packer.attach(handle, replay_buffer)`` once and ``service()`` between
+environment steps, where the seed's collector serviced its queue.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from .buffer import ReplayBuffer
+from .channel import Channel, ChannelClosed
+from .messages import PackDone, PackRequest
+from .sampling import sample_indices
+
+REQUEST_FIELDS = 6
+DONE_FIELDS = 9
+ERROR_TEXT_BYTES = 16384
+
+
+def encode_request(r: PackRequest) -> list[int]:
+    return [r.tick, r.slot, r.generation, r.seed, r.sample_count, r.min_snapshot_ptr]
+
+
+def decode_request(v: list[int]) -> PackRequest:
+    return PackRequest(tick=v[0], slot=v[1], generation=v[2], seed=v[3],
+                       sample_count=v[4], min_snapshot_ptr=v[5])
+
+
+def encode_done(d: PackDone) -> list[int]:
+    return [d.tick, d.slot, d.generation, d.seed, d.sample_count, d.snapshot_ptr,
+            d.snapshot_size, d.pack_start_ns, d.pack_end_ns]
+
+
+def decode_done(v: list[int], error: str | None) -> PackDone:
+    return PackDone(tick=v[0], slot=v[1], generation=v[2], seed=v[3], sample_count=v[4],
+                    snapshot_ptr=v[5], snapshot_size=v[6], pack_start_ns=v[7],
+                    pack_end_ns=v[8], error=error)
+
+
+@dataclass
+class PackerHandle:
+    """What the learner side gives a packer: channels, host slots, a pid cell.
+
+    Picklable to a spawned process; nothing in it is copied (shared memory).
+    """
+
+    requests: Channel
+    done: Channel
+    host_slots: torch.Tensor  # [ring_depth, sample_count, width], shared
+    packer_pid: torch.Tensor  # [1] int64, shared: the attached packer's pid
+
+    @classmethod
+    def create(cls, ring_depth: int, sample_count: int, width: int) -> PackerHandle:
+        return cls(
+            requests=Channel(ring_depth, REQUEST_FIELDS),
+            done=Channel(ring_depth, DONE_FIELDS, text_bytes=ERROR_TEXT_BYTES),
+            host_slots=torch.zeros(ring_depth, sample_count, width).share_memory_(),
+            packer_pid=torch.zeros(1, dtype=torch.int64).share_memory_(),
+        )
+
+    def close(self) -> None:
+        self.requests.close()
+        self.done.close()
+
+
+class Packer:
+    """Serves pack requests for one pipeline from ``replay_buffer``."""
+
+    def __init__(self, handle: PackerHandle, replay_buffer: ReplayBuffer) -> None:
+        depth, n, width = handle.host_slots.shape
+        if width != replay_buffer.width:
+            raise ValueError(f"host slots are {width} columns wide but the replay buffer "
+                             f"rows are {replay_buffer.width}")
+        self.handle = handle
+        self.replay_buffer = replay_buffer
+        self._pending: PackRequest | None = None
+        # Reused every tick: no allocation in steady state.
+        self._indices = torch.empty(n, dtype=torch.int64)
+        self._generator = torch.Generator()
+        self.packed_count = 0
+
+    @classmethod
+    def attach(cls, handle: PackerHandle, replay_buffer: ReplayBuffer) -> Packer:
+        """Become the packer of ``handle`` in this (collector) process; the learner
+        side then watches this process's pid for liveness."""
+        packer = cls(handle, replay_buffer)
+        handle.packer_pid[0] = os.getpid()
+        return packer
+
+    @property
+    def closed(self) -> bool:
+        return self.handle.requests.closed
+
+    def service(self, timeout: float = 0.0) -> bool:
+        """Serve at most one request, waiting up to ``timeout`` seconds for one.
+
+        A request stays pending while ``ptr < min_snapshot_ptr``. Returns whether a
+        request was served: its pack-done message posted, or, when packing raised,
+        that tick's failure with the traceback text.
+        """
+        try:
+            if self._pending is None:
+                got = self.handle.requests.get(timeout=timeout)
+                if got is None:
+                    return False
+                self._pending = decode_request(got[0])
+            request = self._pending
+            if self.replay_buffer.ptr < request.min_snapshot_ptr:
+                if timeout > 0:
+                    time.sleep(min(timeout, 0.0005))  # collector has not caught up yet
+                return False
+            self._pending = None
+            self._pack(request)
+            return True
+        except ChannelClosed:
+            return False
+
+    def _pack(self, request: PackRequest) -> None:
+        start = time.perf_counter_ns()
+        rb = self.replay_buffer
+        size, ptr = rb.size, rb.ptr
+        error = None
+        try:
+            if request.sample_count != self._indices.shape[0]:
+                raise ValueError(f"request for {request.sample_count} rows, host slots "
+                                 f"hold {self._indices.shape[0]}")
+            indices = sample_indices(size, request.sample_count, request.seed,
+                                     out=self._indices, generator=self._generator)
+            rb.gather(indices, out=self.handle.host_slots[request.slot])
+        except Exception:
+            error = traceback.format_exc()
+        done = PackDone(tick=request.tick, slot=request.slot, generation=request.generation,
+                        seed=request.seed, sample_count=request.sample_count,
+                        snapshot_ptr=ptr, snapshot_size=size, pack_start_ns=start,
+                        pack_end_ns=time.perf_counter_ns(), error=error)
+        self.handle.done.put(encode_done(done), text=error)
+        self.packed_count += error is None
+
+
+def serve_forever(handle: PackerHandle, replay_buffer: ReplayBuffer,
+                  poll_s: float = 0.05) -> None:
+    """Packer-only process body (``collector="process"``): serve until closed."""
+    packer = Packer.attach(handle, replay_buffer)
+    while not packer.closed:
+        packer.service(timeout=poll_s)

@@ -1,0 +1,166 @@
+"""The replay buffer: add against a numpy model, errors, sharing, INV-ROW."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replay_fsm.buffer import ReplayBuffer
+
+from .collectors import constant_rows, write_ids
+
+
+def fields(n: int, o: int, a: int, c: int, seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    f = {
+        "obs": rng.standard_normal((n, o)), "actions": rng.standard_normal((n, a)),
+        "rewards": rng.standard_normal(n), "next_obs": rng.standard_normal((n, o)),
+        "dones": rng.integers(0, 2, n).astype(np.float64),
+        "truncated": rng.integers(0, 2, n).astype(np.float32),
+    }
+    if c:
+        f["critic"] = rng.standard_normal((n, c))
+        f["next_critic"] = rng.standard_normal((n, c))
+    return f
+
+
+def model_rows(f: dict[str, np.ndarray], mask: np.ndarray | None,
+               term_obs: np.ndarray | None, term_critic: np.ndarray | None) -> np.ndarray:
+    next_obs = f["next_obs"].copy()
+    cols = [f["obs"], next_obs, f["actions"], f["rewards"][:, None], f["dones"][:, None],
+            f["truncated"][:, None]]
+    if mask is not None:
+        next_obs[mask] = term_obs[mask]
+    if "critic" in f:
+        nc = f["next_critic"].copy()
+        if mask is not None and term_critic is not None:
+            nc[mask] = term_critic[mask]
+        cols += [f["critic"], nc]
+    return np.concatenate(cols, axis=1).astype(np.float32)
+
+
+@given(capacity=st.integers(1, 40), critic=st.sampled_from([0, 2]),
+       batches=st.lists(st.tuples(st.integers(1, 60), st.booleans()), min_size=1,
+                        max_size=8),
+       seed=st.integers(0, 2**16))
+def test_add_matches_a_numpy_ring(capacity: int, critic: int,
+                                  batches: list[tuple[int, bool]], seed: int) -> None:
+    o, a = 3, 2
+    rb = ReplayBuffer(capacity, o, a, critic, region_rows=4)
+    model = np.zeros((capacity, rb.width), dtype=np.float32)
+    ptr = 0
+    for k, (n, terminal) in enumerate(batches):
+        f = fields(n, o, a, critic, seed + k)
+        kw: dict[str, object] = {}
+        mask = term_obs = term_critic = None
+        if terminal:
+            rng = np.random.default_rng(seed + 7919 * (k + 1))
+            mask = rng.integers(0, 2, n).astype(bool)
+            term_obs = rng.standard_normal((n, o))
+            kw = {"terminal_mask": torch.from_numpy(mask), "terminal_next_obs": term_obs}
+            if critic:
+                term_critic = rng.standard_normal((n, critic))
+                kw["terminal_next_critic"] = term_critic
+        rb.add(f["obs"], f["actions"], f["rewards"], f["next_obs"], f["dones"],
+               f["truncated"], critic=f.get("critic"), next_critic=f.get("next_critic"),
+               **kw)  # type: ignore[arg-type]
+        for j, row in enumerate(model_rows(f, mask, term_obs, term_critic)):
+            model[(ptr + j) % capacity] = row
+        ptr += n
+        assert rb.ptr == ptr and rb.size == min(ptr, capacity)
+    np.testing.assert_array_equal(rb.storage.numpy(), model)
+
+
+def test_layout_is_the_seed_order() -> None:
+    rb = ReplayBuffer(4, 3, 2, 1)
+    lay = rb.layout
+    assert (lay.obs, lay.next_obs, lay.actions) == (slice(0, 3), slice(3, 6), slice(6, 8))
+    assert (lay.rewards, lay.dones, lay.truncated) == (8, 9, 10)
+    assert (lay.critic, lay.next_critic, lay.width) == (slice(11, 12), slice(12, 13), 13)
+    batch = lay.views(rb.storage)
+    assert set(batch) == {"obs", "next_obs", "actions", "rewards", "dones", "truncated",
+                          "critic", "next_critic"}
+    assert batch["rewards"].shape == (4,)
+
+
+@pytest.mark.parametrize("field,bad,expected", [
+    ("obs", np.zeros((5, 4)), "expected (5, 3)"),
+    ("actions", np.zeros((5,)), "expected (5, 2)"),
+    ("rewards", np.zeros((4,)), "expected (5,)"),
+    ("next_obs", np.zeros((6, 3)), "expected (5, 3)"),
+    ("dones", np.zeros((5, 2)), "expected (5,)"),
+])
+def test_bad_shapes_name_the_field_and_write_nothing(field: str, bad: np.ndarray,
+                                                     expected: str) -> None:
+    rb = ReplayBuffer(8, 3, 2)
+    f = fields(5, 3, 2, 0, 0)
+    f[field] = bad
+    with pytest.raises(ValueError, match=field) as info:
+        rb.add(f["obs"], f["actions"], f["rewards"], f["next_obs"], f["dones"],
+               f["truncated"])
+    assert expected in str(info.value) and "got shape" in str(info.value)
+    assert rb.ptr == 0 and not rb.storage.any()
+
+
+def test_missing_critic_and_bad_types() -> None:
+    rb = ReplayBuffer(8, 3, 2, critic_dim=2)
+    f = fields(5, 3, 2, 0, 0)
+    with pytest.raises(ValueError, match="critic"):
+        rb.add(f["obs"], f["actions"], f["rewards"], f["next_obs"], f["dones"],
+               f["truncated"])
+    with pytest.raises(TypeError, match="rewards"):
+        rb.add(f["obs"], f["actions"], [0.0] * 5, f["next_obs"], f["dones"],  # type: ignore[arg-type]
+               f["truncated"], critic=np.zeros((5, 2)), next_critic=np.zeros((5, 2)))
+    with pytest.raises(ValueError, match="terminal_next_obs"):
+        rb.add(f["obs"], f["actions"], f["rewards"], f["next_obs"], f["dones"],
+               f["truncated"], terminal_mask=np.ones(5), critic=np.zeros((5, 2)),
+               next_critic=np.zeros((5, 2)))
+    assert rb.ptr == 0
+    for bad in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="capacity"):
+            ReplayBuffer(bad, 3, 2)  # type: ignore[arg-type]
+
+
+def test_storage_is_shared_with_a_spawned_process() -> None:
+    rb = ReplayBuffer(64, 3, 2, region_rows=8)
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(target=write_ids, args=(rb, 2, 10))
+    proc.start()
+    proc.join(60)
+    assert proc.exitcode == 0
+    assert rb.ptr == 20 and rb.size == 20
+    assert torch.equal(rb.storage[:20], constant_rows(rb, 1, 20))
+
+
+def _assert_untorn(batch: torch.Tensor) -> None:
+    assert torch.equal(batch, batch[:, :1].expand_as(batch)), "INV-ROW: torn row"
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_inv_row_gathers_never_see_a_torn_row(writer: str) -> None:
+    """INV-ROW: rows whose every column carries the same id, written while gathered."""
+    rb = ReplayBuffer(4096, 120, 16, region_rows=64)
+    rb.add_packed(constant_rows(rb, 1, 4096))
+    batches, batch = 300, 1024
+    if writer == "thread":
+        w = threading.Thread(target=write_ids, args=(rb, batches, batch, 10_000))
+    else:
+        w = mp.get_context("spawn").Process(target=write_ids,
+                                            args=(rb, batches, batch, 10_000))
+    out = torch.empty(2048, rb.width)
+    gen = torch.Generator().manual_seed(0)
+    start_ptr = rb.ptr
+    w.start()
+    gathers = 0
+    while w.is_alive() or gathers < 50:
+        idx = torch.randint(0, rb.size, (2048,), generator=gen)
+        _assert_untorn(rb.gather(idx, out))
+        gathers += 1
+    w.join(60)
+    assert rb.ptr == start_ptr + batches * batch
