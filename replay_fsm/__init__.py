@@ -17,3 +17,9 @@ __all__ = [
     "ProtocolError", "SlotState",
 ]
 __version__ = "0.1.0"
+
+from .buffer import ReplayBuffer  # noqa: E402
+from .packer import Packer, PackerHandle  # noqa: E402
+from .pipeline import Pipeline, Statistics  # noqa: E402
+
+__all__ += ["Packer", "PackerHandle", "Pipeline", "ReplayBuffer", "Statistics"]

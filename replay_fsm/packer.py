@@ -55,7 +55,8 @@ class PackerHandle:
     requests: Channel
     done: Channel
     host_slots: torch.Tensor  # [ring_depth, sample_count, width], shared
-    packer_pid: torch.Tensor  # [1] int64, shared: the attached packer's pid
+    # [pid, heartbeat monotonic ns] of the attached packer, shared; pid 0: none yet.
+    packer_state: torch.Tensor
 
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int) -> PackerHandle:
@@ -63,8 +64,16 @@ class PackerHandle:
             requests=Channel(ring_depth, REQUEST_FIELDS),
             done=Channel(ring_depth, DONE_FIELDS, text_bytes=ERROR_TEXT_BYTES),
             host_slots=torch.zeros(ring_depth, sample_count, width).share_memory_(),
-            packer_pid=torch.zeros(1, dtype=torch.int64).share_memory_(),
+            packer_state=torch.zeros(2, dtype=torch.int64).share_memory_(),
         )
+
+    @property
+    def packer_pid(self) -> int:
+        return int(self.packer_state[0])
+
+    @property
+    def heartbeat_ns(self) -> int:
+        return int(self.packer_state[1])
 
     def close(self) -> None:
         self.requests.close()
@@ -85,6 +94,7 @@ class Packer:
         # Reused every tick: no allocation in steady state.
         self._indices = torch.empty(n, dtype=torch.int64)
         self._generator = torch.Generator()
+        self._beat = handle.packer_state[1:].numpy()  # heartbeat cell, written per call
         self.packed_count = 0
 
     @classmethod
@@ -92,7 +102,8 @@ class Packer:
         """Become the packer of ``handle`` in this (collector) process; the learner
         side then watches this process's pid for liveness."""
         packer = cls(handle, replay_buffer)
-        handle.packer_pid[0] = os.getpid()
+        handle.packer_state[1] = time.monotonic_ns()
+        handle.packer_state[0] = os.getpid()
         return packer
 
     @property
@@ -106,6 +117,7 @@ class Packer:
         request was served: its pack-done message posted, or, when packing raised,
         that tick's failure with the traceback text.
         """
+        self._beat[0] = time.monotonic_ns()
         try:
             if self._pending is None:
                 got = self.handle.requests.get(timeout=timeout)
@@ -124,7 +136,7 @@ class Packer:
             return False
 
     def _pack(self, request: PackRequest) -> None:
-        start = time.perf_counter_ns()
+        start = time.monotonic_ns()  # system-wide clock: comparable across processes
         rb = self.replay_buffer
         size, ptr = rb.size, rb.ptr
         error = None
@@ -140,7 +152,7 @@ class Packer:
         done = PackDone(tick=request.tick, slot=request.slot, generation=request.generation,
                         seed=request.seed, sample_count=request.sample_count,
                         snapshot_ptr=ptr, snapshot_size=size, pack_start_ns=start,
-                        pack_end_ns=time.perf_counter_ns(), error=error)
+                        pack_end_ns=time.monotonic_ns(), error=error)
         self.handle.done.put(encode_done(done), text=error)
         self.packed_count += error is None
 

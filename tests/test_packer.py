@@ -115,7 +115,7 @@ def test_process_mode_with_spawn_end_to_end() -> None:
             assert done.error is None and done.snapshot_size == 200
             assert torch.equal(h.host_slots[tick % 3],
                                expected_batch(rb.storage, 200, 64, tick))
-        assert int(h.packer_pid[0]) == proc.pid
+        assert h.packer_pid == proc.pid and h.heartbeat_ns > 0
     finally:
         h.close()
         proc.join(30)

@@ -1,0 +1,106 @@
+"""Tracing: every transition plus pack, copy and wait spans in a bounded ring,
+exported as Chrome Trace Event JSON (Perfetto, chrome://tracing) or as a JSON
+lines transition log for ``replay-fsm check-trace``. Off by default; when off
+the pipeline does not call into this module at all."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from .messages import TransitionRecord
+from .spec import Actor
+
+PID_SLOTS, PID_ACTORS = 1, 2
+
+
+class Tracer:
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self.capacity = capacity
+        self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+
+    def transition(self, rec: TransitionRecord, time_ns: int) -> None:
+        self._events.append({
+            "kind": "transition", "slot": rec.slot, "tick": rec.tick,
+            "generation": rec.generation, "from": rec.source.value, "to": rec.dest.value,
+            "event": rec.event.value, "actor": None if rec.actor is None else rec.actor.value,
+            "thread": threading.current_thread().name, "time_ns": time_ns,
+        })
+
+    def span(self, name: str, actor: Actor, start_ns: int, end_ns: int, *,
+             tick: int | None = None, slot: int | None = None, **args: Any) -> None:
+        self._events.append({
+            "kind": "span", "name": name, "actor": actor.value, "start_ns": start_ns,
+            "end_ns": end_ns, "tick": tick, "slot": slot, "args": args,
+        })
+
+    def events(self) -> list[dict[str, Any]]:
+        return list(self._events)
+
+    def transitions(self) -> list[dict[str, Any]]:
+        return [e for e in self._events if e["kind"] == "transition"]
+
+    def write_transitions(self, path: str | os.PathLike[str]) -> Path:
+        """A JSON-lines transition log, one record a line (for check-trace)."""
+        out = Path(path)
+        with out.open("w") as f:
+            for rec in self.transitions():
+                f.write(json.dumps(rec) + "\n")
+        return out
+
+    def chrome_trace(self, *, process_name: str = "replay_fsm", pid_base: int = 0
+                     ) -> dict[str, Any]:
+        """Trace Event JSON: one track per slot (its state over time) and per actor."""
+        events: list[dict[str, Any]] = []
+        pids = {"slots": pid_base + PID_SLOTS, "actors": pid_base + PID_ACTORS}
+        for key, pid in pids.items():
+            events.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                           "args": {"name": f"{process_name} {key}"}})
+        actor_tid = {a.value: i + 1 for i, a in enumerate(Actor)}
+        for actor, tid in actor_tid.items():
+            events.append({"ph": "M", "name": "thread_name", "pid": pids["actors"],
+                           "tid": tid, "args": {"name": actor}})
+        open_state: dict[int, dict[str, Any]] = {}
+        t0 = min((e.get("time_ns", e.get("start_ns", 0)) for e in self._events), default=0)
+        slots: set[int] = set()
+        for e in self._events:
+            if e["kind"] == "transition":
+                slot = e["slot"]
+                slots.add(slot)
+                ts = (e["time_ns"] - t0) / 1000
+                prev = open_state.pop(slot, None)
+                if prev is not None:
+                    prev["dur"] = max(ts - prev["ts"], 0.001)
+                    events.append(prev)
+                open_state[slot] = {"ph": "X", "name": e["to"], "cat": "state",
+                                    "pid": pids["slots"], "tid": slot + 1, "ts": ts,
+                                    "args": {"tick": e["tick"], "event": e["event"],
+                                             "actor": e["actor"],
+                                             "generation": e["generation"]}}
+                events.append({"ph": "i", "s": "t", "name": e["event"], "cat": "transition",
+                               "pid": pids["actors"],
+                               "tid": actor_tid.get(e["actor"] or "", 0), "ts": ts,
+                               "args": {"slot": slot, "tick": e["tick"], "from": e["from"],
+                                        "to": e["to"]}})
+            else:
+                events.append({"ph": "X", "name": e["name"], "cat": "span",
+                               "pid": pids["actors"], "tid": actor_tid[e["actor"]],
+                               "ts": (e["start_ns"] - t0) / 1000,
+                               "dur": max((e["end_ns"] - e["start_ns"]) / 1000, 0.001),
+                               "args": {"tick": e["tick"], "slot": e["slot"], **e["args"]}})
+        for slot in sorted(slots):
+            events.append({"ph": "M", "name": "thread_name", "pid": pids["slots"],
+                           "tid": slot + 1, "args": {"name": f"slot {slot}"}})
+        for ev in open_state.values():
+            ev["dur"] = 0.001
+            events.append(ev)
+        return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+    def write_chrome(self, path: str | os.PathLike[str], **kw: Any) -> Path:
+        out = Path(path)
+        out.write_text(json.dumps(self.chrome_trace(**kw)))
+        return out

@@ -1,0 +1,95 @@
+"""CUDA (and ROCm through the same torch.cuda surface).
+
+Host slots are page-locked in place with cudaHostRegister, so the packer's shared
+memory is the DMA source. One copy stream; per slot a ready event (recorded after
+the copy) and a release event (recorded on the learner's current stream at
+release). The copy stream waits on the release event before overwriting G[i]
+(INV-DEVICE-WAR: the seed's missing fence); the learner's stream waits on the
+ready event at acquire (INV-RAW).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..messages import CopyOrder
+from .base import HostBackedSlots, OnComplete
+
+CUDA_HOST_REGISTER_PORTABLE = 1
+
+
+class CudaBackend(HostBackedSlots):
+    name = "cuda"
+    device_family = "cuda"
+    host_memory_kind = "shared_registered"
+    supports_async_submit = True
+    supports_timing_events = True
+    h2d_submitter = "transfer_thread"
+
+    def __init__(self, device: torch.device | str = "cuda", *, timing: bool = False) -> None:
+        if not torch.cuda.is_available():
+            raise ValueError("device 'cuda' requested but torch.cuda.is_available() is "
+                             "False")
+        self.device = torch.device(device)
+        if self.device.index is None:
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.timing = timing
+        self.host_pinned = False
+        self.last_copy_ms: dict[int, float] = {}
+        self._registered_ptr: int | None = None
+        self._closed = False
+
+    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
+        self.host = host_slots
+        self.on_complete = on_complete
+        if not host_slots.is_pinned():
+            ptr = host_slots.data_ptr()
+            err = int(torch.cuda.cudart().cudaHostRegister(
+                ptr, host_slots.numel() * host_slots.element_size(),
+                CUDA_HOST_REGISTER_PORTABLE))
+            if err != 0:
+                raise RuntimeError(f"cudaHostRegister of the host slots failed: cudaError "
+                                   f"{err}")
+            self._registered_ptr = ptr
+        self.host_pinned = True
+        with torch.cuda.device(self.device):
+            self.device_slots = torch.empty(host_slots.shape, dtype=host_slots.dtype,
+                                            device=self.device)
+            self.stream = torch.cuda.Stream(self.device)
+            n = host_slots.shape[0]
+            self.ready = [torch.cuda.Event(enable_timing=self.timing) for _ in range(n)]
+            self.started = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+            self.released = [torch.cuda.Event() for _ in range(n)]
+
+    def submit(self, order: CopyOrder) -> None:
+        slot = order.slot
+        with torch.cuda.stream(self.stream):
+            if order.after_release is not None:
+                # INV-DEVICE-WAR: kernels still reading G[slot] finish first.
+                self.stream.wait_event(self.released[order.after_release.slot])
+            if self.timing:
+                self.started[slot].record(self.stream)
+            self.device_slots[slot].copy_(self.host[slot], non_blocking=True)
+            self.ready[slot].record(self.stream)
+        self.ready[slot].synchronize()
+        if self.timing:
+            self.last_copy_ms[slot] = self.started[slot].elapsed_time(self.ready[slot])
+        self.on_complete(slot)
+
+    def before_read(self, slot: int) -> None:
+        torch.cuda.current_stream(self.device).wait_event(self.ready[slot])
+
+    def after_read(self, slot: int) -> None:
+        self.released[slot].record(torch.cuda.current_stream(self.device))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if hasattr(self, "stream"):
+            self.stream.synchronize()
+            torch.cuda.current_stream(self.device).synchronize()
+        if self._registered_ptr is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._registered_ptr)
+            self._registered_ptr = None
+        self.host_pinned = False
