@@ -14,7 +14,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,6 +64,19 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+class _ClosedLink:
+    """Stands in for the link after close, holding no shared resources."""
+
+    def send(self, request: object, **kw: object) -> None:
+        raise ChannelClosed()
+
+    def receive(self, timeout: float) -> None:
+        raise ChannelClosed()
+
+    def close(self) -> None:
+        pass
+
+
 class Pipeline:
     """Packs and copies tick t+1.. while the learner trains on tick t.
 
@@ -95,7 +108,7 @@ class Pipeline:
                  backend_options: dict[str, Any] | None = None,
                  liveness_timeout: float = 5.0, checked: bool = False,
                  trace: bool = False, trace_capacity: int = 1 << 16,
-                 host_slots: torch.Tensor | None = None,
+                 host_slots: torch.Tensor | Sequence[torch.Tensor] | None = None,
                  link: CollectorLink | None = None) -> None:
         if not isinstance(sample_count, int) or sample_count < 1:
             raise ValueError(f"sample_count must be a positive int, got {sample_count!r}")
@@ -127,6 +140,8 @@ class Pipeline:
         self._dwell_ns = dict.fromkeys(SlotState, 0)
         self._since = [time.monotonic_ns()] * ring_depth
         self.last_done: dict[int, PackDone] = {}
+        self._copy_submit_ns = [0] * ring_depth
+        self.last_copy_s = 0.0  # submit-to-complete time of the latest copy
 
         from .checked import Checker
         from .trace import Tracer
@@ -141,15 +156,16 @@ class Pipeline:
             link = ChannelLink(self.handle)
         elif host_slots is None:
             raise ValueError("a custom link needs the host_slots it packs into")
-        if tuple(host_slots.shape) != (ring_depth, sample_count, width):
-            raise ValueError(f"host slots have shape {tuple(host_slots.shape)}, expected "
-                             f"{(ring_depth, sample_count, width)}")
+        shapes = [tuple(s.shape) for s in host_slots]
+        if shapes != [(sample_count, width)] * ring_depth:
+            raise ValueError(f"host slots have shapes {shapes}, expected {ring_depth} of "
+                             f"{(sample_count, width)}")
         self.host_slots = host_slots
         self._link = link
         self.backend.setup(host_slots, self._on_copy_complete)
         self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
                        for i in range(ring_depth)]
-        self._slot_bytes = int(host_slots[0].numel() * host_slots.element_size())
+        self._slot_bytes = int(host_slots[0].numel() * host_slots[0].element_size())
         if checked:
             self._checker = Checker(self)
             if hasattr(self.backend, "monitor"):
@@ -306,6 +322,11 @@ class Pipeline:
     def closed(self) -> bool:
         return self._closed
 
+    @property
+    def collector_process(self) -> Any:
+        """The spawned packer process (collector="process"), else None."""
+        return self._process
+
     def close(self) -> None:
         """Stop everything: join threads, stop a spawned packer, drain copies,
         unregister page-locked memory. Idempotent (INV-CLOSE)."""
@@ -326,7 +347,11 @@ class Pipeline:
                 self._process.terminate()
                 self._process.join(timeout=10)
         self.backend.close()
+        # Drop our references to shared memory and semaphores so they are freed now.
         self._views = []
+        self.handle = None
+        self._process = None
+        self._link = _ClosedLink()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -476,6 +501,7 @@ class Pipeline:
                 self.tracer.span("pack", Actor.PACKER, done.pack_start_ns, done.pack_end_ns,
                                  tick=done.tick, slot=done.slot,
                                  snapshot_size=done.snapshot_size)
+            self._copy_submit_ns[done.slot] = time.monotonic_ns()
         self.backend.submit(order)
 
     def _on_copy_complete(self, slot: int) -> None:
@@ -485,6 +511,12 @@ class Pipeline:
                     return
                 self._core.copied(slot)
                 self._bytes += self._slot_bytes
+                end = time.monotonic_ns()
+                self.last_copy_s = (end - self._copy_submit_ns[slot]) / 1e9
+                if self.tracer is not None:
+                    self.tracer.span("copy", Actor.COPY_ENGINE, self._copy_submit_ns[slot],
+                                     end, tick=self._core.tick_of(slot), slot=slot,
+                                     bytes=self._slot_bytes)
                 self._cv.notify_all()
         except BaseException as exc:  # noqa: BLE001 - reported to the learner
             self._fail(exc, Actor.COPY_ENGINE)

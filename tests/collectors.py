@@ -33,3 +33,17 @@ def fill_and_serve(handle: PackerHandle, rb: ReplayBuffer, rows: int) -> None:
     packer = Packer.attach(handle, rb)
     while not packer.closed:
         packer.service(timeout=0.05)
+
+
+def seed_style_collector(rb: ReplayBuffer, requests, ready, slots) -> None:  # type: ignore[no-untyped-def]
+    """A collector loop written for the seed: dict requests in, dict readies out."""
+    while (req := requests.get()) is not None:
+        size = rb.size
+        gen = torch.Generator().manual_seed(int(req["sample_seed"]))
+        idx = torch.randint(0, size, (int(req["sample_count"]),), generator=gen)
+        torch.index_select(rb.storage, 0, idx, out=slots[int(req["shared_slot"])])
+        ready.put({
+            "tick_id": req["tick_id"], "snapshot_ptr": rb.ptr, "snapshot_size": size,
+            "sample_seed": req["sample_seed"], "sample_count": req["sample_count"],
+            "shared_slot": req["shared_slot"], "target_gpu_slot": req["target_gpu_slot"],
+        })

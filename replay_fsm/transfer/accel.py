@@ -9,7 +9,7 @@ import threading
 import torch
 
 from ..messages import CopyOrder
-from .base import HostBackedSlots, OnComplete
+from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 
 def synchronize(device: torch.device) -> None:
@@ -35,11 +35,10 @@ class AcceleratorBackend(HostBackedSlots):
         self._deferred: list[CopyOrder] = []
         self._lock = threading.Lock()
 
-    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
         self.host = host_slots
         self.on_complete = on_complete
-        self.device_slots = torch.empty(host_slots.shape, dtype=host_slots.dtype,
-                                        device=self.device)
+        self.device_slots = allocate_like(host_slots, self.device)
 
     def submit(self, order: CopyOrder) -> None:
         if self.h2d_submitter == "learner_thread":

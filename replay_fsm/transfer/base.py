@@ -9,7 +9,7 @@ learner's reads at release.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -31,8 +31,10 @@ class TransferBackend(Protocol):
     # Where copies are issued: "transfer_thread" or "learner_thread" (MPS).
     h2d_submitter: str
 
-    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
-        """Allocate G[0..n) like ``host_slots`` [n, rows, width]; register H if needed."""
+    def setup(self, host_slots: torch.Tensor | Sequence[torch.Tensor],
+              on_complete: OnComplete) -> None:
+        """Allocate G[0..n) like ``host_slots`` ([n, rows, width] or n tensors);
+        page-lock H if the device needs it."""
 
     def device_slot(self, slot: int) -> torch.Tensor:
         """G[slot]: what the learner's batch views."""
@@ -51,15 +53,22 @@ class TransferBackend(Protocol):
         """Drain in-flight copies and free what setup took. Idempotent."""
 
 
+HostSlots = torch.Tensor | Sequence[torch.Tensor]
+
+
+def allocate_like(host_slots: HostSlots, device: torch.device | str = "cpu") -> torch.Tensor:
+    """One [n, rows, width] tensor on ``device`` for host slots given as a tensor or a
+    list of [rows, width] tensors (the seed's collectors pass lists)."""
+    first = host_slots[0]
+    return torch.empty((len(host_slots), *first.shape), dtype=first.dtype, device=device)
+
+
 class HostBackedSlots:
     """Shared bookkeeping for backends whose G[i] are plain tensors."""
 
-    host: torch.Tensor
+    host: HostSlots
     device_slots: torch.Tensor
     on_complete: OnComplete
 
     def device_slot(self, slot: int) -> torch.Tensor:
         return self.device_slots[slot]
-
-    def copy_bytes(self) -> int:
-        return int(self.host[0].numel() * self.host.element_size())

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..messages import CopyOrder
-from .base import HostBackedSlots, OnComplete
+from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 
 class CpuBackend(HostBackedSlots):
@@ -25,9 +25,9 @@ class CpuBackend(HostBackedSlots):
         self.copy = copy
         self.host_memory_kind = "shared" if not copy else "shared+private_copy"
 
-    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
         self.host = host_slots
-        self.device_slots = torch.empty_like(host_slots) if self.copy else host_slots
+        self.device_slots = allocate_like(host_slots) if self.copy else host_slots
         self.on_complete = on_complete
 
     def submit(self, order: CopyOrder) -> None:

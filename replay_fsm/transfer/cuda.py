@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..messages import CopyOrder
-from .base import HostBackedSlots, OnComplete
+from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 CUDA_HOST_REGISTER_PORTABLE = 1
 
@@ -36,27 +36,29 @@ class CudaBackend(HostBackedSlots):
         self.timing = timing
         self.host_pinned = False
         self.last_copy_ms: dict[int, float] = {}
-        self._registered_ptr: int | None = None
+        self._registered: list[int] = []
         self._closed = False
 
-    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
         self.host = host_slots
         self.on_complete = on_complete
-        if not host_slots.is_pinned():
-            ptr = host_slots.data_ptr()
+        regions = [host_slots] if isinstance(host_slots, torch.Tensor) else list(host_slots)
+        for region in regions:
+            if region.is_pinned():
+                continue
+            ptr = region.data_ptr()
             err = int(torch.cuda.cudart().cudaHostRegister(
-                ptr, host_slots.numel() * host_slots.element_size(),
-                CUDA_HOST_REGISTER_PORTABLE))
+                ptr, region.numel() * region.element_size(), CUDA_HOST_REGISTER_PORTABLE))
             if err != 0:
+                self.close()
                 raise RuntimeError(f"cudaHostRegister of the host slots failed: cudaError "
                                    f"{err}")
-            self._registered_ptr = ptr
+            self._registered.append(ptr)
         self.host_pinned = True
         with torch.cuda.device(self.device):
-            self.device_slots = torch.empty(host_slots.shape, dtype=host_slots.dtype,
-                                            device=self.device)
+            self.device_slots = allocate_like(host_slots, self.device)
             self.stream = torch.cuda.Stream(self.device)
-            n = host_slots.shape[0]
+            n = len(host_slots)
             self.ready = [torch.cuda.Event(enable_timing=self.timing) for _ in range(n)]
             self.started = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
             self.released = [torch.cuda.Event() for _ in range(n)]
@@ -89,7 +91,6 @@ class CudaBackend(HostBackedSlots):
         if hasattr(self, "stream"):
             self.stream.synchronize()
             torch.cuda.current_stream(self.device).synchronize()
-        if self._registered_ptr is not None:
-            torch.cuda.cudart().cudaHostUnregister(self._registered_ptr)
-            self._registered_ptr = None
+        while self._registered:
+            torch.cuda.cudart().cudaHostUnregister(self._registered.pop())
         self.host_pinned = False

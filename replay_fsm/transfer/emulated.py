@@ -16,7 +16,7 @@ import time
 import torch
 
 from ..messages import CopyOrder
-from .base import HostBackedSlots, OnComplete
+from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 Delay = float | tuple[float, float]
 
@@ -60,11 +60,11 @@ class EmulatedBackend(HostBackedSlots):
     def _delay(self, spec: Delay) -> float:
         return spec if isinstance(spec, (int, float)) else self._rng.uniform(*spec)
 
-    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
         self.host = host_slots
         self.on_complete = on_complete
-        self.device_slots = torch.empty_like(host_slots)
-        n = host_slots.shape[0]
+        self.device_slots = allocate_like(host_slots)
+        n = len(host_slots)
         self.released = [EmulatedEvent() for _ in range(n)]
         self._engine = threading.Thread(target=self._run, name="replay_fsm-copy-engine",
                                         daemon=True)

@@ -8,7 +8,7 @@ import threading
 import torch
 
 from ..messages import CopyOrder
-from .base import HostBackedSlots, OnComplete
+from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 
 class ManualBackend(HostBackedSlots):
@@ -27,10 +27,10 @@ class ManualBackend(HostBackedSlots):
         self._cv = threading.Condition()
         self.monitor = None
 
-    def setup(self, host_slots: torch.Tensor, on_complete: OnComplete) -> None:
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
         self.host = host_slots
         self.on_complete = on_complete
-        self.device_slots = torch.empty_like(host_slots)
+        self.device_slots = allocate_like(host_slots)
 
     def submit(self, order: CopyOrder) -> None:
         with self._cv:

@@ -1,0 +1,244 @@
+"""The runtime Pipeline: one contract test over every backend, collectors, faults,
+bad inputs, and clean shutdown (INV-DATA, INV-LIVE, INV-STICKY, INV-CLOSE)."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+import torch
+
+from replay_fsm import CollectorDied, PackerError, Pipeline, PipelineFailed, ReplayBuffer
+from replay_fsm.errors import IllegalTransition, PipelineClosed, ProtocolError
+from replay_fsm.spec import SlotState
+
+from .collectors import constant_rows, fill_and_serve
+from .drive import complete_copies_for, packed, reference, run_ticks
+
+HAS_CUDA = torch.cuda.is_available()
+HAS_MPS = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+
+BACKENDS = [
+    pytest.param(("cpu", None, {}), id="cpu"),
+    pytest.param(("cpu", None, {"copy": True}), id="cpu-copy"),
+    pytest.param(("cpu", "emulated", {"copy_delay": (0, 0.001), "read_delay": (0, 0.001)}),
+                 id="emulated"),
+    pytest.param(("cpu", "manual", {}), id="manual"),
+    pytest.param(("cuda", None, {}), id="cuda",
+                 marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
+    pytest.param(("mps", None, {}), id="mps",
+                 marks=pytest.mark.skipif(not HAS_MPS, reason="no MPS device")),
+]
+
+
+def buffer(rows: int = 300, capacity: int = 512) -> ReplayBuffer:
+    rb = ReplayBuffer(capacity, 5, 3, critic_dim=2, region_rows=32)
+    if rows:
+        rb.add_packed(torch.randn(rows, rb.width))
+    return rb
+
+
+@pytest.mark.parametrize("config", BACKENDS)
+@pytest.mark.parametrize("depth", [2, 3])
+def test_contract_inv_data_is_bit_exact(config: tuple, depth: int) -> None:
+    """INV-DATA on every backend: each batch equals storage[randint(seeded)] exactly."""
+    device, backend, options = config
+    rb = buffer()
+    with Pipeline(rb, device=device, backend=backend, backend_options=options,
+                  sample_count=48, base_seed=1234, ring_depth=depth, checked=True) as pipe:
+        run_ticks(pipe, 0, 12)
+        # the ticks() iterator, prefetching ring_depth - 1 ahead, with data being added
+        pipe.start_prepare(12, 48)
+        complete_copies_for(pipe, 12)  # manual: later ticks are completed in the loop
+        for tick, batch in pipe.ticks(12, 24):
+            complete_copies_for(pipe, tick)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick))
+            rb.add_packed(torch.randn(7, rb.width))
+            for ahead in range(tick + 1, tick + depth):
+                if pipe._core.slot_of(ahead) is not None:
+                    complete_copies_for(pipe, ahead)
+        assert pipe.statistics().ticks == 24
+
+
+def test_ticks_iterator_prefetches_and_releases() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=16, ring_depth=3) as pipe:
+        it = pipe.ticks(5, 100)
+        tick, _ = next(it)
+        assert tick == 5
+        assert [t for t, _ in pipe._core.pending] == [6, 7]
+        assert pipe.states.count(SlotState.HOT) == 1
+        it.close()  # leaving the loop releases the hot batch
+        assert SlotState.HOT not in pipe.states
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_collectors_end_to_end(collector: str) -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=64, ring_depth=2, collector=collector,
+                  liveness_timeout=60) as pipe:
+        assert run_ticks(pipe, 0, 10) == 10
+
+
+def test_external_collector_attaches_in_its_own_process() -> None:
+    import multiprocessing as mp
+    rb = buffer(rows=0)
+    with Pipeline(rb, sample_count=32, collector="external", liveness_timeout=60) as pipe:
+        proc = mp.get_context("spawn").Process(target=fill_and_serve,
+                                               args=(pipe.packer_handle(), rb, 100))
+        proc.start()
+        pipe.watch(proc)
+        n = 32
+        for tick in range(6):
+            pipe.start_prepare(tick, n, min_snapshot_ptr=100)
+            batch = pipe.sample_large_batch(tick, n)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick))
+            pipe.after_tick()
+    proc.join(30)
+    assert proc.exitcode == 0  # close() closed the channels; the collector returned
+
+
+def test_sigkill_of_the_collector_raises_collector_died() -> None:
+    """INV-LIVE: a dead packer process fails the learner within the liveness bound."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=16, collector="process", liveness_timeout=60) as pipe:
+        run_ticks(pipe, 0, 2)
+        pipe.start_prepare(2, 16, min_snapshot_ptr=10**9)  # pends: no data will come
+        pipe.collector_process.kill()
+        with pytest.raises(CollectorDied, match="tick 2.*exited"):
+            pipe.wait_until_ready(2, 16)  # no timeout: liveness still bounds it
+        with pytest.raises(CollectorDied) as info:  # sticky, chained to the cause
+            pipe.start_prepare(3, 16)
+        assert isinstance(info.value.__cause__, CollectorDied)
+
+
+def test_silent_packer_raises_after_the_liveness_timeout() -> None:
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=0.2)
+    with pipe:
+        from replay_fsm.packer import Packer
+        Packer.attach(pipe.packer_handle(), rb)  # attached, then never serves
+        pipe.packer_handle().packer_state[1] -= 10**9  # its last heartbeat: 1 s ago
+        pipe.start_prepare(0, 16)
+        with pytest.raises(CollectorDied, match="no heartbeat"):
+            pipe.sample_large_batch(0, 16)
+
+
+def test_packer_exception_fails_the_pipeline_chained() -> None:
+    rb = buffer(rows=0)  # empty: packing raises
+    with Pipeline(rb, sample_count=16) as pipe:
+        pipe.start_prepare(0, 16)
+        with pytest.raises(PipelineFailed) as info:
+            pipe.sample_large_batch(0, 16)
+        cause = info.value.__cause__
+        assert isinstance(cause, PackerError) and cause.tick == 0
+        assert "empty replay buffer" in cause.traceback_text
+        for call in (lambda: pipe.start_prepare(1, 16), lambda: pipe.batch_ready(0, 16),
+                     pipe.after_tick):
+            with pytest.raises(PipelineFailed) as again:
+                call()
+            assert again.value.__cause__ is cause  # INV-STICKY
+
+
+def test_transfer_exception_fails_the_pipeline_chained() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=16, backend="manual") as pipe:
+        boom = RuntimeError("copy engine on fire")
+
+        def submit(order: object) -> None:
+            raise boom
+        pipe.backend.submit = submit  # type: ignore[method-assign]
+        pipe.start_prepare(0, 16)
+        with pytest.raises(PipelineFailed) as info:
+            pipe.wait_until_ready(0, 16, timeout=30)
+        assert info.value.__cause__ is boom
+
+
+def test_close_during_an_in_flight_copy() -> None:
+    """INV-CLOSE: close drains or abandons in-flight copies and joins every thread."""
+    before = {t.ident for t in threading.enumerate()}
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=16, backend="emulated",
+                    backend_options={"copy_delay": 0.2})
+    pipe.start_prepare(0, 16)
+    pipe.start_prepare(1, 16)
+    pipe.close()
+    pipe.close()  # idempotent
+    assert {t.ident for t in threading.enumerate()} <= before
+    for call in (lambda: pipe.start_prepare(2, 16), lambda: pipe.sample_large_batch(0, 16),
+                 pipe.after_tick, lambda: pipe.wait_until_ready(0, 16)):
+        with pytest.raises(PipelineClosed):
+            call()
+
+
+def test_nothing_left_after_close() -> None:
+    rb = buffer()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
+    threads_before = {t.ident for t in threading.enumerate()}
+    for collector in ("thread", "process"):
+        with Pipeline(rb, sample_count=16, collector=collector, liveness_timeout=60) as pipe:
+            run_ticks(pipe, 0, 3)
+            proc = pipe.collector_process
+    assert not proc.is_alive()
+    del proc  # the test's own reference to the process and its arguments
+    assert {t.ident for t in threading.enumerate()} <= threads_before
+    if os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) <= shm_before
+
+
+def test_bad_inputs_raise_and_change_nothing() -> None:
+    rb = buffer()
+    with pytest.raises(ValueError, match="supported"):
+        Pipeline(rb, device="tpu-of-dreams", sample_count=8)
+    with pytest.raises(ValueError, match="collector"):
+        Pipeline(rb, sample_count=8, collector="carrier-pigeon")
+    with pytest.raises(ValueError, match="ring_depth"):
+        Pipeline(rb, sample_count=8, ring_depth=1)
+    with pytest.raises(ValueError, match="sample_count"):
+        Pipeline(rb, sample_count=0)
+    with Pipeline(rb, sample_count=8, ring_depth=2) as pipe:
+        with pytest.raises(ValueError, match="sample_count must match"):
+            pipe.start_prepare(0, 9)
+        with pytest.raises(ProtocolError, match="not requested"):
+            pipe.sample_large_batch(0, 8)
+        with pytest.raises(ProtocolError, match="not requested"):
+            pipe.wait_until_ready(0, 8)
+        assert pipe.start_prepare(0, 8)
+        assert not pipe.start_prepare(0, 8)  # already pending
+        key = pipe._core.key()
+        with pytest.raises(IllegalTransition, match="consecutive"):
+            pipe.start_prepare(5, 8)
+        assert pipe.start_prepare(1, 8)
+        with pytest.raises(IllegalTransition, match="ring full"):
+            pipe.start_prepare(2, 8)  # beyond the ring
+        assert pipe._core.key() != key and pipe._core.pending == ((0, 0), (1, 1))
+        pipe.sample_large_batch(0, 8)
+        with pytest.raises(ProtocolError, match="still hot"):
+            pipe.sample_large_batch(1, 8)
+        pipe.after_tick()
+        pipe.after_tick()  # nothing hot: a no-op, as in the seed
+
+
+def test_keyboard_interrupt_in_a_wait_closes_cleanly() -> None:
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=8, backend="manual")
+    pipe.start_prepare(0, 8)
+
+    def interrupted(*args: object) -> bool:
+        raise KeyboardInterrupt
+    pipe._wait_locked = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipe.wait_until_ready(0, 8)
+    assert pipe.closed and pipe.states == (SlotState.CLOSED,) * 2
+
+
+def test_checked_mode_poisons_a_released_slot() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, backend="manual", checked=True) as pipe:
+        pipe.start_prepare(0, 8)
+        complete_copies_for(pipe, 0)
+        batch = pipe.sample_large_batch(0, 8)
+        assert not torch.isnan(batch["obs"]).any()
+        pipe.after_tick()
+        assert torch.isnan(batch["obs"]).all()  # a view kept past release fails loudly
