@@ -1,0 +1,65 @@
+"""Shared helpers: machine facts, timing, result files and tables."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def machine() -> dict[str, Any]:
+    info: dict[str, Any] = {
+        "python": platform.python_version(), "torch": torch.__version__,
+        "platform": platform.platform(), "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu"] = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return info
+
+
+def median_time(fn: Callable[[], object], *, repeat: int, number: int = 1,
+                warmup: int = 1) -> float:
+    """Median seconds per call of ``fn`` over ``repeat`` rounds of ``number`` calls."""
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        for _ in range(number):
+            fn()
+        samples.append((time.perf_counter() - t0) / number)
+    return statistics.median(samples)
+
+
+def write_result(name: str, config: dict[str, Any], figures: dict[str, Any],
+                 *, quick: bool = False) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}{'-quick' if quick else ''}.json"
+    path.write_text(json.dumps({"name": name, "machine": machine(), "config": config,
+                                "figures": figures, "quick": quick}, indent=2) + "\n")
+    return path
+
+
+def table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    out = [title, line(header), line(tuple("-" * w for w in widths))]
+    out += [line(r) for r in rows]
+    return "\n".join(out)

@@ -1,0 +1,71 @@
+"""Learner-visible overhead per tick with the batch already ready:
+sample_large_batch + after_tick + start_prepare (budget: 50 us on 2 cores), and
+allocations per tick in steady state (tracemalloc; budget 0 net bytes)."""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+import tracemalloc
+
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer
+
+try:
+    from common import table, write_result
+except ImportError:
+    from benchmarks.common import table, write_result
+
+
+def main(quick: bool = False) -> dict[str, float]:
+    ticks = 200 if quick else 3000
+    rb = ReplayBuffer(4096, 16, 4)
+    rb.add_packed(torch.randn(4096, rb.width))
+    n = 256
+    figures: dict[str, float] = {}
+    for depth in (2, 3):
+        with Pipeline(rb, sample_count=n, ring_depth=depth) as pipe:
+            samples = []
+            for tick in range(depth - 1):
+                pipe.start_prepare(tick, n)
+            for tick in range(ticks):
+                pipe.wait_until_ready(tick, n)  # outside the timed region
+                t0 = time.perf_counter_ns()
+                pipe.sample_large_batch(tick, n)
+                pipe.after_tick()
+                pipe.start_prepare(tick + depth - 1, n)
+                samples.append(time.perf_counter_ns() - t0)
+            steady = samples[len(samples) // 10:]
+            figures[f"depth{depth}_us_median"] = statistics.median(steady) / 1e3
+            figures[f"depth{depth}_us_p90"] = sorted(steady)[int(len(steady) * 0.9)] / 1e3
+            # Allocations per tick in steady state: net bytes still held after K ticks.
+            tracemalloc.start()
+            snap0 = tracemalloc.take_snapshot()
+            k = 1000
+            for tick in range(ticks, ticks + k):
+                pipe.wait_until_ready(tick, n)
+                pipe.sample_large_batch(tick, n)
+                pipe.after_tick()
+                pipe.start_prepare(tick + depth - 1, n)
+            snap1 = tracemalloc.take_snapshot()
+            tracemalloc.stop()
+            diff = sum(s.size_diff for s in snap1.compare_to(snap0, "filename")
+                       if "tracemalloc" not in str(s.traceback))
+            figures[f"depth{depth}_net_bytes_per_tick"] = diff / k
+    figures["budget_us"] = 50.0
+    write_result("learner_overhead", {"sample_count": n, "width": rb.width, "ticks": ticks},
+                 figures, quick=quick)
+    print(table("learner-visible overhead per tick, batch ready (us)", [
+        (f"ring depth {d}", f"{figures[f'depth{d}_us_median']:.1f}",
+         f"{figures[f'depth{d}_us_p90']:.1f}",
+         f"{figures[f'depth{d}_net_bytes_per_tick']:.1f}") for d in (2, 3)
+    ], ("config", "median", "p90", "net bytes/tick")))
+    return figures
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    main(ap.parse_args().quick)

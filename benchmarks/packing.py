@@ -1,0 +1,146 @@
+"""Packing and control-plane figures, all in one run:
+- pack throughput of the Packer (request, sample, seqlocked gather, done) vs a bare
+  torch.index_select(out=) of the same indices vs a memcpy of the same bytes
+  (budget: packer >= 95% of index_select);
+- ReplayBuffer.add throughput;
+- cross-process request/done round trip over our channels vs an mp.Queue ping-pong
+  (budget: <= 0.5x)."""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import time
+
+import torch
+
+from replay_fsm.buffer import ReplayBuffer
+from replay_fsm.channel import Channel
+from replay_fsm.messages import PackRequest
+from replay_fsm.packer import Packer, PackerHandle, encode_request
+from replay_fsm.sampling import sample_indices
+
+try:
+    from common import median_time, table, write_result
+except ImportError:
+    from benchmarks.common import median_time, table, write_result
+
+
+def _channel_echo(inbox: Channel, outbox: Channel, n: int) -> None:
+    for _ in range(n):
+        got = inbox.get(timeout=60)
+        assert got is not None
+        outbox.put(got[0])
+
+
+def _queue_echo(inbox: mp.Queue, outbox: mp.Queue, n: int) -> None:
+    for _ in range(n):
+        outbox.put(inbox.get(timeout=60))
+
+
+def round_trips(n: int) -> tuple[float, float]:
+    ctx = mp.get_context("spawn")
+    a, b = Channel(2, 9), Channel(2, 9)
+    proc = ctx.Process(target=_channel_echo, args=(a, b, n + 10))
+    proc.start()
+    msg = list(range(9))
+    for _ in range(10):
+        a.put(msg)
+        b.get(timeout=60)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        a.put(msg)
+        b.get(timeout=60)
+    ours = (time.perf_counter() - t0) / n
+    proc.join(30)
+    qa, qb = ctx.Queue(2), ctx.Queue(2)
+    proc = ctx.Process(target=_queue_echo, args=(qa, qb, n + 10))
+    proc.start()
+    req = {"tick_id": 0, "snapshot_ptr": 1, "snapshot_size": 1, "min_snapshot_ptr": 0,
+           "sample_seed": 0, "sample_count": 1, "shared_slot": 0, "target_gpu_slot": 0}
+    for _ in range(10):
+        qa.put(req)
+        qb.get(timeout=60)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        qa.put(req)
+        qb.get(timeout=60)
+    theirs = (time.perf_counter() - t0) / n
+    proc.join(30)
+    return ours, theirs
+
+
+def main(quick: bool = False) -> dict[str, float]:
+    rows, width, batch = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
+    repeat = 3 if quick else 41
+    rb = ReplayBuffer(rows, (width - 3) // 2 - 1, width - 3 - 2 * ((width - 3) // 2 - 1))
+    assert rb.width == width
+    fill = torch.randn(rows, width)
+    add_s = median_time(lambda: rb.add_packed(fill[:4096]), repeat=repeat, number=5)
+    rb.add_packed(fill)
+    handle = PackerHandle.create(2, batch, width)
+    packer = Packer(handle, rb)
+    tick = [0]
+
+    def pack() -> None:
+        handle.requests.put(encode_request(PackRequest(tick[0], 0, 1, tick[0], batch, -1)))
+        packer.service(timeout=1.0)
+        handle.done.get(timeout=1.0)
+        tick[0] += 1
+
+    # Like for like: the bare gather gets fresh indices each call (as each tick does)
+    # and writes into the same shared host slot the packer fills.
+    index_sets = [sample_indices(rows, batch, 10_000 + k) for k in range(8)]
+    cursor = [0]
+    out = handle.host_slots[1]
+    src = torch.randn(batch, width)
+
+    def bare_gather() -> None:
+        cursor[0] = (cursor[0] + 1) % len(index_sets)
+        torch.index_select(rb.storage, 0, index_sets[cursor[0]], out=out)
+    figures: dict[str, float] = {}
+    # Interleave the contenders round by round so drift hits them alike.
+    samples: dict[str, list[float]] = {"packer": [], "index_select": [], "memcpy": []}
+    contenders = {"packer": pack, "index_select": bare_gather,
+                  "memcpy": lambda: out.copy_(src)}
+    for r in range(repeat):
+        order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
+        for name in order:
+            samples[name].append(median_time(contenders[name], repeat=1, number=3,
+                                             warmup=0))
+    med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
+    nbytes = batch * width * 4
+    for k, v in med.items():
+        figures[f"{k}_ms"] = v * 1e3
+        figures[f"{k}_GBps"] = nbytes / v / 1e9
+    figures["packer_vs_index_select"] = med["index_select"] / med["packer"]
+    figures["add_rows_per_s"] = 4096 / add_s
+    ours, theirs = round_trips(200 if quick else 2000)
+    figures["channel_round_trip_us"] = ours * 1e6
+    figures["mp_queue_round_trip_us"] = theirs * 1e6
+    figures["round_trip_ratio"] = ours / theirs
+    figures["budget_packer_vs_index_select"] = 0.95
+    figures["budget_round_trip_ratio"] = 0.5
+    write_result("packing", {"rows": rows, "width": width, "batch": batch,
+                             "torch_threads": torch.get_num_threads()}, figures, quick=quick)
+    print(table(f"packing {batch} x {width} float32 from {rows} rows (median)", [
+        ("Packer.service (request..done)", f"{figures['packer_ms']:.2f}",
+         f"{figures['packer_GBps']:.2f}", f"{figures['packer_vs_index_select']:.3f}"),
+        ("torch.index_select(out=)", f"{figures['index_select_ms']:.2f}",
+         f"{figures['index_select_GBps']:.2f}", "1.000"),
+        ("memcpy of the same bytes", f"{figures['memcpy_ms']:.2f}",
+         f"{figures['memcpy_GBps']:.2f}", ""),
+    ], ("contender", "ms", "GB/s", "vs index_select")))
+    print(table("control round trip between processes (median)", [
+        ("replay_fsm Channel", f"{figures['channel_round_trip_us']:.1f}",
+         f"{figures['round_trip_ratio']:.2f}"),
+        ("mp.Queue ping-pong", f"{figures['mp_queue_round_trip_us']:.1f}", "1.00"),
+    ], ("channel", "us", "ratio")))
+    print(f"ReplayBuffer.add: {figures['add_rows_per_s']:.0f} rows/s ({width} columns)")
+    return figures
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    main(ap.parse_args().quick)
