@@ -1,0 +1,76 @@
+"""The ``replay-fsm`` command: demo, diagram, check-trace, explore."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from .spec import SlotState
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import format_summary, run
+    summary = run(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
+                  collector=args.collector, out=args.out, checked=args.checked,
+                  sample_count=args.sample_count, progress=not args.no_progress,
+                  learner_threads=args.learner_threads or None)
+    print(format_summary(summary, args.out))
+    return 0 if summary["trace_conforms"] else 1
+
+
+def _diagram(args: argparse.Namespace) -> int:
+    from . import diagram
+    highlight = SlotState[args.highlight.upper()] if args.highlight else None
+    render = {"mermaid": diagram.mermaid, "dot": diagram.dot, "svg": diagram.svg,
+              "sequence": lambda h: diagram.sequence()}[args.format]
+    text = render(highlight)
+    if args.out:
+        Path(args.out).write_text(text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def _check_trace(args: argparse.Namespace) -> int:
+    from .conformance import check, load
+    report = check(load(args.file))
+    print(report)
+    return 0 if report.ok else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="replay-fsm", description=__doc__)
+    sub = ap.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="run a small off-policy trainer through the pipeline")
+    demo.add_argument("--ticks", type=int, default=300)
+    demo.add_argument("--device", default="cpu")
+    demo.add_argument("--ring-depth", type=int, default=2)
+    demo.add_argument("--collector", choices=["process", "thread"], default="process")
+    demo.add_argument("--out", default="demo-out")
+    demo.add_argument("--checked", action="store_true")
+    demo.add_argument("--sample-count", type=int, default=8192)
+    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--learner-threads", type=int, default=1,
+                      help="torch threads of the learner (0: torch's default)")
+    demo.set_defaults(fn=_demo)
+
+    dia = sub.add_parser("diagram", help="draw the slot state machine from the table")
+    dia.add_argument("--format", choices=["mermaid", "dot", "svg", "sequence"],
+                     default="mermaid")
+    dia.add_argument("--out")
+    dia.add_argument("--highlight", choices=[s.name.lower() for s in SlotState]
+                     + [s.name for s in SlotState])
+    dia.set_defaults(fn=_diagram)
+
+    chk = sub.add_parser("check-trace", help="replay a transition log against the table")
+    chk.add_argument("file")
+    chk.set_defaults(fn=_check_trace)
+
+    args = ap.parse_args(argv)
+    return int(args.fn(args))
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
