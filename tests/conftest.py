@@ -11,3 +11,15 @@ settings.register_profile(
     derandomize=True, suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+
+def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
+    """The slow tier runs in CI (CI=true) or with REPLAY_FSM_SLOW=1; locally it skips."""
+    import pytest
+
+    if os.environ.get("CI") or os.environ.get("REPLAY_FSM_SLOW"):
+        return
+    skip = pytest.mark.skip(reason="slow tier: runs in CI, or set REPLAY_FSM_SLOW=1")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

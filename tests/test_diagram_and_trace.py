@@ -1,0 +1,113 @@
+"""Diagrams drawn from the table, committed copies that must not drift, traces
+that open in Perfetto, and conformance of recorded logs."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer, diagram
+from replay_fsm.cli import main
+from replay_fsm.conformance import check, load
+from replay_fsm.spec import TRANSITIONS, SlotState
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_mermaid_has_every_row_and_only_those() -> None:
+    text = diagram.mermaid()
+    arrows = re.findall(r"^    (\w+) --> (\w+): (\w+)", text, re.M)
+    assert sorted(arrows) == sorted((t.source.name, t.dest.name, t.event.value)
+                                    for t in TRANSITIONS)
+    assert "class HOT highlight" in diagram.mermaid(SlotState.HOT)
+
+
+def test_dot_has_every_row() -> None:
+    text = diagram.dot(SlotState.READY)
+    arrows = re.findall(r"^    (\w+) -> (\w+) \[label=\"(\w+)", text, re.M)
+    assert sorted(arrows) == sorted((t.source.name, t.dest.name, t.event.value)
+                                    for t in TRANSITIONS)
+    assert 'READY [label="READY", style="rounded,filled"' in text
+
+
+def test_committed_diagrams_match_the_table() -> None:
+    """Regenerate with: replay-fsm diagram --out specs/diagrams/slot.mmd (and svg)."""
+    assert (ROOT / "specs/diagrams/slot.mmd").read_text() == diagram.mermaid()
+    assert (ROOT / "specs/diagrams/tick.mmd").read_text() == diagram.sequence()
+    svg = (ROOT / "specs/diagrams/slot.svg").read_text()
+    assert f"replay_fsm dot sha256 {diagram.dot_digest()}" in svg
+
+
+def test_readme_shows_the_generated_diagrams() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "```mermaid\n" + diagram.mermaid() + "```" in readme
+    assert "```mermaid\n" + diagram.sequence() + "```" in readme
+
+
+@pytest.mark.skipif(shutil.which("dot") is None, reason="graphviz not installed")
+def test_svg_renders(tmp_path: Path) -> None:
+    out = tmp_path / "slot.svg"
+    assert main(["diagram", "--format", "svg", "--highlight", "hot", "--out", str(out)]) == 0
+    assert out.read_text().lstrip().startswith("<?xml") and "<svg" in out.read_text()
+
+
+def traced_run(tmp_path: Path) -> Pipeline:
+    rb = ReplayBuffer(256, 3, 2)
+    rb.add_packed(torch.randn(256, rb.width))
+    with Pipeline(rb, sample_count=16, ring_depth=3, trace=True, backend="emulated") as pipe:
+        for _ in pipe.ticks(0, 15):
+            pass
+    return pipe
+
+
+def test_chrome_trace_has_a_track_per_slot_and_actor(tmp_path: Path) -> None:
+    pipe = traced_run(tmp_path)
+    assert pipe.tracer is not None
+    data = json.loads(pipe.tracer.write_chrome(tmp_path / "t.json").read_text())
+    events = data["traceEvents"]
+    names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"slot 0", "slot 1", "slot 2", "learner", "packer", "copy_engine"} <= names
+    states = [e for e in events if e.get("cat") == "state"]
+    assert {e["name"] for e in states} >= {"requested", "submitted", "ready", "hot", "idle"}
+    assert all("tick" in e["args"] for e in states)
+    spans = {e["name"] for e in events if e.get("cat") == "span"}
+    assert {"pack", "copy"} <= spans
+    for e in events:
+        assert e["ph"] in ("M", "X", "i") and isinstance(e.get("ts", 0), (int, float))
+
+
+def test_check_trace_accepts_a_real_run_and_rejects_a_tampered_one(tmp_path: Path) -> None:
+    pipe = traced_run(tmp_path)
+    assert pipe.tracer is not None
+    path = pipe.tracer.write_transitions(tmp_path / "log.jsonl")
+    report = check(load(path))
+    assert report.ok, str(report)
+    assert main(["check-trace", str(path)]) == 0
+    recs = load(path)
+    acquires = [i for i, r in enumerate(recs) if r["event"] == "acquire"]
+    a, b = acquires[3], acquires[4]
+    recs[a]["tick"], recs[b]["tick"] = recs[b]["tick"], recs[a]["tick"]
+    report = check(recs)
+    assert not report.ok and "INV-ORDER" in str(report.violation) and report.index == a
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(json.dumps(r) for r in recs))
+    assert main(["check-trace", str(bad)]) == 1
+
+
+def test_conformance_catches_two_hot_slots() -> None:
+    recs = []
+    for slot, tick in ((0, 0), (1, 1)):
+        recs.append({"slot": slot, "tick": tick, "from": "idle", "to": "requested",
+                     "event": "request", "actor": "learner"})
+    for slot, tick in ((0, 0), (1, 1)):
+        for a, b, e in (("requested", "submitted", "submit"),
+                        ("submitted", "ready", "complete"), ("ready", "hot", "acquire")):
+            recs.append({"slot": slot, "tick": tick, "from": a, "to": b, "event": e,
+                         "actor": "x"})
+    report = check(recs)
+    assert not report.ok and "INV-HOT" in str(report.violation)
