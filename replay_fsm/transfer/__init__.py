@@ -35,7 +35,7 @@ def build_backend(device: str | torch.device, backend: str | None = None,
         return EmulatedBackend(dev, **options)  # type: ignore[arg-type]
     if name == "manual":
         from .manual import ManualBackend
-        return ManualBackend(dev)
+        return ManualBackend(dev, **options)  # type: ignore[arg-type]
     from .accel import AcceleratorBackend
     module = getattr(torch, dev.type, None)
     if module is None or not getattr(module, "is_available", lambda: False)():

@@ -20,8 +20,12 @@ class ManualBackend(HostBackedSlots):
     supports_timing_events = False
     h2d_submitter = "transfer_thread"
 
-    def __init__(self, device: torch.device | str = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu", *, hold_reads: bool = False
+                 ) -> None:
+        """``hold_reads``: the learner's reads of a slot stay in flight after release
+        until ``finish_reads(slot)``, like kernels still queued on a GPU."""
         self.device = torch.device("cpu")
+        self.hold_reads = hold_reads
         self._submitted: dict[int, CopyOrder] = {}
         self._reading: set[int] = set()
         self._cv = threading.Condition()
@@ -77,6 +81,11 @@ class ManualBackend(HostBackedSlots):
             self._reading.add(slot)
 
     def after_read(self, slot: int) -> None:
+        if not self.hold_reads:
+            self.finish_reads(slot)
+
+    def finish_reads(self, slot: int) -> None:
+        """The learner's reads of G[slot] from its last HOT period are over."""
         with self._cv:
             self._reading.discard(slot)
 
