@@ -39,6 +39,15 @@ def _check_trace(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _explore(args: argparse.Namespace) -> int:
+    from .explore import explore
+    result = explore(args.depth, args.ticks, faults=args.faults)
+    print(result.summary())
+    if result.violation:
+        print("\nregression test:\n" + result.regression_test())
+    return 0 if result.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="replay-fsm", description=__doc__)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -67,6 +76,12 @@ def main(argv: list[str] | None = None) -> int:
     chk = sub.add_parser("check-trace", help="replay a transition log against the table")
     chk.add_argument("file")
     chk.set_defaults(fn=_check_trace)
+
+    exp = sub.add_parser("explore", help="check every interleaving of the real core")
+    exp.add_argument("--depth", type=int, default=2)
+    exp.add_argument("--ticks", type=int, default=5)
+    exp.add_argument("--faults", action="store_true", help="also explore fail and close")
+    exp.set_defaults(fn=_explore)
 
     args = ap.parse_args(argv)
     return int(args.fn(args))
