@@ -33,7 +33,10 @@ class Checker:
         self.checks = 0
 
     def _fail(self, inv: str, msg: str) -> None:
-        raise CheckedModeViolation(f"{inv}: {msg}")
+        """Fail the pipeline (the learner sees it, chained) and raise to the caller."""
+        violation = CheckedModeViolation(f"{inv}: {msg}")
+        self.pipeline._fail(violation, None)
+        raise violation
 
     def pack_done(self, done: PackDone) -> None:
         """Transfer worker, before submit: the packer's write of H[slot] happened
@@ -49,15 +52,18 @@ class Checker:
 
     def copy_started(self, slot: int) -> None:
         """Copy engine: G[slot] may be written only after its reads drained."""
+        state = self.pipeline._core.state(slot)
+        if state in (SlotState.FAILED, SlotState.CLOSED):
+            self.copy_open[slot] = True
+            return  # a copy submitted before the end drains; nobody will read G[slot]
         self.checks += 1
         backend = self.pipeline.backend
         pending = getattr(backend, "reads_pending", lambda s: False)(slot)
         if self.reading[slot] or pending:
             self._fail("INV-DEVICE-WAR", f"copy into G[{slot}] started while the learner's "
                        "reads of it were in flight")
-        if self.pipeline._core.state(slot) is not SlotState.SUBMITTED:
-            self._fail("INV-HOST-WAR", f"copy from H[{slot}] started in state "
-                       f"{self.pipeline._core.state(slot).name}")
+        if state is not SlotState.SUBMITTED:
+            self._fail("INV-HOST-WAR", f"copy from H[{slot}] started in state {state.name}")
         self.copy_open[slot] = True
 
     def copy_finished(self, slot: int) -> None:

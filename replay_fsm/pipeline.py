@@ -521,11 +521,11 @@ class Pipeline:
         except BaseException as exc:  # noqa: BLE001 - reported to the learner
             self._fail(exc, Actor.COPY_ENGINE)
 
-    def _fail(self, error: BaseException, actor: Actor) -> None:
+    def _fail(self, error: BaseException, actor: Actor | None) -> None:
         with self._cv:
             self._fail_locked(error, actor)
 
-    def _fail_locked(self, error: BaseException, actor: Actor,
+    def _fail_locked(self, error: BaseException, actor: Actor | None,
                      cause: BaseException | None = None) -> None:
         if cause is not None:
             error.__cause__ = cause

@@ -78,15 +78,21 @@ class EmulatedBackend(HostBackedSlots):
 
     def _run(self) -> None:
         while (order := self._orders.get()) is not None:
-            if order.after_release is not None:
-                self.released[order.after_release.slot].synchronize()  # INV-DEVICE-WAR
-            if self.monitor is not None:
-                self.monitor.copy_started(order.slot)
-            time.sleep(self._delay(self.copy_delay))  # the DMA takes a while
-            self.device_slots[order.slot].copy_(self.host[order.slot])
-            if self.monitor is not None:
-                self.monitor.copy_finished(order.slot)
-            self.on_complete(order.slot)
+            try:
+                self._copy(order)
+            except AssertionError:
+                continue  # checked mode reported it: the pipeline is failed already
+
+    def _copy(self, order: CopyOrder) -> None:
+        if order.after_release is not None:
+            self.released[order.after_release.slot].synchronize()  # INV-DEVICE-WAR
+        if self.monitor is not None:
+            self.monitor.copy_started(order.slot)
+        time.sleep(self._delay(self.copy_delay))  # the DMA takes a while
+        self.device_slots[order.slot].copy_(self.host[order.slot])
+        if self.monitor is not None:
+            self.monitor.copy_finished(order.slot)
+        self.on_complete(order.slot)
 
     def before_read(self, slot: int) -> None:
         pass  # on_complete ran after the copy: READY implies the data is there
