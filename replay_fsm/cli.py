@@ -10,6 +10,18 @@ from .spec import SlotState
 
 
 def _demo(args: argparse.Namespace) -> int:
+    if args.nproc > 1:
+        from .distributed import launch
+        results = launch(args.nproc, {
+            "ticks": args.ticks, "device": args.device, "ring_depth": args.ring_depth,
+            "out": args.out,
+            "sample_count": args.sample_count})
+        for rank, summary in sorted(results.items()):
+            print(f"rank {rank}: {summary['ticks']} ticks, {summary['tick_ms']:.2f} ms/tick, "
+                  f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}")
+        print(f"per-rank summaries and one merged trace in {args.out}/ "
+              "(summary-rank<k>.json, trace.json)")
+        return 0
     from .demo import format_summary, run
     summary = run(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                   collector=args.collector, out=args.out, checked=args.checked,
@@ -61,6 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--checked", action="store_true")
     demo.add_argument("--sample-count", type=int, default=8192)
     demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--nproc", type=int, default=1,
+                      help="ranks on this node (torch.distributed: gloo on CPU, nccl on GPU)")
     demo.add_argument("--learner-threads", type=int, default=1,
                       help="torch threads of the learner (0: torch's default)")
     demo.set_defaults(fn=_demo)

@@ -14,6 +14,7 @@ import json
 import multiprocessing as mp
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,17 +69,25 @@ class PointMass:
 
 
 def collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
-            stop: Any = None) -> None:
-    """The collector: step, add, serve pack requests between steps, until closed."""
+            stop: Any = None, steps: int | None = None) -> None:
+    """The collector: step, add, serve pack requests between steps, until closed.
+
+    ``steps``: stop stepping after that many steps and only serve (tests use it to
+    keep the storage still, so every batch can be checked bit for bit)."""
     env = PointMass(envs, seed)
     packer = Packer.attach(handle, rb)
     policy = np.random.default_rng(seed + 1).standard_normal((OBS, ACT)).astype(np.float32)
+    taken = 0
     while not packer.closed and not (stop is not None and stop.is_set()):
+        if steps is not None and taken >= steps:
+            packer.service(timeout=0.05)
+            continue
         action = -env.observe(env.state) @ policy * 0.5 + env.rng.normal(0, 0.3,
                                                                            (envs, ACT))
         obs, rew, nxt, done, trunc, reset, terminal = env.step(action.astype(np.float32))
         rb.add(obs, action, rew, nxt, done, trunc, terminal_mask=reset,
                terminal_next_obs=terminal)
+        taken += 1
         packer.service(timeout=0.0)
         if rb.size == rb.capacity:
             packer.service(timeout=0.002)  # a full buffer: favour serving the learner
@@ -110,7 +119,8 @@ class Learner:
         return cls(critic, target, torch.optim.Adam(critic.parameters(), lr=3e-4),
                    torch.randn(OBS, ACT, device=device) * 0.1)
 
-    def step(self, batch: dict[str, torch.Tensor]) -> float:
+    def step(self, batch: dict[str, torch.Tensor],
+             all_reduce: Callable[[list[torch.Tensor]], None] | None = None) -> float:
         with torch.no_grad():
             next_act = torch.tanh(batch["next_obs"] @ self.policy)
             target = batch["rewards"] + 0.99 * (1 - batch["dones"]) * self.target(
@@ -118,6 +128,8 @@ class Learner:
         loss = (self.critic(batch["obs"], batch["actions"]) - target).pow(2).mean()
         self.opt.zero_grad(set_to_none=True)
         loss.backward()
+        if all_reduce is not None:  # data-parallel ranks average their gradients
+            all_reduce([p.grad for p in self.critic.parameters() if p.grad is not None])
         self.opt.step()
         with torch.no_grad():
             for p, tp in zip(self.critic.parameters(), self.target.parameters()):
@@ -145,13 +157,21 @@ def _sync_tick_s(rb: ReplayBuffer, learner: Learner, n: int, device: torch.devic
 def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
         collector: str = "process", out: str | Path = "demo-out", checked: bool = False,
         sample_count: int = 8192, capacity: int = 200_000, envs: int = 128,
-        seed: int = 0, progress: bool = True, learner_threads: int | None = 1
-        ) -> dict[str, Any]:
-    """Run the demo; returns the summary (also written to ``out/summary.json``).
+        seed: int = 0, progress: bool = True, learner_threads: int | None = 1,
+        base_seed: int | None = None, rank: int | None = None,
+        all_reduce: Callable[[list[torch.Tensor]], None] | None = None,
+        collect_steps: int | None = None, verify_data: bool = False,
+        kill_collector_at: int | None = None) -> dict[str, Any]:
+    """Run the demo; returns the summary (also written to ``out/summary.json``, or
+    ``summary-rank<k>.json`` for a rank of a multi-rank run).
 
     ``learner_threads`` (default 1) pins the learner's torch threads so that on a
     small CPU machine the collector keeps a core of its own, as it would beside a
-    GPU learner; None leaves torch's default.
+    GPU learner; None leaves torch's default. ``base_seed`` (default ``seed``) seeds
+    the batches (INV-DATA); ``all_reduce`` averages gradients across ranks;
+    ``collect_steps`` stops the collector stepping after that many steps and
+    ``verify_data`` then checks every batch bit for bit; ``kill_collector_at``
+    SIGKILLs the collector at that tick (fault injection: CollectorDied follows).
     """
     from tqdm import tqdm
 
@@ -161,24 +181,27 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(device)
     rb = ReplayBuffer(capacity, OBS, ACT)
-    pipe = Pipeline(rb, device=dev, sample_count=sample_count, base_seed=seed,
+    pipe = Pipeline(rb, device=dev, sample_count=sample_count,
+                    base_seed=seed if base_seed is None else base_seed,
                     ring_depth=ring_depth, collector="external", checked=checked,
                     trace=True, liveness_timeout=30.0)
     stop = threading.Event()
     if collector == "process":
         worker: Any = mp.get_context("spawn").Process(
-            target=collect, args=(rb, pipe.packer_handle(), envs, seed), daemon=True)
+            target=collect, args=(rb, pipe.packer_handle(), envs, seed, None, collect_steps),
+            daemon=True)
     elif collector == "thread":
-        worker = threading.Thread(target=collect,
-                                  args=(rb, pipe.packer_handle(), envs, seed, stop),
-                                  daemon=True)
+        worker = threading.Thread(
+            target=collect, args=(rb, pipe.packer_handle(), envs, seed, stop, collect_steps),
+            daemon=True)
     else:
         raise ValueError(f"collector must be 'process' or 'thread', got {collector!r}")
     worker.start()
     if collector == "process":
         pipe.watch(worker, "the demo collector process")
     learner = Learner.create(dev, seed)
-    warm = 4 * sample_count
+    warm = 4 * sample_count if collect_steps is None else collect_steps * envs
+    fingerprint: list[int] = []
     losses: list[float] = []
     tick_times: list[float] = []
     sync_s = 0.0
@@ -190,11 +213,15 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
         pipe.start_prepare(0, sample_count, min_snapshot_ptr=warm)
         for tick in range(ticks):
             t0 = time.perf_counter()
+            if kill_collector_at == tick and collector == "process":
+                worker.kill()  # fault injection: the collector crashes
             batch = pipe.sample_large_batch(tick, sample_count)
+            if verify_data or tick == 0:
+                fingerprint.append(_check_batch(pipe, rb, tick, verify_data))
             for ahead in range(tick + 1, min(tick + ring_depth, ticks)):
                 pipe.start_prepare(ahead, sample_count, min_snapshot_ptr=warm)
             with torch.profiler.record_function("replay_fsm/learner_step"):
-                losses.append(learner.step(batch))
+                losses.append(learner.step(batch, all_reduce))
             pipe.after_tick()
             tick_times.append(time.perf_counter() - t0)
             done_ticks += 1
@@ -219,13 +246,18 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
         stop.set()
         worker.join(timeout=30)
     assert pipe.tracer is not None
-    pipe.tracer.write_chrome(out_dir / "trace.json")
-    pipe.tracer.write_transitions(out_dir / "transitions.jsonl")
+    suffix = "" if rank is None else f"-rank{rank}"
+    pipe.tracer.write_chrome(out_dir / f"trace{suffix}.json",
+                             process_name="replay_fsm" if rank is None else f"rank {rank}",
+                             pid_base=0 if rank is None else 10 * (rank + 1))
+    pipe.tracer.write_transitions(out_dir / f"transitions{suffix}.jsonl")
     (out_dir / "slot.mmd").write_text(diagram.mermaid())
     conformance = check(pipe.tracer.transitions())
     steady = tick_times[len(tick_times) // 10:]  # the first ticks wait for warm-up data
     tick_s = float(np.median(steady)) if steady else 0.0
     summary = {
+        "rank": rank, "base_seed": pipe.base_seed, "batch_fingerprint": fingerprint[:1],
+        "data_verified_ticks": len(fingerprint) if verify_data else 0,
         "ticks": done_ticks, "interrupted": interrupted, "device": str(dev),
         "learner_threads": torch.get_num_threads(),
         "ring_depth": ring_depth, "collector": collector, "sample_count": sample_count,
@@ -238,8 +270,23 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
         "trace_conforms": conformance.ok, "invariants": list(INVARIANTS),
         "dwell_s": stats.dwell_s,
     }
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (out_dir / f"summary{suffix}.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _check_batch(pipe: Pipeline, rb: ReplayBuffer, tick: int, verify: bool) -> int:
+    """The sampled indices' fingerprint; with ``verify``, INV-DATA bit for bit."""
+    from .sampling import expected_batch, sample_indices
+    slot = pipe._core.hot_slot
+    assert slot is not None
+    done = pipe.last_done[slot]
+    if verify:
+        expected = expected_batch(rb.storage, done.snapshot_size, done.sample_count,
+                                  done.seed)
+        got = pipe.backend.device_slot(slot).cpu()
+        if not torch.equal(got, expected):
+            raise AssertionError(f"INV-DATA: the batch of tick {tick} differs")
+    return int(sample_indices(done.snapshot_size, done.sample_count, done.seed).sum())
 
 
 def format_summary(s: dict[str, Any], out: str | Path) -> str:

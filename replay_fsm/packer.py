@@ -158,8 +158,13 @@ class Packer:
 
 
 def serve_forever(handle: PackerHandle, replay_buffer: ReplayBuffer,
-                  poll_s: float = 0.05) -> None:
-    """Packer-only process body (``collector="process"``): serve until closed."""
+                  poll_s: float = 0.05, threads: int | None = None) -> None:
+    """Packer-only process body (``collector="process"``): serve until closed.
+
+    ``threads``: torch intra-op threads for the gather (None: torch's default).
+    """
+    if threads is not None:
+        torch.set_num_threads(threads)
     packer = Packer.attach(handle, replay_buffer)
     while not packer.closed:
         packer.service(timeout=poll_s)

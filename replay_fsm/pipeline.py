@@ -95,6 +95,8 @@ class Pipeline:
         checked: record reader and writer intervals per slot and raise on any
             overlap the invariants forbid; poison released device slots with NaN.
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
+        packer_threads: torch threads of the spawned packer process
+            (collector="process"); None leaves torch's default.
         host_slots, link: for the seed-compatible class: host slots and a
             collector link supplied by the caller.
 
@@ -108,6 +110,7 @@ class Pipeline:
                  backend_options: dict[str, Any] | None = None,
                  liveness_timeout: float = 5.0, checked: bool = False,
                  trace: bool = False, trace_capacity: int = 1 << 16,
+                 packer_threads: int | None = None,
                  host_slots: torch.Tensor | Sequence[torch.Tensor] | None = None,
                  link: CollectorLink | None = None) -> None:
         if not isinstance(sample_count, int) or sample_count < 1:
@@ -182,7 +185,8 @@ class Pipeline:
             self._packer_thread.start()
         elif self.handle is not None and collector == "process":
             self._process = mp.get_context("spawn").Process(
-                target=serve_forever, args=(self.handle, replay_buffer),
+                target=serve_forever,
+                args=(self.handle, replay_buffer, _WAIT_SLICE_S, packer_threads),
                 name="replay_fsm-packer", daemon=True)
             self._process.start()
             self.watch(self._process, "the packer process")

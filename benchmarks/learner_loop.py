@@ -1,0 +1,257 @@
+"""The learner loop, side by side in one process: compute only (the ideal),
+synchronous sampling (the baseline), torchrl's ReplayBuffer with prefetch 1 and 2,
+and replay_fsm with thread and process collectors at ring depth 2 and 3.
+
+Workload: a buffer of 200k rows x ~500 float32 columns, batches of 16k rows, a
+learner step of matmuls (GIL released). Two regimes: compute longer than
+pack + copy, and the reverse. Contenders are interleaved over rounds; medians.
+The learner runs one torch thread so the packer has the other core of a 2-core
+machine, as it would beside a GPU learner.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.sampling import sample_indices
+
+try:
+    from common import table, write_result
+except ImportError:
+    from benchmarks.common import table, write_result
+
+
+FEATURES = 64  # columns the learner's first layer reads; the rest is carried along
+
+
+def make_compute(width: int, hidden: int, reps: int, device: torch.device
+                 ) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A learner step: a first layer over the batch, then ``reps`` hidden matmuls."""
+    gen = torch.Generator().manual_seed(0)
+    w1 = (torch.randn(FEATURES, hidden, generator=gen) / FEATURES**0.5).to(device)
+    w2 = (torch.randn(hidden, hidden, generator=gen) / hidden**0.5).to(device)
+
+    def step(batch: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(batch[:, :FEATURES] @ w1)
+        for _ in range(reps):
+            h = torch.relu(h @ w2)
+        out = h.sum()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return out
+    return step
+
+
+def time_ticks(run_tick: Callable[[int], float], start: int, ticks: int
+               ) -> tuple[float, float]:
+    """Median seconds per tick and mean learner stall per tick over ``ticks``."""
+    times, stalls = [], []
+    for t in range(start, start + ticks):
+        t0 = time.perf_counter()
+        stalls.append(run_tick(t))
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), statistics.fmean(stalls)
+
+
+class Contender:
+    name = ""
+
+    def open(self) -> None: ...
+
+    def tick(self, t: int) -> float:
+        raise NotImplementedError
+
+    def close(self) -> None: ...
+
+
+class ComputeOnly(Contender):
+    name = "compute only (ideal)"
+
+    def __init__(self, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device):
+        self.batch = rb.storage[:n].to(device)
+        self.compute = compute
+
+    def tick(self, t: int) -> float:
+        self.compute(self.batch)
+        return 0.0
+
+
+class Synchronous(Contender):
+    name = "synchronous sampling"
+
+    def __init__(self, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device):
+        self.rb, self.n, self.compute, self.device = rb, n, compute, device
+        self.out = torch.empty(n, rb.width)
+
+    def tick(self, t: int) -> float:
+        t0 = time.perf_counter()
+        idx = sample_indices(self.rb.size, self.n, t)
+        torch.index_select(self.rb.storage, 0, idx, out=self.out)
+        batch = self.out.to(self.device)
+        stall = time.perf_counter() - t0
+        self.compute(batch)
+        return stall
+
+
+class TorchRL(Contender):
+    def __init__(self, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device,
+                 prefetch: int):
+        self.name = f"torchrl ReplayBuffer prefetch={prefetch}"
+        from torchrl.data import LazyTensorStorage
+        from torchrl.data import ReplayBuffer as TRB
+        from torchrl.data.replay_buffers.samplers import RandomSampler
+        self.trb = TRB(storage=LazyTensorStorage(rb.capacity), sampler=RandomSampler(),
+                       batch_size=n, prefetch=prefetch)
+        self.trb.extend(rb.storage)
+        self.compute, self.device = compute, device
+
+    def tick(self, t: int) -> float:
+        t0 = time.perf_counter()
+        batch = self.trb.sample().to(self.device)
+        stall = time.perf_counter() - t0
+        self.compute(batch)
+        return stall
+
+
+class ReplayFSM(Contender):
+    def __init__(self, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device,
+                 collector: str, depth: int):
+        self.name = f"replay_fsm {collector} collector, depth {depth}"
+        self.rb, self.n, self.compute = rb, n, compute
+        self.device, self.collector, self.depth = device, collector, depth
+        self.next = 0
+
+    def open(self) -> None:
+        self.pipe = Pipeline(self.rb, device=self.device, sample_count=self.n,
+                             ring_depth=self.depth, collector=self.collector,
+                             packer_threads=1, liveness_timeout=60)
+        self.next = 0
+        for t in range(self.depth - 1):
+            self.pipe.start_prepare(t, self.n)
+        self.requested = self.depth - 1
+
+    def tick(self, t: int) -> float:
+        k = self.next
+        before = self.pipe.statistics().learner_wait_s
+        batch = self.pipe.sample_large_batch(k, self.n)
+        self.pipe.start_prepare(self.requested, self.n)
+        self.requested += 1
+        stall = self.pipe.statistics().learner_wait_s - before
+        self.compute(self._packed(batch))
+        self.pipe.after_tick()
+        self.next += 1
+        return stall
+
+    def _packed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        slot = self.pipe._core.hot_slot
+        assert slot is not None
+        return self.pipe.backend.device_slot(slot)  # the packed [n, width] view
+
+    def close(self) -> None:
+        self.pipe.close()
+
+
+def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device,
+               rounds: int, ticks: int, depths: tuple[int, ...], collectors: tuple[str, ...],
+               torchrl_note: str | None) -> dict[str, Any]:
+    contenders: list[Contender] = [ComputeOnly(rb, n, compute, device),
+                                   Synchronous(rb, n, compute, device)]
+    missing: dict[str, str] = {}
+    for prefetch in (1, 2):
+        label = f"torchrl ReplayBuffer prefetch={prefetch}"
+        if torchrl_note is None:
+            contenders.append(TorchRL(rb, n, compute, device, prefetch))
+        else:
+            missing[label] = torchrl_note
+    for collector in collectors:
+        for depth in depths:
+            contenders.append(ReplayFSM(rb, n, compute, device, collector, depth))
+    samples: dict[str, list[tuple[float, float]]] = {c.name: [] for c in contenders}
+    for _ in range(rounds):
+        for c in contenders:
+            c.open()
+            try:
+                time_ticks(c.tick, 0, 2)  # warm-up
+                samples[c.name].append(time_ticks(c.tick, 2, ticks))
+            finally:
+                c.close()
+    ideal = statistics.median(s[0] for s in samples[contenders[0].name])
+    rows: dict[str, Any] = {}
+    nbytes = n * rb.width * 4
+    for c in contenders:
+        tick_s = statistics.median(s[0] for s in samples[c.name])
+        stall = statistics.median(s[1] for s in samples[c.name])
+        rows[c.name] = {"tick_ms": tick_s * 1e3, "tick_over_ideal": tick_s / ideal,
+                        "stall_ms": stall * 1e3, "rows_per_s": n / tick_s,
+                        "GBps": nbytes / tick_s / 1e9}
+    for label, why in missing.items():
+        rows[label] = {"missing": why}
+    return {"regime": name, "rows": rows}
+
+
+def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    torch.set_num_threads(1)
+    dev = torch.device(device)
+    rows, width, n = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
+    rounds, ticks = (1, 4) if quick else (3, 15)
+    rb = ReplayBuffer(rows, (width - 5) // 2, 2)
+    rb.add_packed(torch.randn(rows, rb.width))
+    try:
+        import torchrl  # noqa: F401
+        torchrl_note = None
+    except ImportError:
+        torchrl_note = "torchrl not installed (make bench installs it)"
+    # Calibrate: pack time, then compute of ~2x (heavy) and ~0.4x (light) of it.
+    out = torch.empty(n, rb.width)
+    t0 = time.perf_counter()
+    for k in range(5):
+        torch.index_select(rb.storage, 0, sample_indices(rows, n, k), out=out)
+    pack_s = (time.perf_counter() - t0) / 5
+    hidden = 128
+
+    def cost(reps: int) -> float:
+        probe = make_compute(rb.width, hidden, reps, dev)
+        probe(out.to(dev))
+        t0 = time.perf_counter()
+        for _ in range(5):
+            probe(out.to(dev))
+        return (time.perf_counter() - t0) / 5
+
+    base, per_rep = cost(0), max((cost(8) - cost(0)) / 8, 1e-6)
+    regimes = {"compute-bound": max(0, round((2.0 * pack_s - base) / per_rep)),
+               "data-bound": max(0, round((0.4 * pack_s - base) / per_rep))}
+    results: dict[str, Any] = {"pack_ms": pack_s * 1e3, "compute_base_ms": base * 1e3,
+                               "compute_rep_ms": per_rep * 1e3}
+    for name, reps in regimes.items():
+        compute = make_compute(rb.width, hidden, reps, dev)
+        results[name] = run_regime(name, rb, n, compute, dev, rounds, ticks, (2, 3),
+                                   ("thread", "process"), torchrl_note)
+        results[name]["compute_reps"] = reps
+        results[name]["compute_ms"] = results[name]["rows"]["compute only (ideal)"]["tick_ms"]
+    write_result("learner_loop", {"rows": rows, "width": rb.width, "batch": n,
+                                  "device": device, "rounds": rounds, "ticks": ticks,
+                                  "learner_threads": 1}, results, quick=quick)
+    print(f"pack (index_select) {pack_s * 1e3:.2f} ms per batch")
+    for name in regimes:
+        print(table(f"learner loop, {name} ({device}; medians of {rounds} rounds)", [
+            (k, f"{v['tick_ms']:.2f}", f"{v['tick_over_ideal']:.3f}", f"{v['stall_ms']:.2f}",
+             f"{v['rows_per_s']:.0f}", f"{v['GBps']:.2f}") if "missing" not in v else
+            (k, v["missing"], "", "", "", "")
+            for k, v in results[name]["rows"].items()
+        ], ("contender", "tick ms", "x ideal", "stall ms", "rows/s", "GB/s")))
+    return results
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    main(args.quick, args.device)

@@ -1,0 +1,44 @@
+"""Run the benchmark suite: `make bench` (full) or `make bench-quick` (a smoke run).
+
+Each script writes benchmarks/results/<name>.json (quick runs: <name>-quick.json,
+not committed) and prints its table. A full run also regenerates the README's
+"Performance" section from the JSON files.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import core_overhead  # noqa: E402
+import cuda_copy  # noqa: E402
+import learner_loop  # noqa: E402
+import learner_overhead  # noqa: E402
+import packing  # noqa: E402
+import readme_perf  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--device", default="cpu")
+    args = ap.parse_args()
+    core_overhead.main(args.quick)
+    packing.main(args.quick)
+    learner_overhead.main(args.quick)
+    learner_loop.main(args.quick, args.device)
+    cuda_copy.main(args.quick)
+    if not args.quick:
+        readme_perf.update(HERE.parent / "README.md")
+        print("README performance section regenerated from", HERE / "results")
+    print(json.dumps({"quick": args.quick, "results": str(HERE / "results")}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
