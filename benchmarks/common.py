@@ -59,7 +59,7 @@ def write_result(name: str, config: dict[str, Any], figures: dict[str, Any],
 
 def table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
-    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths))  # noqa: E731
+    line = lambda r: "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True))  # noqa: E731
     out = [title, line(header), line(tuple("-" * w for w in widths))]
     out += [line(r) for r in rows]
     return "\n".join(out)

@@ -40,7 +40,7 @@ def main(quick: bool = False) -> dict[str, float] | None:
     with Pipeline(rb, device="cuda", sample_count=n, backend_options={"timing": True},
                   ring_depth=2) as pipe:
         ours = []
-        for tick, _ in pipe.ticks(0, reps):
+        for _tick, _ in pipe.ticks(0, reps):
             slot = pipe._core.hot_slot
             ours.append(pipe.backend.last_copy_ms[slot] / 1e3)  # type: ignore[attr-defined]
     figures = {"bare_GBps": nbytes / statistics.median(bare) / 1e9,

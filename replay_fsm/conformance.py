@@ -90,7 +90,7 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
             if requested and slot != (requested[-1][1] + 1) % depth:
                 return bad(i, f"INV-ORDER: tick {tick} went to slot {slot}, not the next "
                            "in ring order")
-            requested.append((int(tick), slot))
+            requested.append((int(tick or 0), slot))
             holds[slot] = tick
         elif event is Event.ACQUIRE:
             if sum(s is SlotState.HOT for s in state.values()) > 1:
@@ -98,7 +98,7 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
             expected = requested[len(acquired)][0] if len(acquired) < len(requested) else None
             if tick != expected:
                 return bad(i, f"INV-ORDER: acquired tick {tick}, expected {expected}")
-            acquired.append(int(tick))
+            acquired.append(int(tick or 0))
         elif event is Event.SUBMIT or event is Event.COMPLETE:
             if holds.get(slot) != tick:
                 return bad(i, f"slot {slot} holds tick {holds.get(slot)} but the record "

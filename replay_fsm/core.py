@@ -16,7 +16,7 @@ from typing import Any
 from transitions import Event as _MachineEvent
 from transitions import Machine, MachineError
 
-from .errors import IllegalTransition, PipelineClosed, PipelineFailed, ProtocolError
+from .errors import IllegalTransition, PipelineClosed, PipelineFailed
 from .messages import CopyOrder, PackDone, PackRequest, ReleaseToken, TransitionRecord
 from .spec import INITIAL, TRANSITIONS, Actor, Event, SlotState, transition_for
 
@@ -57,7 +57,9 @@ class _TableEvent(_MachineEvent):
         rows = self.transitions.get(state.name)
         if not rows:
             raise MachineError(f"Can't trigger event {self.name} from state {state.name}!")
-        self.machine.set_state(rows[0].dest, model)
+        dest = rows[0].dest
+        assert dest is not None  # every row of our table has a destination
+        self.machine.set_state(dest, model)
         return True
 
 
@@ -320,9 +322,9 @@ class Core:
             assert self._slots[s].tick == t, (s, t, self._slots[s].tick)
             assert states[s] in (SlotState.REQUESTED, SlotState.SUBMITTED,
                                  SlotState.READY), (s, states[s])
-        for i, s in enumerate(states):
+        for i, state in enumerate(states):
             if i not in in_flight.values() and i != self._hot:
-                assert s is SlotState.IDLE, f"slot {i} is {s} but holds no tick"
+                assert state is SlotState.IDLE, f"slot {i} is {state} but holds no tick"
                 assert self._slots[i].tick is None
         assert len(self._pending) + (self._hot is not None) <= self.ring_depth
 

@@ -132,7 +132,7 @@ class Learner:
             all_reduce([p.grad for p in self.critic.parameters() if p.grad is not None])
         self.opt.step()
         with torch.no_grad():
-            for p, tp in zip(self.critic.parameters(), self.target.parameters()):
+            for p, tp in zip(self.critic.parameters(), self.target.parameters(), strict=True):
                 tp.lerp_(p, 0.005)
         return float(loss.detach())
 

@@ -9,7 +9,8 @@ with RANK_SEED_STRIDE = 2**24, so tick t of rank r samples with seed
 ``base_seed + r * 2**24 + t``. torch's CPU generator keeps only the low 32 bits of a
 seed, so the stride must stay below 2**32: with 2**24, up to 256 ranks draw from
 distinct seeds for their first 16,777,216 ticks each (a test checks that two ranks
-draw different batches). Each rank's batches follow INV-DATA with its own base seed. The device comes from the local rank (``local_device``). Gradients
+draw different batches). Each rank's batches follow INV-DATA with its own base seed.
+The device comes from the local rank (``local_device``). Gradients
 are averaged across ranks with ``all_reduce``. On one node, ``launch`` starts the
 ranks with torch's own elastic launcher (what ``torchrun`` uses); on several nodes run
 ``torchrun --nnodes N --nproc-per-node G --rdzv-backend c10d --rdzv-endpoint HOST:PORT

@@ -22,6 +22,7 @@ import torch
 
 from .buffer import ReplayBuffer
 from .channel import ChannelClosed
+from .checked import Checker
 from .core import Core
 from .errors import (
     CollectorDied,
@@ -35,6 +36,7 @@ from .links import ChannelLink, CollectorLink
 from .messages import PackDone, TransitionRecord
 from .packer import Packer, PackerHandle, serve_forever
 from .spec import Actor, SlotState
+from .trace import Tracer
 from .transfer import TransferBackend, build_backend
 
 COLLECTORS = ("thread", "process", "external")
@@ -128,8 +130,10 @@ class Pipeline:
         self.liveness_timeout = float(liveness_timeout)
         self._core = Core(ring_depth, base_seed=base_seed, sample_count=sample_count,
                           observer=self._observe)
-        self.backend: TransferBackend = build_backend(device, backend,
-                                                      **(backend_options or {}))
+        options = dict(backend_options or {})
+        if trace and str(device).startswith("cuda") and backend in (None, "cuda"):
+            options.setdefault("timing", True)  # CUDA-event copy timings and NVTX ranges
+        self.backend: TransferBackend = build_backend(device, backend, **options)
         self.device = self.backend.device
         self._cv = threading.Condition()
         self._stop = threading.Event()
@@ -145,9 +149,6 @@ class Pipeline:
         self.last_done: dict[int, PackDone] = {}
         self._copy_submit_ns = [0] * ring_depth
         self.last_copy_s = 0.0  # submit-to-complete time of the latest copy
-
-        from .checked import Checker
-        from .trace import Tracer
         self.tracer: Tracer | None = Tracer(trace_capacity) if trace else None
         self._checker: Checker | None = None
 
@@ -224,7 +225,7 @@ class Pipeline:
             PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
-        with self._cv:
+        with self._profiled("start_prepare"), self._cv:
             self._raise_if_unusable()
             if self._core.slot_of(tick_id) is not None:
                 return False
@@ -265,7 +266,8 @@ class Pipeline:
         """
         self._validate(sample_count)
         deadline = None if timeout is None else time.monotonic() + timeout
-        return self._interruptible(self._wait, int(tick_id), deadline)
+        with self._profiled("wait_until_ready"):
+            return self._interruptible(self._wait, int(tick_id), deadline)
 
     def sample_large_batch(self, tick_id: int, sample_count: int) -> dict[str, torch.Tensor]:
         """The batch of ``tick_id``, waiting for it if needed; the slot becomes HOT.
@@ -278,11 +280,12 @@ class Pipeline:
             CollectorDied, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
-        return self._interruptible(self._acquire, int(tick_id))
+        with self._profiled("sample_large_batch"):
+            return self._interruptible(self._acquire, int(tick_id))
 
     def after_tick(self) -> None:
         """Release the hot batch (no-op when none is hot); its slot can be reused."""
-        with self._cv:
+        with self._profiled("after_tick"), self._cv:
             self._raise_if_unusable()
             slot = self._core.hot_slot
             if slot is None:
@@ -364,6 +367,12 @@ class Pipeline:
         self.close()
 
     # -- learner internals ----------------------------------------------------
+
+    def _profiled(self, name: str) -> Any:
+        """A torch.profiler range named for the learner call when tracing; else nothing."""
+        if self.tracer is None:
+            return contextlib.nullcontext()
+        return torch.profiler.record_function(f"replay_fsm/{name}")
 
     def _interruptible(self, fn: Any, *args: Any) -> Any:
         try:

@@ -23,7 +23,7 @@ from hypothesis.stateful import (
 from replay_fsm.core import Core
 from replay_fsm.errors import IllegalTransition, PipelineClosed, PipelineFailed
 from replay_fsm.messages import CopyOrder, PackDone, TransitionRecord
-from replay_fsm.spec import TRANSITIONS, SlotState
+from replay_fsm.spec import TRANSITIONS, Event, SlotState
 
 S = SlotState
 
@@ -268,8 +268,15 @@ def test_stateful_suite_covers_every_table_row() -> None:
         covered = set(CoreMachine.rows)
     finally:
         CoreMachine.rows = None
-    missing = {(t.source, t.event) for t in TRANSITIONS} - covered
+    rows = {(t.source, t.event) for t in TRANSITIONS}
+    states = {s for s, _ in covered} | {t.dest for t in TRANSITIONS if (t.source, t.event)
+                                        in covered}
+    events = {e for _, e in covered}
+    print(f"\ncoverage: rows {len(covered & rows)}/{len(rows)}, states "
+          f"{len(states)}/{len(SlotState)}, events {len(events)}/{len(Event)}")
+    missing = rows - covered
     assert not missing, f"rows never fired: {sorted((s.name, e.value) for s, e in missing)}"
+    assert states == set(SlotState) and events == set(Event)
 
 
 class _BrokenCore(Core):

@@ -13,7 +13,7 @@ from replay_fsm import CollectorDied, PackerError, Pipeline, PipelineFailed, Rep
 from replay_fsm.errors import IllegalTransition, PipelineClosed, ProtocolError
 from replay_fsm.spec import SlotState
 
-from .collectors import constant_rows, fill_and_serve
+from .collectors import fill_and_serve
 from .drive import complete_copies_for, packed, reference, run_ticks
 
 HAS_CUDA = torch.cuda.is_available()

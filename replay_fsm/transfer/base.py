@@ -67,7 +67,7 @@ class HostBackedSlots:
     """Shared bookkeeping for backends whose G[i] are plain tensors."""
 
     host: HostSlots
-    device_slots: torch.Tensor
+    device_slots: HostSlots  # a tensor [n, rows, width]; the host slots when zero-copy
     on_complete: OnComplete
 
     def device_slot(self, slot: int) -> torch.Tensor:

@@ -27,6 +27,8 @@ class CudaBackend(HostBackedSlots):
     h2d_submitter = "transfer_thread"
 
     def __init__(self, device: torch.device | str = "cuda", *, timing: bool = False) -> None:
+        """``timing``: CUDA-event copy timings (``last_copy_ms``) and NVTX ranges
+        around each copy submission (on when the pipeline traces)."""
         if not torch.cuda.is_available():
             raise ValueError("device 'cuda' requested but torch.cuda.is_available() is "
                              "False")
@@ -65,6 +67,8 @@ class CudaBackend(HostBackedSlots):
 
     def submit(self, order: CopyOrder) -> None:
         slot = order.slot
+        if self.timing:
+            torch.cuda.nvtx.range_push(f"replay_fsm/copy tick {order.tick} slot {slot}")
         with torch.cuda.stream(self.stream):
             if order.after_release is not None:
                 # INV-DEVICE-WAR: kernels still reading G[slot] finish first.
@@ -73,6 +77,8 @@ class CudaBackend(HostBackedSlots):
                 self.started[slot].record(self.stream)
             self.device_slots[slot].copy_(self.host[slot], non_blocking=True)
             self.ready[slot].record(self.stream)
+        if self.timing:
+            torch.cuda.nvtx.range_pop()
         self.ready[slot].synchronize()
         if self.timing:
             self.last_copy_ms[slot] = self.started[slot].elapsed_time(self.ready[slot])
