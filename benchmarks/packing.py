@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -38,35 +40,30 @@ def _queue_echo(inbox: mp.Queue, outbox: mp.Queue, n: int) -> None:
         outbox.put(inbox.get(timeout=60))
 
 
-def round_trips(n: int) -> tuple[float, float]:
-    ctx = mp.get_context("spawn")
-    a, b = Channel(2, 9), Channel(2, 9)
-    proc = ctx.Process(target=_channel_echo, args=(a, b, n + 10))
+def _ping_pong(target: Callable[..., None], out_ch: Any, in_ch: Any, msg: Any,
+               n: int) -> float:
+    """Seconds per round trip: ``msg`` out, echoed back by a spawned process."""
+    proc = mp.get_context("spawn").Process(target=target, args=(out_ch, in_ch, n + 10))
     proc.start()
-    msg = list(range(9))
-    for _ in range(10):
-        a.put(msg)
-        b.get(timeout=60)
+    for _ in range(10):  # warm-up: the child has started and both sides are hot
+        out_ch.put(msg)
+        in_ch.get(timeout=60)
     t0 = time.perf_counter()
     for _ in range(n):
-        a.put(msg)
-        b.get(timeout=60)
-    ours = (time.perf_counter() - t0) / n
+        out_ch.put(msg)
+        in_ch.get(timeout=60)
+    elapsed = (time.perf_counter() - t0) / n
     proc.join(30)
-    qa, qb = ctx.Queue(2), ctx.Queue(2)
-    proc = ctx.Process(target=_queue_echo, args=(qa, qb, n + 10))
-    proc.start()
+    return elapsed
+
+
+def round_trips(n: int) -> tuple[float, float]:
+    """Our request/done channels vs an mp.Queue carrying the seed's request dict."""
+    ctx = mp.get_context("spawn")
+    ours = _ping_pong(_channel_echo, Channel(2, 9), Channel(2, 9), list(range(9)), n)
     req = {"tick_id": 0, "snapshot_ptr": 1, "snapshot_size": 1, "min_snapshot_ptr": 0,
            "sample_seed": 0, "sample_count": 1, "shared_slot": 0, "target_gpu_slot": 0}
-    for _ in range(10):
-        qa.put(req)
-        qb.get(timeout=60)
-    t0 = time.perf_counter()
-    for _ in range(n):
-        qa.put(req)
-        qb.get(timeout=60)
-    theirs = (time.perf_counter() - t0) / n
-    proc.join(30)
+    theirs = _ping_pong(_queue_echo, ctx.Queue(2), ctx.Queue(2), req, n)
     return ours, theirs
 
 
