@@ -85,9 +85,10 @@ def main(quick: bool = False) -> dict[str, float]:
         handle.done.get(timeout=1.0)
         tick[0] += 1
 
-    # Like for like: the bare gather gets fresh indices each call (as each tick does)
-    # and writes into the same shared host slot the packer fills.
-    index_sets = [sample_indices(rows, batch, 10_000 + k) for k in range(8)]
+    # Like for like: the bare gather gets fresh indices each call, never reused (as
+    # each tick does; reused sets would find their rows in the CPU's caches), and
+    # writes into the same kind of shared host slot the packer fills.
+    index_sets = [sample_indices(rows, batch, 10_000 + k) for k in range(3 * repeat + 2)]
     cursor = [0]
     out = handle.host_slots[1]
     src = torch.randn(batch, width)
