@@ -1,6 +1,7 @@
 """Learner-visible overhead per tick with the batch already ready:
 sample_large_batch + after_tick + start_prepare (budget: 50 us on 2 cores), and
-allocations per tick in steady state (tracemalloc; budget 0 net bytes)."""
+allocations per tick in steady state: net Python bytes (tracemalloc) and torch CPU
+allocations on the learner's calls (torch.profiler memory events); budget 0."""
 
 from __future__ import annotations
 
@@ -54,14 +55,25 @@ def main(quick: bool = False) -> dict[str, float]:
             diff = sum(s.size_diff for s in snap1.compare_to(snap0, "filename")
                        if "tracemalloc" not in str(s.traceback))
             figures[f"depth{depth}_net_bytes_per_tick"] = diff / k
+            # torch's own CPU allocations on the learner's calls, from the profiler.
+            act = [torch.profiler.ProfilerActivity.CPU]
+            with torch.profiler.profile(activities=act, profile_memory=True) as prof:
+                for tick in range(ticks + k, ticks + 2 * k):
+                    pipe.wait_until_ready(tick, n)
+                    pipe.sample_large_batch(tick, n)
+                    pipe.after_tick()
+                    pipe.start_prepare(tick + depth - 1, n)
+            allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
+            figures[f"depth{depth}_torch_allocs_per_tick"] = len(allocs) / k
     figures["budget_us"] = 50.0
     write_result("learner_overhead", {"sample_count": n, "width": rb.width, "ticks": ticks},
                  figures, quick=quick)
     print(table("learner-visible overhead per tick, batch ready (us)", [
         (f"ring depth {d}", f"{figures[f'depth{d}_us_median']:.1f}",
          f"{figures[f'depth{d}_us_p90']:.1f}",
-         f"{figures[f'depth{d}_net_bytes_per_tick']:.1f}") for d in (2, 3)
-    ], ("config", "median", "p90", "net bytes/tick")))
+         f"{figures[f'depth{d}_net_bytes_per_tick']:.1f}",
+         f"{figures[f'depth{d}_torch_allocs_per_tick']:.2f}") for d in (2, 3)
+    ], ("config", "median", "p90", "net bytes/tick", "torch allocs/tick")))
     return figures
 
 

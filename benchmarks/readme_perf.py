@@ -60,6 +60,9 @@ def section() -> str:
                       f"{f['depth2_us_median']:.1f} us median", "<= 50 us"))
         micro.append(("net bytes allocated per tick in steady state (tracemalloc)",
                       f"{f['depth2_net_bytes_per_tick']:.1f}", "0"))
+        if "depth2_torch_allocs_per_tick" in f:
+            micro.append(("torch CPU allocations per tick on the learner's calls "
+                          "(profiler)", f"{f['depth2_torch_allocs_per_tick']:.2f}", "0"))
     pk = _load("packing")
     if pk:
         f = pk["figures"]
