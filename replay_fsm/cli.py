@@ -28,6 +28,8 @@ def _demo(args: argparse.Namespace) -> int:
                   sample_count=args.sample_count, progress=not args.no_progress,
                   learner_threads=args.learner_threads or None)
     print(format_summary(summary, args.out))
+    if summary["interrupted"]:
+        return 130  # the shell's code for Ctrl-C
     return 0 if summary["trace_conforms"] else 1
 
 

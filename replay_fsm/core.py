@@ -228,8 +228,10 @@ class Core:
         """Learner: end the HOT period; the token is what a later copy must wait on."""
         self._check_usable(Event.RELEASE, Actor.LEARNER)
         if self._hot is None:
+            states = ", ".join(f"slot {s.index} (tick {s.tick}) {s.state.name}"
+                               for s in self._slots)
             raise IllegalTransition("can't handle event release (actor=learner): no slot "
-                                    "is hot")
+                                    f"is HOT; states: {states}")
         slot = self._slots[self._hot]
         assert slot.tick is not None
         token = ReleaseToken(slot=slot.index, tick=slot.tick, generation=slot.generation)

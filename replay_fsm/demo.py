@@ -74,6 +74,14 @@ def collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
 
     ``steps``: stop stepping after that many steps and only serve (tests use it to
     keep the storage still, so every batch can be checked bit for bit)."""
+    try:
+        _collect(rb, handle, envs, seed, stop, steps)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reaches the whole process group; the learner side cleans up
+
+
+def _collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int, stop: Any,
+             steps: int | None) -> None:
     env = PointMass(envs, seed)
     packer = Packer.attach(handle, rb)
     policy = np.random.default_rng(seed + 1).standard_normal((OBS, ACT)).astype(np.float32)

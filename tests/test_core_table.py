@@ -75,7 +75,7 @@ def test_forbidden_pair_on_core_raises_and_changes_nothing(
         with pytest.raises(expected.get(state, IllegalTransition)) as info:
             apply(core, event)
         if state is not SlotState.FAILED and state is not SlotState.CLOSED:
-            assert f"state={state.name}" in str(info.value) or "no slot is hot" in str(
+            assert f"state={state.name}" in str(info.value) or "no slot is HOT" in str(
                 info.value)
     assert core.key() == before
 

@@ -23,3 +23,25 @@ def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> Non
     assert json.loads((tmp_path / "summary.json").read_text())["ticks"] == 25
     assert check(load(tmp_path / "transitions.jsonl")).ok
     assert "speed-up over synchronous" in format_summary(summary, tmp_path)
+
+
+def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replay_fsm import demo
+
+    real_step = demo.Learner.step
+    calls = {"n": 0}
+
+    def step(self: demo.Learner, batch: dict, all_reduce: object = None) -> float:
+        calls["n"] += 1
+        if calls["n"] == 6:
+            raise KeyboardInterrupt  # what Ctrl-C raises in the learner's thread
+        return real_step(self, batch, all_reduce)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(demo.Learner, "step", step)
+    summary = run(ticks=50, collector="thread", out=tmp_path, sample_count=256,
+                  capacity=10_000, envs=32, progress=False)
+    assert summary["interrupted"] and summary["ticks"] == 5
+    assert summary["trace_conforms"]
+    for name in ("trace.json", "transitions.jsonl", "summary.json"):
+        assert (tmp_path / name).exists(), name
