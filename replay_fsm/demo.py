@@ -181,7 +181,11 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
     ``verify_data`` then checks every batch bit for bit; ``kill_collector_at``
     SIGKILLs the collector at that tick (fault injection: CollectorDied follows).
     """
-    from tqdm import tqdm
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:  # tqdm is the demo extra, not a library dependency
+        raise ImportError("replay-fsm demo needs tqdm: pip install 'replay-fsm[demo]'"
+                          ) from exc
 
     if learner_threads is not None:
         torch.set_num_threads(learner_threads)
