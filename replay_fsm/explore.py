@@ -101,8 +101,7 @@ def apply(w: World, action: Action) -> None:
     c = w.core
     actor, step, arg = action
     if step == "request":
-        req = c.request(arg)
-        w.htick[req.slot] = w.htick[req.slot]  # H[i] keeps stale rows until packed
+        c.request(arg)  # H[i] keeps its stale rows until the packer writes it
     elif step == "acquire":
         slot = c.slot_of(arg)
         assert slot is not None
