@@ -241,6 +241,9 @@ class Pipeline:
                 self._fail_locked(CollectorDied(f"tick {tick_id}: the packer's channel is "
                                                 "closed"), Actor.LEARNER, exc)
                 self._raise_if_unusable()
+            except Exception as exc:  # the request is lost: the slot can never fill
+                self._fail_locked(exc, Actor.LEARNER)
+                self._raise_if_unusable()
             return True
 
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:

@@ -242,3 +242,16 @@ def test_checked_mode_poisons_a_released_slot() -> None:
         assert not torch.isnan(batch["obs"]).any()
         pipe.after_tick()
         assert torch.isnan(batch["obs"]).all()  # a view kept past release fails loudly
+
+
+def test_a_request_that_cannot_be_sent_fails_the_pipeline() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, backend="manual") as pipe:
+        boom = OSError("queue broken")
+
+        def send(*args: object, **kw: object) -> None:
+            raise boom
+        pipe._link.send = send  # type: ignore[method-assign]
+        with pytest.raises(PipelineFailed) as info:
+            pipe.start_prepare(0, 8)
+        assert info.value.__cause__ is boom
