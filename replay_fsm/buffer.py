@@ -64,6 +64,14 @@ class Layout:
             batch["next_critic"] = packed[:, self.next_critic]
         return batch
 
+    def pack(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """The inverse of ``views``: the packed [n, width] rows of a batch, on the CPU."""
+        n = next(iter(batch.values())).shape[0]
+        rows = torch.empty(n, self.width)
+        for name, value in batch.items():
+            rows[:, getattr(self, name)] = value.detach().cpu()
+        return rows
+
 
 def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor:
     if isinstance(value, np.ndarray):

@@ -424,10 +424,7 @@ class Pipeline:
                     return dict(self._views[hot])
                 raise ProtocolError(f"tick {self._core.hot_tick} is still hot; call "
                                     f"after_tick() before sampling tick {tick}")
-            if self._core.slot_of(tick) is None:
-                raise ProtocolError(f"tick {tick} was not requested; call start_prepare "
-                                    "first")
-            self._wait_locked(tick, None)
+            self._wait_locked(tick, None)  # raises if the tick was never requested
             slot = self._core.slot_of(tick)
             assert slot is not None
             self.backend.before_read(slot)  # INV-RAW: reads wait for the copy

@@ -169,10 +169,7 @@ class PipelineMachine(RuleBasedStateMachine):
         gen = torch.Generator().manual_seed(self.pipe.base_seed + tick)
         idx = torch.randint(0, done.snapshot_size, (self.sample_count,), generator=gen)
         expected = torch.from_numpy(history)[idx]
-        lay = self.rb.layout
-        got = torch.empty_like(expected)
-        for name, value in batch.items():
-            got[:, getattr(lay, name)] = value.detach().cpu()
+        got = self.rb.layout.pack(batch)
         assert torch.equal(got, expected), f"INV-DATA: batch of tick {tick} differs"
 
     @invariant()

@@ -33,12 +33,7 @@ def reference(pipe: Pipeline, tick: int) -> torch.Tensor:
 
 def packed(batch: dict[str, torch.Tensor], pipe: Pipeline) -> torch.Tensor:
     """Reassemble the packed rows from a batch dict, on the CPU."""
-    lay = pipe.replay_buffer.layout
-    rows = torch.empty(pipe.sample_count, lay.width)
-    for name, value in batch.items():
-        cols = getattr(lay, name)
-        rows[:, cols] = value.cpu()
-    return rows
+    return pipe.replay_buffer.layout.pack(batch)
 
 
 def run_ticks(pipe: Pipeline, start: int, stop: int) -> int:

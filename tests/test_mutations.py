@@ -19,7 +19,8 @@ MUTATIONS = {
         "replay_fsm/core.py", "after_release=slot.last_release)", "after_release=None)",
         ["tests/test_core_table.py", "tests/test_explore.py"]),
     "acquire without waiting for ready": (
-        "replay_fsm/pipeline.py", "            self._wait_locked(tick, None)\n",
+        "replay_fsm/pipeline.py",
+        "            self._wait_locked(tick, None)  # raises if the tick was never requested\n",
         "            pass\n", ["tests/test_pipeline.py"]),
     "swap before ready": (
         "replay_fsm/pipeline.py",
