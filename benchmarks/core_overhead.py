@@ -12,7 +12,7 @@ from transitions import Machine
 from transitions.extensions import LockedMachine
 
 from replay_fsm.core import Core
-from replay_fsm.messages import PackDone
+from replay_fsm.wire import PackDone
 
 try:
     from common import median_time, table, write_result

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from replay_fsm import Pipeline, ReplayBuffer
-from replay_fsm.sampling import sample_indices
+from replay_fsm.data.sampling import sample_indices
 
 try:
     from common import table, write_result

@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
-from replay_fsm.buffer import ReplayBuffer
-from replay_fsm.channel import Channel
-from replay_fsm.messages import PackRequest
-from replay_fsm.packer import Packer, PackerHandle, encode_request
-from replay_fsm.sampling import sample_indices
+from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.data.channel import Channel
+from replay_fsm.wire import PackRequest
+from replay_fsm.data.packer import Packer, PackerHandle, encode_request
+from replay_fsm.data.sampling import sample_indices
 
 try:
     from common import median_time, table, write_result

@@ -1,25 +1,69 @@
-"""replay_fsm: a verified ring-buffered replay-batch pipeline."""
+"""replay_fsm: a verified ring-buffered replay-batch pipeline.
 
-from .core import Core
-from .errors import (
-    CollectorDied,
-    IllegalTransition,
-    PackerError,
-    PipelineClosed,
-    PipelineFailed,
-    ProtocolError,
-)
-from .spec import INVARIANTS, TRANSITIONS, Actor, Event, SlotState
+The package is layered; each layer imports only the ones above it in this list:
 
-__all__ = [
-    "INVARIANTS", "TRANSITIONS", "Actor", "CollectorDied", "Core", "Event",
-    "IllegalTransition", "PackerError", "PipelineClosed", "PipelineFailed",
-    "ProtocolError", "SlotState",
-]
+- protocol (torch-free): ``spec`` (the transition table), ``core`` (the sans-IO
+  ring of slot machines), ``wire`` (the messages and their codecs), ``errors``;
+- ``data``: the shared replay buffer, the sampling contract, channels, the packer;
+- ``transfer``: one backend per device family behind one protocol, and a registry;
+- ``runtime``: ``Pipeline`` with its collector links, transfer worker, observers
+  (statistics, traces) and checked mode;
+- ``verify``: the explorer of the real core, trace conformance, the Promela and
+  diagram generators;
+- entry points: ``compat`` (the seed's class), ``testing`` (a Hypothesis machine
+  for your configuration), ``demo``, ``distributed``, ``cli``.
+
+The names below load lazily, so ``import replay_fsm.spec`` or ``replay_fsm.core``
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from .buffer import ReplayBuffer  # noqa: E402
-from .packer import Packer, PackerHandle  # noqa: E402
-from .pipeline import Pipeline, Statistics  # noqa: E402
+# name -> module that defines it
+_EXPORTS = {
+    "INVARIANTS": "spec", "TRANSITIONS": "spec", "Actor": "spec", "Event": "spec",
+    "SlotState": "spec", "Core": "core",
+    "CollectorDied": "errors", "IllegalTransition": "errors", "PackerError": "errors",
+    "PipelineClosed": "errors", "PipelineFailed": "errors", "ProtocolError": "errors",
+    
+    "ReplayBuffer": "data.buffer", "Packer": "data.packer", "PackerHandle": "data.packer",
+    "Pipeline": "runtime.pipeline", "Statistics": "runtime.pipeline",
+    "TransferBackend": "transfer.base",
+}
+__all__ = sorted(_EXPORTS)
 
-__all__ += ["Packer", "PackerHandle", "Pipeline", "ReplayBuffer", "Statistics"]
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'replay_fsm' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
+if TYPE_CHECKING:
+    from .core import Core
+    from .data.buffer import ReplayBuffer
+    from .data.packer import Packer, PackerHandle
+    from .errors import (
+        CollectorDied,
+        IllegalTransition,
+        PackerError,
+        PipelineClosed,
+        PipelineFailed,
+        ProtocolError,
+    )
+    from .runtime.pipeline import Statistics
+    from .runtime.pipeline import Pipeline
+    from .spec import INVARIANTS, TRANSITIONS, Actor, Event, SlotState
+    from .transfer.base import TransferBackend

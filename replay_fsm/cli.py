@@ -34,7 +34,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _diagram(args: argparse.Namespace) -> int:
-    from . import diagram
+    from .verify import diagram
     highlight = SlotState[args.highlight.upper()] if args.highlight else None
     render = {"mermaid": diagram.mermaid, "dot": diagram.dot, "svg": diagram.svg,
               "sequence": lambda h: diagram.sequence()}[args.format]
@@ -47,14 +47,14 @@ def _diagram(args: argparse.Namespace) -> int:
 
 
 def _check_trace(args: argparse.Namespace) -> int:
-    from .conformance import check, load
+    from .verify.conformance import check, load
     report = check(load(args.file))
     print(report)
     return 0 if report.ok else 1
 
 
 def _explore(args: argparse.Namespace) -> int:
-    from .explore import explore
+    from .verify.explore import explore
     result = explore(args.depth, args.ticks, faults=args.faults)
     print(result.summary())
     if result.violation:

@@ -18,9 +18,9 @@ from typing import Any
 
 import torch
 
-from .buffer import ReplayBuffer
-from .links import QueueLink
-from .pipeline import Pipeline
+from .data.buffer import ReplayBuffer
+from .runtime.links import QueueLink
+from .runtime.pipeline import Pipeline
 
 RING_DEPTH = 2
 

@@ -17,7 +17,7 @@ from transitions import Event as _MachineEvent
 from transitions import Machine, MachineError
 
 from .errors import IllegalTransition, PipelineClosed, PipelineFailed
-from .messages import CopyOrder, PackDone, PackRequest, ReleaseToken, TransitionRecord
+from .wire import CopyOrder, PackDone, PackRequest, ReleaseToken, TransitionRecord
 from .spec import INITIAL, TRANSITIONS, Actor, Event, SlotState, transition_for
 
 Observer = Callable[[TransitionRecord], None]

@@ -28,9 +28,9 @@ from hypothesis.stateful import (
     rule,
 )
 
-from .buffer import ReplayBuffer
+from .data.buffer import ReplayBuffer
 from .errors import PipelineFailed
-from .pipeline import Pipeline
+from .runtime.pipeline import Pipeline
 from .spec import Actor, SlotState
 
 MAX_ADD = 32

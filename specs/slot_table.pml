@@ -1,5 +1,5 @@
-/* Generated from replay_fsm.spec.TRANSITIONS by replay_fsm.promela: do not edit.
-   Regenerate: python -c 'from replay_fsm.promela import slot_table; print(slot_table(), end="")' > specs/slot_table.pml */
+/* Generated from replay_fsm.spec.TRANSITIONS by replay_fsm.verify.promela: do not edit.
+   Regenerate: python -c 'from replay_fsm.verify.promela import slot_table; print(slot_table(), end="")' > specs/slot_table.pml */
 mtype = { IDLE, REQUESTED, SUBMITTED, READY, HOT, FAILED, CLOSED };
 mtype = { ev_request, ev_submit, ev_complete, ev_acquire, ev_release, ev_fail, ev_close };
 

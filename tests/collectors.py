@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from replay_fsm.buffer import ReplayBuffer
-from replay_fsm.packer import Packer, PackerHandle
+from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.data.packer import Packer, PackerHandle
 
 
 def constant_rows(rb: ReplayBuffer, first_id: int, n: int) -> torch.Tensor:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from replay_fsm.core import Core
-from replay_fsm.messages import PackDone
+from replay_fsm.wire import PackDone
 from replay_fsm.spec import Event, SlotState
 
 

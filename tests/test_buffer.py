@@ -11,7 +11,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay_fsm.buffer import ReplayBuffer
+from replay_fsm.data.buffer import ReplayBuffer
 
 from .collectors import constant_rows, write_ids
 

@@ -11,7 +11,7 @@ import torch
 
 from replay_fsm import ReplayBuffer
 from replay_fsm.compat import CPUPinnedDoubleBufferReplayPipeline
-from replay_fsm.sampling import expected_batch
+from replay_fsm.data.sampling import expected_batch
 
 from .collectors import seed_style_collector
 from .drive import packed

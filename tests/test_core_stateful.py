@@ -22,7 +22,7 @@ from hypothesis.stateful import (
 
 from replay_fsm.core import Core
 from replay_fsm.errors import IllegalTransition, PipelineClosed, PipelineFailed
-from replay_fsm.messages import CopyOrder, PackDone, TransitionRecord
+from replay_fsm.wire import CopyOrder, PackDone, TransitionRecord
 from replay_fsm.spec import TRANSITIONS, Event, SlotState
 
 S = SlotState

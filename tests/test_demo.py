@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from replay_fsm.conformance import check, load
+from replay_fsm.verify.conformance import check, load
 from replay_fsm.demo import format_summary, run
 
 
@@ -27,7 +27,7 @@ def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> Non
 
 def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from replay_fsm import demo
+    from replay_fsm.demo import trainer as demo
 
     real_step = demo.Learner.step
     calls = {"n": 0}

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from replay_fsm import Pipeline, ReplayBuffer, diagram
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.verify import diagram
 from replay_fsm.cli import main
-from replay_fsm.conformance import check, load
+from replay_fsm.verify.conformance import check, load
 from replay_fsm.spec import TRANSITIONS, SlotState
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -8,8 +8,8 @@ import pytest
 
 from replay_fsm.cli import main
 from replay_fsm.core import Core
-from replay_fsm.explore import explore
-from replay_fsm.messages import CopyOrder, PackDone
+from replay_fsm.verify.explore import explore
+from replay_fsm.wire import CopyOrder, PackDone
 
 # (depth, ticks, faults) -> (states, transitions); ticks wrap the ring twice.
 # Recorded from this implementation; see specs/INVARIANTS.md for SPIN's counts.

@@ -19,36 +19,36 @@ MUTATIONS = {
         "replay_fsm/core.py", "after_release=slot.last_release)", "after_release=None)",
         ["tests/test_core_table.py", "tests/test_explore.py"]),
     "acquire without waiting for ready": (
-        "replay_fsm/pipeline.py",
+        "replay_fsm/runtime/pipeline.py",
         "            self._wait_locked(tick, None)  # raises if the tick was never requested\n",
         "            pass\n", ["tests/test_pipeline.py"]),
     "swap before ready": (
-        "replay_fsm/pipeline.py",
+        "replay_fsm/runtime/pipeline.py",
         "if self._core.state(slot) in (SlotState.READY, SlotState.HOT):\n                break",
         "if self._core.state(slot) in (SlotState.READY, SlotState.HOT, "
         "SlotState.SUBMITTED):\n                break", ["tests/test_pipeline.py"]),
     "pack into the hot slot": (
-        "replay_fsm/packer.py", "out=self.handle.host_slots[request.slot])",
+        "replay_fsm/data/packer.py", "out=self.handle.host_slots[request.slot])",
         "out=self.handle.host_slots[(request.slot - 1) % len(self.handle.host_slots)])",
         ["tests/test_packer.py", "tests/test_pipeline.py"]),
     "reuse the previous tick's seed": (
         "replay_fsm/core.py", "seed=self.base_seed + tick,", "seed=self.base_seed + tick - 1,",
         ["tests/test_pipeline.py"]),
     "ignore min_snapshot_ptr": (
-        "replay_fsm/packer.py", "if self.replay_buffer.ptr < request.min_snapshot_ptr:",
+        "replay_fsm/data/packer.py", "if self.replay_buffer.ptr < request.min_snapshot_ptr:",
         "if False:", ["tests/test_packer.py"]),
     "off-by-one ring index": (
         "replay_fsm/core.py", "tick=tick, slot=slot.index, generation=slot.generation,",
         "tick=tick, slot=(slot.index + 1) % self.ring_depth, generation=slot.generation,",
         ["tests/test_pipeline.py"]),
     "swallow a transfer exception": (
-        "replay_fsm/pipeline.py",
+        "replay_fsm/runtime/pipeline.py",
         "        except BaseException as exc:  # noqa: BLE001 - reported to the learner\n"
         "            self._fail(exc, Actor.TRANSFER)",
         "        except BaseException:  # noqa: BLE001\n            pass",
         ["tests/test_pipeline.py"]),
     "skip the liveness check": (
-        "replay_fsm/pipeline.py", "    def _check_liveness(self, tick: int) -> None:\n",
+        "replay_fsm/runtime/pipeline.py", "    def _check_liveness(self, tick: int) -> None:\n",
         "    def _check_liveness(self, tick: int) -> None:\n        return\n",
         ["tests/test_pipeline.py"]),
 }

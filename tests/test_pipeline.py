@@ -117,7 +117,7 @@ def test_silent_packer_raises_after_the_liveness_timeout() -> None:
     rb = buffer()
     pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=0.2)
     with pipe:
-        from replay_fsm.packer import Packer
+        from replay_fsm.data.packer import Packer
         Packer.attach(pipe.packer_handle(), rb)  # attached, then never serves
         pipe.packer_handle().packer_state[1] -= 10**9  # its last heartbeat: 1 s ago
         pipe.start_prepare(0, 16)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from replay_fsm.promela import slot_table
+from replay_fsm.verify.promela import slot_table
 from replay_fsm.spec import TRANSITIONS, Event, SlotState
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"

@@ -8,7 +8,7 @@ import threading
 
 import torch
 
-from ..messages import CopyOrder
+from ..wire import CopyOrder
 from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 

@@ -14,7 +14,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from ..messages import CopyOrder
+from ..wire import CopyOrder
 
 OnComplete = Callable[[int], None]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..messages import CopyOrder
+from ..wire import CopyOrder
 from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 CUDA_HOST_REGISTER_PORTABLE = 1

@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from ..messages import CopyOrder
+from ..wire import CopyOrder
 from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
 
 Delay = float | tuple[float, float]

@@ -6,9 +6,9 @@ from __future__ import annotations
 import queue
 from typing import Any, Protocol
 
-from .channel import ChannelClosed
-from .messages import PackDone, PackRequest
-from .packer import PackerHandle, decode_done, encode_request
+from ..data.channel import ChannelClosed
+from ..wire import PackDone, PackRequest
+from ..data.packer import PackerHandle, decode_done, encode_request
 
 
 class CollectorLink(Protocol):

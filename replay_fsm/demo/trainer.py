@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from . import diagram
-from .buffer import ReplayBuffer
-from .conformance import check
-from .packer import Packer, PackerHandle
-from .pipeline import Pipeline
-from .spec import INVARIANTS
+from ..verify import diagram
+from ..data.buffer import ReplayBuffer
+from ..verify.conformance import check
+from ..data.packer import Packer, PackerHandle
+from ..runtime.pipeline import Pipeline
+from ..spec import INVARIANTS
 
 OBS, ACT = 32, 2
 DYN = 8  # dynamic state; the rest of the observation is sensor features of it
@@ -149,7 +149,7 @@ def _sync_tick_s(rb: ReplayBuffer, learner: Learner, n: int, device: torch.devic
                  ticks: int) -> float:
     """The same loop sampled synchronously in the learner (the baseline), measured
     while the collector still runs, as it does during the pipelined ticks."""
-    from .sampling import sample_indices
+    from ..data.sampling import sample_indices
     out = torch.empty(n, rb.width)
     times = []
     for t in range(ticks):
@@ -288,7 +288,7 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
 
 def _check_batch(pipe: Pipeline, rb: ReplayBuffer, tick: int, verify: bool) -> int:
     """The sampled indices' fingerprint; with ``verify``, INV-DATA bit for bit."""
-    from .sampling import sample_indices
+    from ..data.sampling import sample_indices
     slot = pipe._core.hot_slot
     assert slot is not None
     done = pipe.last_done[slot]

@@ -7,15 +7,15 @@ from ``spec.TRANSITIONS`` (a test regenerates and compares the committed file).
 
 from __future__ import annotations
 
-from .spec import TRANSITIONS, Event, SlotState
+from ..spec import TRANSITIONS, Event, SlotState
 
 
 def slot_table() -> str:
     states = ", ".join(s.name for s in SlotState)
     events = ", ".join(f"ev_{e.value}" for e in Event)
     lines = [
-        "/* Generated from replay_fsm.spec.TRANSITIONS by replay_fsm.promela: do not edit.",
-        "   Regenerate: python -c 'from replay_fsm.promela import slot_table;"
+        "/* Generated from replay_fsm.spec.TRANSITIONS by replay_fsm.verify.promela: do not edit.",
+        "   Regenerate: python -c 'from replay_fsm.verify.promela import slot_table;"
         " print(slot_table(), end=\"\")' > specs/slot_table.pml */",
         f"mtype = {{ {states} }};",
         f"mtype = {{ {events} }};",

@@ -17,7 +17,7 @@ import torch
 
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed
-from .messages import PackDone, PackRequest
+from ..wire import PackDone, PackRequest
 from .sampling import sample_indices
 
 REQUEST_FIELDS = 6

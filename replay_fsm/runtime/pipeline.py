@@ -20,11 +20,11 @@ from typing import Any
 
 import torch
 
-from .buffer import ReplayBuffer
-from .channel import ChannelClosed
+from ..data.buffer import ReplayBuffer
+from ..data.channel import ChannelClosed
 from .checked import Checker
-from .core import Core
-from .errors import (
+from ..core import Core
+from ..errors import (
     CollectorDied,
     PackerError,
     PipelineClosed,
@@ -33,11 +33,11 @@ from .errors import (
     ReplayFSMError,
 )
 from .links import ChannelLink, CollectorLink
-from .messages import PackDone, TransitionRecord
-from .packer import Packer, PackerHandle, serve_forever
-from .spec import Actor, SlotState
-from .trace import Tracer
-from .transfer import TransferBackend, build_backend
+from ..wire import PackDone, TransitionRecord
+from ..data.packer import Packer, PackerHandle, serve_forever
+from ..spec import Actor, SlotState
+from .tracer import Tracer
+from ..transfer import TransferBackend, build_backend
 
 COLLECTORS = ("thread", "process", "external")
 _WAIT_SLICE_S = 0.05

@@ -1,0 +1,2 @@
+"""The runtime: ``Pipeline`` and what it delegates to (collector links, the
+transfer worker, observers, checked mode)."""

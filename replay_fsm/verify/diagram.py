@@ -1,0 +1,87 @@
+"""Diagrams drawn from the transition table: Mermaid, Graphviz DOT, SVG.
+
+Nothing here knows a state or an arrow that ``spec.TRANSITIONS`` does not list.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+import subprocess
+
+from ..spec import CYCLE, INITIAL, TRANSITIONS, Actor, Event, SlotState, Transition
+
+
+def _label(t: Transition) -> str:
+    actor = "any actor" if t.actor is None else t.actor.value
+    return f"{t.event.value} ({actor})"
+
+
+def mermaid(highlight: SlotState | None = None) -> str:
+    """A Mermaid ``stateDiagram-v2`` of the slot machine."""
+    lines = ["stateDiagram-v2", f"    [*] --> {INITIAL.name}"]
+    for t in TRANSITIONS:
+        lines.append(f"    {t.source.name} --> {t.dest.name}: {_label(t)}")
+    lines.append("    CLOSED --> [*]")
+    if highlight is not None:
+        lines.append("    classDef highlight fill:#ffd54f,stroke:#e65100,stroke-width:3px")
+        lines.append(f"    class {highlight.name} highlight")
+    return "\n".join(lines) + "\n"
+
+
+def dot(highlight: SlotState | None = None) -> str:
+    """A Graphviz digraph of the slot machine."""
+    lines = ["digraph slot {", '    rankdir=LR;', '    node [shape=box, style=rounded];',
+             '    start [shape=point];', f"    start -> {INITIAL.name};"]
+    for state in SlotState:
+        attrs = ', style="rounded,filled", fillcolor="#ffd54f"' if state is highlight else ""
+        lines.append(f'    {state.name} [label="{state.name}"{attrs}];')
+    for t in TRANSITIONS:
+        style = ', style=dashed, color="#888888"' if t.event in (Event.FAIL, Event.CLOSE) else ""
+        lines.append(f'    {t.source.name} -> {t.dest.name} [label="{_label(t)}"{style}];')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def dot_digest(highlight: SlotState | None = None) -> str:
+    return hashlib.sha256(dot(highlight).encode()).hexdigest()
+
+
+def svg(highlight: SlotState | None = None) -> str:
+    """SVG rendered by Graphviz's ``dot``, stamped with the digest of its DOT source.
+
+    Raises:
+        RuntimeError: the ``dot`` program is not installed.
+    """
+    exe = shutil.which("dot")
+    if exe is None:
+        raise RuntimeError("the 'dot' program (Graphviz) is not installed; "
+                           "apt-get install graphviz, or use --format dot")
+    out = subprocess.run([exe, "-Tsvg"], input=dot(highlight), capture_output=True,
+                         text=True, check=True).stdout
+    return out + f"<!-- replay_fsm dot sha256 {dot_digest(highlight)} -->\n"
+
+
+def sequence() -> str:
+    """A Mermaid sequence diagram of one tick across the actors, from the cycle rows."""
+    names = {Actor.LEARNER: "Learner", Actor.PACKER: "Packer",
+             Actor.TRANSFER: "Transfer worker", Actor.COPY_ENGINE: "Copy engine"}
+    notes = {
+        Event.REQUEST: ("Learner", "Packer", "pack request (tick t, slot i, seed)"),
+        Event.SUBMIT: ("Packer", "Transfer worker", "pack done: H[i] holds tick t"),
+        Event.COMPLETE: ("Transfer worker", "Copy engine",
+                         "copy H[i] to G[i] after release of G[i]"),
+        Event.ACQUIRE: ("Copy engine", "Learner", "ready event: G[i] holds tick t"),
+        Event.RELEASE: ("Learner", "Copy engine", "release event: reads of G[i] done"),
+    }
+    rows = {t.event: t for t in TRANSITIONS if t.source is not SlotState.FAILED}
+    lines = ["sequenceDiagram"]
+    lines += [f"    participant {n.replace(' ', '_')} as {n}" for n in names.values()]
+    for event in CYCLE:
+        t = rows[event]
+        src, dst, text = notes[event]
+        lines.append(f"    {src.replace(' ', '_')}->>{dst.replace(' ', '_')}: {text}")
+        owner = names[t.actor] if t.actor else "any"
+        lines.append(f"    Note over {owner.replace(' ', '_')}: slot i "
+                     f"{t.source.name} -> {t.dest.name} ({event.value})")
+    return "\n".join(lines) + "\n"
