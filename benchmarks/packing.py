@@ -18,9 +18,9 @@ import torch
 
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.data.channel import Channel
-from replay_fsm.wire import PackRequest
 from replay_fsm.data.packer import Packer, PackerHandle, encode_request
 from replay_fsm.data.sampling import sample_indices
+from replay_fsm.wire import PackRequest
 
 try:
     from common import median_time, table, write_result

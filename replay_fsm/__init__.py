@@ -30,12 +30,17 @@ _EXPORTS = {
     "SlotState": "spec", "Core": "core",
     "CollectorDied": "errors", "IllegalTransition": "errors", "PackerError": "errors",
     "PipelineClosed": "errors", "PipelineFailed": "errors", "ProtocolError": "errors",
-    
+
     "ReplayBuffer": "data.buffer", "Packer": "data.packer", "PackerHandle": "data.packer",
     "Pipeline": "runtime.pipeline", "Statistics": "runtime.pipeline",
     "TransferBackend": "transfer.base",
 }
-__all__ = sorted(_EXPORTS)
+__all__ = [
+    "INVARIANTS", "TRANSITIONS", "Actor", "CollectorDied", "Core", "Event",
+    "IllegalTransition", "Packer", "PackerError", "PackerHandle", "Pipeline",
+    "PipelineClosed", "PipelineFailed", "ProtocolError", "ReplayBuffer", "SlotState",
+    "Statistics", "TransferBackend",
+]
 
 
 def __getattr__(name: str) -> Any:
@@ -63,7 +68,6 @@ if TYPE_CHECKING:
         PipelineFailed,
         ProtocolError,
     )
-    from .runtime.pipeline import Statistics
-    from .runtime.pipeline import Pipeline
+    from .runtime.pipeline import Pipeline, Statistics
     from .spec import INVARIANTS, TRANSITIONS, Actor, Event, SlotState
     from .transfer.base import TransferBackend

@@ -1,24 +1,39 @@
 """The sans-IO core: a ring of slot machines and the tick bookkeeping.
 
-No threads, no queues, no torch. Each public method is one actor step; it
-validates the step against the protocol, fires the table's transition on the
-slot's ``transitions`` machine and returns what the caller must do next (a pack
-request, a copy order, a release token). A driver serialises calls with one lock.
-An illegal step raises a ProtocolError and changes nothing (INV-STICKY).
+No threads, no queues, no torch. Each public method is one actor step; it admits
+the step against the table (the slot's state has a row for the event, the actor
+is the row's, the row's guard holds), fires the row on the slot's ``transitions``
+machine and returns what the caller must do next (a pack request, a copy order, a
+release token). ``refusal`` answers "would this step be accepted, and if not,
+why" without changing anything: the explorer and the conformance checker ask it
+instead of keeping their own copy of the guards. A driver serialises calls with
+one lock. An illegal step raises a ProtocolError and changes nothing
+(INV-STICKY); a step is either done or not done, even when an observer raises.
 """
 
 from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from transitions import Event as _MachineEvent
 from transitions import Machine, MachineError
 
-from .errors import IllegalTransition, PipelineClosed, PipelineFailed
-from .wire import CopyOrder, PackDone, PackRequest, ReleaseToken, TransitionRecord
-from .spec import INITIAL, TRANSITIONS, Actor, Event, SlotState, transition_for
+from .errors import IllegalTransition, PipelineClosed, PipelineFailed, ProtocolError
+from .spec import (
+    INITIAL,
+    PENDING,
+    TRANSITIONS,
+    Actor,
+    Event,
+    SlotState,
+    actor_of,
+    guard_of,
+    transition_for,
+)
+from .wire import MAX_SEED, CopyOrder, PackDone, PackRequest, ReleaseToken, TransitionRecord
 
 Observer = Callable[[TransitionRecord], None]
 
@@ -85,12 +100,79 @@ def build_machine(models: list[Any], machine_class: type[Machine] = TableMachine
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One actor step offered to the core: the event and what it names."""
+
+    event: Event
+    tick: int | None = None
+    slot: int | None = None
+    done: PackDone | None = None
+
+
+# The predicates behind the table's guard names; each returns None when the guard
+# holds, else the reason in words. ``spec.GUARDS`` names exactly these keys (tested).
+Guard = Callable[["Core", _Slot, Step], "str | None"]
+GUARDS: dict[str, Guard] = {}
+
+
+def _guard(name: str) -> Callable[[Guard], Guard]:
+    def register(fn: Guard) -> Guard:
+        GUARDS[name] = fn
+        return fn
+    return register
+
+
+@_guard("tick_is_next_in_ring_order")
+def _next_in_ring_order(core: Core, slot: _Slot, step: Step) -> str | None:
+    nxt = core.next_tick
+    if nxt is not None and step.tick != nxt:
+        return f"INV-ORDER: ticks must be consecutive: expected tick {nxt}"
+    return None
+
+
+@_guard("pack_done_matches_request")
+def _matches_request(core: Core, slot: _Slot, step: Step) -> str | None:
+    done = step.done
+    assert done is not None
+    if slot.tick != done.tick or (done.generation >= 0
+                                  and done.generation != slot.generation):
+        return (f"INV-ORDER: pack done for tick {done.tick} generation {done.generation} does not "
+                f"match the request (tick {slot.tick} generation {slot.generation})")
+    return None
+
+
+@_guard("tick_is_next_to_acquire_and_no_slot_hot")
+def _next_to_acquire(core: Core, slot: _Slot, step: Step) -> str | None:
+    pending = core.pending
+    if not pending or pending[0][0] != step.tick:
+        expected = pending[0][0] if pending else None
+        return f"INV-ORDER: ticks are acquired in request order; next is {expected}"
+    if core.hot_slot is not None:
+        return (f"INV-HOT: slot {core.hot_slot} (tick {core.hot_tick}) is still hot; "
+                "release it first")
+    return None
+
+
+def _as_tick(tick: object) -> int:
+    """An integral tick (numpy integers too; never bool or float)."""
+    if isinstance(tick, bool) or not hasattr(tick, "__index__"):
+        raise TypeError(f"tick must be an int, got {tick!r} ({type(tick).__name__})")
+    value = int(tick)  # type: ignore[call-overload]
+    if value < 0:
+        raise ValueError(f"tick must be >= 0, got {value}")
+    return value
+
+
 class Core:
     """The ring of ``ring_depth`` slots and the order in which ticks move through it.
 
+    Tick t always sits in slot ``t % ring_depth`` (INV-ORDER's ring order), whatever
+    the first tick is, so a run resumed at tick N uses the slots the first run used.
+
     Raises (from every step):
-        IllegalTransition: the step is not in the table from the slot's state, or its
-            guard does not hold; nothing changed.
+        IllegalTransition: the step is not in the table from the slot's state, the
+            actor is not the row's, or its guard does not hold; nothing changed.
         PipelineFailed: after ``fail``, chained to the original cause.
         PipelineClosed: after ``close``.
     """
@@ -100,25 +182,29 @@ class Core:
 
     def __init__(self, ring_depth: int, *, base_seed: int = 0, sample_count: int = 1,
                  observer: Observer | None = None) -> None:
-        if not isinstance(ring_depth, int) or ring_depth < 2:
+        if isinstance(ring_depth, bool) or not hasattr(ring_depth, "__index__") or int(
+                ring_depth) < 2:
             raise ValueError(f"ring_depth must be an int >= 2, got {ring_depth!r}")
-        self.ring_depth = ring_depth
+        if isinstance(base_seed, bool) or not hasattr(base_seed, "__index__") or not (
+                0 <= int(base_seed) <= MAX_SEED):
+            raise ValueError(f"base_seed must be an int in [0, 2**63), got {base_seed!r}")
+        self.ring_depth = int(ring_depth)
         self.base_seed = int(base_seed)
         self.sample_count = int(sample_count)
         self.observer = observer
-        self._slots = [_Slot(i) for i in range(ring_depth)]
+        self._slots = [_Slot(i) for i in range(self.ring_depth)]
         self._machine = build_machine(self._slots, self.machine_class)
         self._fire = {e: self._machine.events[e.value].trigger for e in Event}
         # Invariant: requested, not yet acquired ticks in request order, with their slots.
         self._pending: deque[tuple[int, int]] = deque()
         # Invariant: the next tick to request is _next_tick (None before the first).
         self._next_tick: int | None = None
-        # Invariant: ticks go to slots in ring order starting at slot 0.
-        self._next_slot = 0
         # Invariant: _hot is the index of the only HOT slot, or None (INV-HOT).
         self._hot: int | None = None
         self._failure: BaseException | None = None
         self._closed = False
+        # Records of the step in progress; observers see them once the step is done.
+        self._records: list[TransitionRecord] = []
 
     # -- inspection -----------------------------------------------------------
 
@@ -154,6 +240,10 @@ class Core:
     def closed(self) -> bool:
         return self._closed
 
+    def ring_slot(self, tick: int) -> int:
+        """The slot that tick ``tick`` occupies (ring order: ``tick % ring_depth``)."""
+        return tick % self.ring_depth
+
     def slot_of(self, tick: int) -> int | None:
         """The slot holding ``tick`` (pending or hot), else None."""
         for t, s in self._pending:
@@ -176,96 +266,94 @@ class Core:
         """A canonical, hashable key of the whole core state (for the explorer)."""
         return (
             tuple((s.state, s.tick, s.generation, s.last_release) for s in self._slots),
-            tuple(self._pending), self._next_tick, self._next_slot, self._hot,
+            tuple(self._pending), self._next_tick, self._hot,
             self._failure is not None, self._closed,
         )
 
+    # -- asking without acting ------------------------------------------------
+
+    def refusal(self, step: Step, actor: Actor | None = None) -> ProtocolError | None:
+        """The error ``step`` would raise now, or None if the core would take it.
+
+        Changes nothing. ``fail`` and ``close`` are refused only once the core is
+        failed or closed (they are no-ops then).
+        """
+        try:
+            if step.event is Event.FAIL or step.event is Event.CLOSE:
+                self._check_usable(step.event, actor or Actor.LEARNER)
+            else:
+                self._admit(step, actor)
+        except (ProtocolError, PipelineFailed) as exc:
+            return exc  # type: ignore[return-value]
+        return None
+
+    def allows(self, step: Step, actor: Actor | None = None) -> bool:
+        """Whether the core would take ``step`` now (see ``refusal``)."""
+        return self.refusal(step, actor) is None
+
     # -- learner --------------------------------------------------------------
 
-    def request(self, tick: int, min_snapshot_ptr: int | None = None) -> PackRequest:
-        """Learner: ask for ``tick`` to be packed into the next slot in ring order."""
-        self._check_usable(Event.REQUEST, Actor.LEARNER)
-        slot = self._slots[self._next_slot]
-        if self._next_tick is not None and tick != self._next_tick:
-            self._illegal(slot, Event.REQUEST, Actor.LEARNER, tick,
-                          f"ticks must be consecutive: expected tick {self._next_tick}")
-        if slot.state is not SlotState.IDLE:
-            self._illegal(slot, Event.REQUEST, Actor.LEARNER, tick,
-                          f"ring full: the next slot in ring order is {slot.state.name}; "
-                          "acquire or release a batch first")
+    def request(self, tick: int, min_snapshot_ptr: int | None = None, *,
+                actor: Actor | None = None) -> PackRequest:
+        """Learner: ask for ``tick`` to be packed into its slot in ring order.
+
+        Raises:
+            TypeError, ValueError: ``tick`` is not an int >= 0, or its seed
+                ``base_seed + tick`` leaves the 63-bit range; nothing changed.
+        """
+        tick = _as_tick(tick)
+        if self.base_seed + tick > MAX_SEED:
+            raise ValueError(f"tick {tick}: its seed base_seed + tick = "
+                             f"{self.base_seed + tick} must be < 2**63")
+        slot = self._admit(Step(Event.REQUEST, tick=tick), actor)
         slot.generation += 1
-        self._transition(slot, Event.REQUEST, Actor.LEARNER, tick=tick)
+        self._transition(slot, Event.REQUEST, actor, tick=tick)
         self._pending.append((tick, slot.index))
         self._next_tick = tick + 1
-        self._next_slot = (self._next_slot + 1) % self.ring_depth
-        return PackRequest(
+        request = PackRequest(
             tick=tick, slot=slot.index, generation=slot.generation,
             seed=self.base_seed + tick, sample_count=self.sample_count,
             min_snapshot_ptr=-1 if min_snapshot_ptr is None else int(min_snapshot_ptr),
         )
+        self._notify()
+        return request
 
-    def acquire(self, tick: int) -> int:
+    def acquire(self, tick: int, *, actor: Actor | None = None) -> int:
         """Learner: make the READY slot of ``tick`` HOT; returns the slot index."""
-        self._check_usable(Event.ACQUIRE, Actor.LEARNER)
-        if not self._pending or self._pending[0][0] != tick:
-            expected = self._pending[0][0] if self._pending else None
-            where = self.slot_of(tick)
-            slot = self._slots[self._next_slot if where is None else where]
-            self._illegal(slot, Event.ACQUIRE, Actor.LEARNER, tick,
-                          f"ticks are acquired in request order; next is {expected}")
-        slot = self._slots[self._pending[0][1]]
-        if self._hot is not None:
-            self._illegal(slot, Event.ACQUIRE, Actor.LEARNER, tick,
-                          f"slot {self._hot} (tick {self.hot_tick}) is still hot; "
-                          "release it first")
-        self._require(slot, Event.ACQUIRE, Actor.LEARNER, tick)
-        self._transition(slot, Event.ACQUIRE, Actor.LEARNER)
+        slot = self._admit(Step(Event.ACQUIRE, tick=_as_tick(tick)), actor)
+        self._transition(slot, Event.ACQUIRE, actor)
         self._pending.popleft()
         self._hot = slot.index
+        self._notify()
         return slot.index
 
-    def release(self) -> ReleaseToken:
+    def release(self, *, actor: Actor | None = None) -> ReleaseToken:
         """Learner: end the HOT period; the token is what a later copy must wait on."""
-        self._check_usable(Event.RELEASE, Actor.LEARNER)
-        if self._hot is None:
-            states = ", ".join(f"slot {s.index} (tick {s.tick}) {s.state.name}"
-                               for s in self._slots)
-            raise IllegalTransition("can't handle event release (actor=learner): no slot "
-                                    f"is HOT; states: {states}")
-        slot = self._slots[self._hot]
+        slot = self._admit(Step(Event.RELEASE), actor)
         assert slot.tick is not None
         token = ReleaseToken(slot=slot.index, tick=slot.tick, generation=slot.generation)
-        self._transition(slot, Event.RELEASE, Actor.LEARNER, tick=None)
+        self._transition(slot, Event.RELEASE, actor, tick=None)
         slot.last_release = token
         self._hot = None
+        self._notify()
         return token
 
     # -- transfer worker and copy engine --------------------------------------
 
-    def packed(self, done: PackDone) -> CopyOrder:
+    def packed(self, done: PackDone, *, actor: Actor | None = None) -> CopyOrder:
         """Transfer worker: H[slot] is packed; returns the copy order to submit."""
-        self._check_usable(Event.SUBMIT, Actor.TRANSFER)
-        if not 0 <= done.slot < self.ring_depth:
-            raise IllegalTransition(f"can't handle event submit (actor=transfer): slot "
-                                    f"{done.slot} is outside the ring of {self.ring_depth}")
-        slot = self._slots[done.slot]
-        self._require(slot, Event.SUBMIT, Actor.TRANSFER, done.tick)
-        if slot.tick != done.tick or (done.generation >= 0
-                                      and done.generation != slot.generation):
-            self._illegal(slot, Event.SUBMIT, Actor.TRANSFER, done.tick,
-                          f"pack done for tick {done.tick} generation {done.generation} "
-                          f"does not match the request (tick {slot.tick} generation "
-                          f"{slot.generation})")
-        self._transition(slot, Event.SUBMIT, Actor.TRANSFER)
-        return CopyOrder(tick=done.tick, slot=slot.index, generation=slot.generation,
-                         after_release=slot.last_release)
+        slot = self._admit(Step(Event.SUBMIT, slot=done.slot, done=done), actor)
+        self._transition(slot, Event.SUBMIT, actor)
+        order = CopyOrder(tick=done.tick, slot=slot.index, generation=slot.generation,
+                          after_release=slot.last_release)
+        self._notify()
+        return order
 
-    def copied(self, slot_index: int) -> None:
+    def copied(self, slot_index: int, *, actor: Actor | None = None) -> None:
         """Copy engine: the copy into G[slot] completed."""
-        self._check_usable(Event.COMPLETE, Actor.COPY_ENGINE)
-        slot = self._slots[slot_index]
-        self._require(slot, Event.COMPLETE, Actor.COPY_ENGINE, slot.tick)
-        self._transition(slot, Event.COMPLETE, Actor.COPY_ENGINE)
+        slot = self._admit(Step(Event.COMPLETE, slot=slot_index), actor)
+        self._transition(slot, Event.COMPLETE, actor)
+        self._notify()
 
     # -- any actor ------------------------------------------------------------
 
@@ -280,6 +368,7 @@ class Core:
         for slot in self._slots:
             self._transition(slot, Event.FAIL, actor)
         self._hot = None
+        self._notify()
 
     def close(self) -> None:
         """Learner: every slot to CLOSED. Idempotent; legal after a failure."""
@@ -287,8 +376,9 @@ class Core:
             return
         self._closed = True
         for slot in self._slots:
-            self._transition(slot, Event.CLOSE, Actor.LEARNER)
+            self._transition(slot, Event.CLOSE, None)
         self._hot = None
+        self._notify()
 
     # -- invariants -----------------------------------------------------------
 
@@ -305,25 +395,21 @@ class Core:
         assert len(hot) <= 1, f"INV-HOT: slots {hot} are hot; please report a bug"
         assert hot == ([] if self._hot is None else [self._hot]), (hot, self._hot)
         ticks = [t for t, _ in self._pending]
-        slots = [s for _, s in self._pending]
         assert ticks == list(range(ticks[0], ticks[0] + len(ticks))) if ticks else True, (
             f"INV-ORDER: pending ticks {ticks} are not consecutive")
-        for k in range(1, len(slots)):
-            assert slots[k] == (slots[k - 1] + 1) % self.ring_depth, (
-                f"INV-ORDER: pending slots {slots} are not in ring order")
+        for t, s in self._pending:
+            assert s == self.ring_slot(t), f"INV-ORDER: tick {t} sits in slot {s}"
         if ticks:
             assert self._next_tick == ticks[-1] + 1, (self._next_tick, ticks)
-            assert self._next_slot == (slots[-1] + 1) % self.ring_depth
         if self._hot is not None:
             hot_tick = self._slots[self._hot].tick
-            assert hot_tick is not None
+            assert hot_tick is not None and self._hot == self.ring_slot(hot_tick)
             if ticks:
                 assert ticks[0] == hot_tick + 1, "INV-ORDER: hot tick is not the oldest"
         in_flight = dict(self._pending)
         for t, s in in_flight.items():
             assert self._slots[s].tick == t, (s, t, self._slots[s].tick)
-            assert states[s] in (SlotState.REQUESTED, SlotState.SUBMITTED,
-                                 SlotState.READY), (s, states[s])
+            assert states[s] in PENDING, (s, states[s])
         for i, state in enumerate(states):
             if i not in in_flight.values() and i != self._hot:
                 assert state is SlotState.IDLE, f"slot {i} is {state} but holds no tick"
@@ -332,25 +418,68 @@ class Core:
 
     # -- internals ------------------------------------------------------------
 
-    def _check_usable(self, event: Event, actor: Actor) -> None:
+    def _check_usable(self, event: Event, actor: Actor | None) -> None:
+        who = "any" if actor is None else actor.value
         if self._failure is not None:
             raise PipelineFailed(
-                f"can't handle event {event.value} (actor={actor.value}): the pipeline "
+                f"can't handle event {event.value} (actor={who}): the pipeline "
                 f"failed earlier: {self._failure!r}") from self._failure
         if self._closed:
             raise PipelineClosed(
-                f"can't handle event {event.value} (actor={actor.value}): the pipeline is "
+                f"can't handle event {event.value} (actor={who}): the pipeline is "
                 "closed")
 
-    def _require(self, slot: _Slot, event: Event, actor: Actor, tick: int | None) -> None:
-        if transition_for(slot.state, event) is None:
-            self._illegal(slot, event, actor, tick, "no such transition in the table")
+    def _target(self, step: Step) -> _Slot | None:
+        """The slot ``step`` acts on; None only for a release with no slot HOT."""
+        if step.event is Event.REQUEST:
+            assert step.tick is not None
+            return self._slots[self.ring_slot(step.tick)]
+        if step.event is Event.ACQUIRE:
+            assert step.tick is not None
+            where = self.slot_of(step.tick)
+            return self._slots[self.ring_slot(step.tick) if where is None else where]
+        if step.event is Event.RELEASE:
+            return None if self._hot is None else self._slots[self._hot]
+        assert step.slot is not None
+        if not 0 <= step.slot < self.ring_depth:
+            raise IllegalTransition(
+                f"can't handle event {step.event.value}: slot {step.slot} is outside "
+                f"the ring of {self.ring_depth}")
+        return self._slots[step.slot]
 
-    def _illegal(self, slot: _Slot, event: Event, actor: Actor, tick: int | None,
-                 why: str) -> None:
-        raise IllegalTransition(
-            f"can't handle event {event.value} for slot {slot.index} (tick {tick}) when "
-            f"state={slot.state.name}, actor={actor.value}: {why}")
+    def _admit(self, step: Step, actor: Actor | None) -> _Slot:
+        """The slot ``step`` fires on, once the table admits it; raises otherwise."""
+        event = step.event
+        owner = actor_of(event)
+        self._check_usable(event, owner if actor is None else actor)
+        if actor is not None and owner is not None and actor is not owner:
+            raise IllegalTransition(
+                f"can't handle event {event.value} from actor={actor.value}: the table "
+                f"gives it to {owner.value}")
+        slot = self._target(step)
+        if slot is None:
+            states = ", ".join(f"slot {s.index} (tick {s.tick}) {s.state.name}"
+                               for s in self._slots)
+            raise IllegalTransition(f"can't handle event {event.value} (actor="
+                                    f"{(owner or actor or Actor.LEARNER).value}): no slot "
+                                    f"is HOT; states: {states}")
+        row = transition_for(slot.state, event)
+        guard = guard_of(event)
+        # The guard is pure, so it is asked even where the row is missing: its reason
+        # ("ticks are acquired in request order") says more than "no such row".
+        why = None if guard is None else GUARDS[guard](self, slot, step)
+        if why is None and row is None:
+            why = ("INV-HOST-WAR: ring full: the tick's slot in ring order is "
+                   f"{slot.state.name}; acquire or release a batch first"
+                   if event is Event.REQUEST else "no such transition in the table")
+        if why is not None:
+            tick = step.tick if step.done is None else step.done.tick
+            who = (owner or actor or Actor.LEARNER).value
+            raise IllegalTransition(
+                f"can't handle event {event.value} for slot {slot.index} (tick "
+                f"{tick if tick is not None else slot.tick}) when state={slot.state.name}, "
+                f"actor={who}: {why}")
+        return slot
 
     def _transition(self, slot: _Slot, event: Event, actor: Actor | None,
                     *, tick: int | None | _Keep = KEEP) -> None:
@@ -359,7 +488,21 @@ class Core:
         if not isinstance(tick, _Keep):
             slot.tick = tick
         if self.observer is not None:
-            self.observer(TransitionRecord(
+            self._records.append(TransitionRecord(
                 slot=slot.index, tick=old_tick if slot.tick is None else slot.tick,
                 generation=slot.generation, source=source, dest=slot.state,
-                event=event, actor=actor))
+                event=event, actor=actor_of(event) or actor))
+
+    def _notify(self) -> None:
+        """Hand the finished step's records to the observer. The step is complete
+        before the first call, and every record is delivered even if one call
+        raises (the first exception is re-raised after the last record)."""
+        records, self._records = self._records, []
+        error: BaseException | None = None
+        for record in records:
+            try:
+                self.observer(record)  # type: ignore[misc]
+            except BaseException as exc:  # noqa: BLE001 - re-raised below
+                error = error or exc
+        if error is not None:
+            raise error

@@ -41,10 +41,20 @@ class Actor(enum.Enum):
     TRANSFER = "transfer"
     COPY_ENGINE = "copy_engine"
 
+    @property
+    def title(self) -> str:
+        """The actor's name in diagrams and messages."""
+        return {"transfer": "Transfer worker"}.get(
+            self.value, self.value.replace("_", " ").capitalize())
+
 
 @dataclass(frozen=True, slots=True)
 class Transition:
-    """One arrow. ``actor`` is None for ``fail``, which any actor may raise."""
+    """One arrow. ``actor`` is None for ``fail``, which any actor may raise.
+
+    ``guard`` names the core's predicate that must hold as well as the source state
+    (``replay_fsm.core.GUARDS`` maps each name to it).
+    """
 
     source: SlotState
     event: Event
@@ -76,11 +86,69 @@ TRANSITIONS: tuple[Transition, ...] = (
 )
 
 INITIAL = SlotState.IDLE
-TERMINAL = frozenset({SlotState.CLOSED})
+
+# -- sets derived from the rows: every other module asks these, never a literal --
+
+TERMINAL: frozenset[SlotState] = frozenset(
+    s for s in SlotState if not any(t.source is s for t in TRANSITIONS))
+# A batch can be sampled without waiting: the copy completed (READY) or it is in use (HOT).
+AVAILABLE: frozenset[SlotState] = frozenset(
+    {t.source for t in TRANSITIONS if t.event is Event.ACQUIRE}
+    | {t.dest for t in TRANSITIONS if t.event is Event.ACQUIRE})
+# Work the learner may wait on: requested but not yet complete. Liveness bounds each.
+IN_FLIGHT: frozenset[SlotState] = frozenset(
+    t.source for t in TRANSITIONS if t.event in (Event.SUBMIT, Event.COMPLETE))
+# Requested and not yet acquired: what the ring holds ahead of the learner.
+PENDING: frozenset[SlotState] = IN_FLIGHT | {
+    t.source for t in TRANSITIONS if t.event is Event.ACQUIRE}
+# Where the machine stops for good: after fail, and after close.
+STOPPED: frozenset[SlotState] = frozenset(
+    t.dest for t in TRANSITIONS if t.event in (Event.FAIL, Event.CLOSE))
+# Every guard name a row carries; each resolves to one predicate of the core.
+GUARDS: frozenset[str] = frozenset(t.guard for t in TRANSITIONS if t.guard is not None)
+
+
+def actor_of(event: Event) -> Actor | None:
+    """The actor that owns ``event`` (None: any actor, for ``fail``)."""
+    return _ACTOR[event]
+
+
+def guard_of(event: Event) -> str | None:
+    """The guard name of ``event``'s rows (None: the source state suffices)."""
+    return _GUARD[event]
+
+
+# One actor and one guard per event, whatever its source state: the core relies on it.
+_ACTOR: dict[Event, Actor | None] = {t.event: t.actor for t in TRANSITIONS}
+_GUARD: dict[Event, str | None] = {t.event: t.guard for t in TRANSITIONS}
+assert all(_ACTOR[t.event] is t.actor and _GUARD[t.event] == t.guard for t in TRANSITIONS)
 
 # The main cycle in order, for renderers and models that draw or walk it.
 CYCLE: tuple[Event, ...] = (
     Event.REQUEST, Event.SUBMIT, Event.COMPLETE, Event.ACQUIRE, Event.RELEASE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Handoff:
+    """What moves between actors around one event of the cycle (the sequence diagram)."""
+
+    event: Event
+    sender: Actor
+    receiver: Actor
+    message: str
+
+
+HANDOFFS: tuple[Handoff, ...] = (
+    Handoff(Event.REQUEST, Actor.LEARNER, Actor.PACKER,
+            "pack request (tick t, slot i, seed)"),
+    Handoff(Event.SUBMIT, Actor.PACKER, Actor.TRANSFER, "pack done: H[i] holds tick t"),
+    Handoff(Event.COMPLETE, Actor.TRANSFER, Actor.COPY_ENGINE,
+            "copy H[i] to G[i] after release of G[i]"),
+    Handoff(Event.ACQUIRE, Actor.COPY_ENGINE, Actor.LEARNER,
+            "ready event: G[i] holds tick t"),
+    Handoff(Event.RELEASE, Actor.LEARNER, Actor.COPY_ENGINE,
+            "release event: reads of G[i] done"),
 )
 
 INVARIANTS: dict[str, str] = {

@@ -11,6 +11,9 @@ from typing import Any
 
 from .spec import Actor, Event, SlotState
 
+# Seeds and ticks travel as int64 records: the largest seed a request can carry.
+MAX_SEED = 2**63 - 1
+
 PACK_LAYOUT = "packed"
 PACK_EXECUTOR = "collector_thread"
 

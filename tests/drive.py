@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from replay_fsm.runtime.pipeline import Pipeline
 from replay_fsm.data.sampling import expected_batch
+from replay_fsm.runtime.pipeline import Pipeline
 
 
 def complete_copies_for(pipe: Pipeline, tick: int) -> None:

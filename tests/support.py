@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from replay_fsm.core import Core
-from replay_fsm.wire import PackDone
 from replay_fsm.spec import Event, SlotState
+from replay_fsm.wire import PackDone
 
 
 def done_for(core: Core, slot: int) -> PackDone:

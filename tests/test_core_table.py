@@ -10,7 +10,7 @@ from replay_fsm.core import Core, build_machine
 from replay_fsm.errors import IllegalTransition, PipelineClosed, PipelineFailed
 from replay_fsm.spec import TRANSITIONS, Event, SlotState
 
-from .support import apply, drive
+from .support import apply, done_for, drive
 
 FORBIDDEN = [
     (s, e) for s in SlotState for e in Event if spec.transition_for(s, e) is None
@@ -100,11 +100,24 @@ def test_ticks_must_be_consecutive_and_acquired_in_order() -> None:
     with pytest.raises(IllegalTransition, match="consecutive"):
         core.request(7)
     core.request(6)
-    apply(core, Event.SUBMIT, slot=1)
-    apply(core, Event.COMPLETE, slot=1)
+    apply(core, Event.SUBMIT, slot=0)
+    apply(core, Event.COMPLETE, slot=0)
     with pytest.raises(IllegalTransition, match="request order"):
         core.acquire(6)
-    assert core.pending == ((5, 0), (6, 1))
+    assert core.pending == ((5, 2), (6, 0))  # tick t sits in slot t % depth (INV-ORDER)
+
+
+@pytest.mark.parametrize("first", [0, 1, 2, 7, 2**40])
+def test_the_first_tick_takes_its_ring_slot(first: int) -> None:
+    """INV-ORDER's ring order holds from any first tick, so a run resumed at tick N
+    puts each tick in the slot the uninterrupted run used."""
+    core = Core(3)
+    for tick in range(first, first + 5):
+        assert core.request(tick).slot == tick % 3
+        apply(core, Event.SUBMIT, slot=tick % 3)
+        apply(core, Event.COMPLETE, slot=tick % 3)
+        assert core.acquire(tick) == tick % 3
+        core.release()
 
 
 def test_ring_depth_is_validated() -> None:
@@ -127,3 +140,87 @@ def test_copy_order_names_the_previous_release() -> None:
         core.copied(req.slot)
         core.acquire(tick)
         core.release()
+
+
+def test_every_guard_name_of_the_table_resolves_to_one_core_predicate() -> None:
+    """The table owns the protocol: a guard name no predicate answers is a bug."""
+    from replay_fsm.core import GUARDS
+    assert spec.GUARDS and set(GUARDS) == spec.GUARDS
+    for row in TRANSITIONS:
+        assert row.guard is None or callable(GUARDS[row.guard])
+        assert spec.actor_of(row.event) is row.actor and spec.guard_of(row.event) == row.guard
+
+
+def test_derived_sets_come_from_the_rows() -> None:
+    S = SlotState
+    assert spec.TERMINAL == {S.CLOSED} and spec.STOPPED == {S.FAILED, S.CLOSED}
+    assert spec.AVAILABLE == {S.READY, S.HOT}
+    assert spec.IN_FLIGHT == {S.REQUESTED, S.SUBMITTED}
+    assert spec.PENDING == {S.REQUESTED, S.SUBMITTED, S.READY}
+
+
+def test_a_step_by_the_wrong_actor_is_refused_and_changes_nothing() -> None:
+    from replay_fsm.spec import Actor
+    core = Core(2)
+    before = core.key()
+    with pytest.raises(IllegalTransition, match="gives it to learner"):
+        core.request(0, actor=Actor.TRANSFER)
+    assert core.key() == before
+    core.request(0, actor=Actor.LEARNER)
+    with pytest.raises(IllegalTransition, match="gives it to transfer"):
+        core.packed(done_for(core, 0), actor=Actor.COPY_ENGINE)
+    assert core.state(0) is SlotState.REQUESTED
+
+
+def test_refusal_answers_without_acting() -> None:
+    """Tools ask the core what it would accept instead of re-implementing guards."""
+    from replay_fsm.core import Step
+    core = Core(2)
+    assert core.allows(Step(Event.REQUEST, tick=3))  # any first tick
+    core.request(3)
+    before = core.key()
+    assert core.refusal(Step(Event.REQUEST, tick=4)) is None
+    err = core.refusal(Step(Event.REQUEST, tick=6))
+    assert isinstance(err, IllegalTransition) and "consecutive" in str(err)
+    assert not core.allows(Step(Event.ACQUIRE, tick=3))  # REQUESTED, not READY
+    assert "no slot is HOT" in str(core.refusal(Step(Event.RELEASE)))
+    assert core.key() == before
+    core.fail(RuntimeError("x"))
+    assert isinstance(core.refusal(Step(Event.REQUEST, tick=4)), PipelineFailed)
+    assert not core.allows(Step(Event.FAIL))
+
+
+def test_an_observer_that_raises_sees_a_finished_step() -> None:
+    """A step is done or not done: the observer runs after every state change of the
+    step, gets every record, and its error comes out once the step is complete."""
+    seen: list[object] = []
+
+    def observer(rec: object) -> None:
+        seen.append(rec)
+        raise KeyboardInterrupt
+
+    core = Core(3, observer=observer)
+    with pytest.raises(KeyboardInterrupt):
+        core.fail(RuntimeError("x"))
+    assert core.states == (SlotState.FAILED,) * 3 and len(seen) == 3
+    core.check_invariants()
+
+
+@pytest.mark.parametrize("tick", [-1, 1.0, True, "3", None])
+def test_ticks_must_be_non_negative_ints(tick: object) -> None:
+    core = Core(2)
+    with pytest.raises((TypeError, ValueError), match="tick"):
+        core.request(tick)  # type: ignore[arg-type]
+    assert core.next_tick is None
+
+
+def test_numpy_ticks_and_seeds_in_range() -> None:
+    np = pytest.importorskip("numpy")
+    core = Core(np.int64(2), base_seed=np.int64(5))
+    assert core.request(np.int64(7)).seed == 12
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        Core(2, base_seed=2**63)
+    big = Core(2, base_seed=2**63 - 2)
+    big.request(1)
+    with pytest.raises(ValueError, match="2\\*\\*63"):
+        big.request(2)

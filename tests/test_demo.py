@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from replay_fsm.verify.conformance import check, load
 from replay_fsm.demo import format_summary, run
+from replay_fsm.verify.conformance import check, load
 
 
 @pytest.mark.parametrize("collector", [

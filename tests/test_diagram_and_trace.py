@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from replay_fsm import Pipeline, ReplayBuffer
-from replay_fsm.verify import diagram
 from replay_fsm.cli import main
-from replay_fsm.verify.conformance import check, load
 from replay_fsm.spec import TRANSITIONS, SlotState
+from replay_fsm.verify import diagram
+from replay_fsm.verify.conformance import check, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,9 +106,10 @@ def test_conformance_catches_two_hot_slots() -> None:
         recs.append({"slot": slot, "tick": tick, "from": "idle", "to": "requested",
                      "event": "request", "actor": "learner"})
     for slot, tick in ((0, 0), (1, 1)):
-        for a, b, e in (("requested", "submitted", "submit"),
-                        ("submitted", "ready", "complete"), ("ready", "hot", "acquire")):
+        for a, b, e, who in (("requested", "submitted", "submit", "transfer"),
+                             ("submitted", "ready", "complete", "copy_engine"),
+                             ("ready", "hot", "acquire", "learner")):
             recs.append({"slot": slot, "tick": tick, "from": a, "to": b, "event": e,
-                         "actor": "x"})
+                         "actor": who})
     report = check(recs)
     assert not report.ok and "INV-HOT" in str(report.violation)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.data.channel import Channel, ChannelClosed
-from replay_fsm.wire import PackRequest
 from replay_fsm.data.packer import Packer, PackerHandle, decode_done, encode_request
 from replay_fsm.data.sampling import expected_batch, sample_indices
+from replay_fsm.wire import PackRequest
 
 from .collectors import constant_rows, fill_and_serve, serve
 

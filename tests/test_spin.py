@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from replay_fsm.verify.promela import slot_table
 from replay_fsm.spec import TRANSITIONS, Event, SlotState
+from replay_fsm.verify.promela import slot_table
 
 SPECS = Path(__file__).resolve().parent.parent / "specs"
 HAVE = shutil.which("spin") is not None and shutil.which("gcc") is not None

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from ..wire import PackDone, PackRequest
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed
-from ..wire import PackDone, PackRequest
 from .sampling import sample_indices
 
 REQUEST_FIELDS = 6

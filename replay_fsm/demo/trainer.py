@@ -23,12 +23,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..verify import diagram
 from ..data.buffer import ReplayBuffer
-from ..verify.conformance import check
 from ..data.packer import Packer, PackerHandle
 from ..runtime.pipeline import Pipeline
 from ..spec import INVARIANTS
+from ..verify import diagram
+from ..verify.conformance import check
 
 OBS, ACT = 32, 2
 DYN = 8  # dynamic state; the rest of the observation is sensor features of it

@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING
 
-from ..wire import PackDone
 from ..spec import SlotState
+from ..wire import PackDone
 
 if TYPE_CHECKING:
     from .pipeline import Pipeline

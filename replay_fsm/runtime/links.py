@@ -7,8 +7,8 @@ import queue
 from typing import Any, Protocol
 
 from ..data.channel import ChannelClosed
-from ..wire import PackDone, PackRequest
 from ..data.packer import PackerHandle, decode_done, encode_request
+from ..wire import PackDone, PackRequest
 
 
 class CollectorLink(Protocol):

@@ -20,10 +20,10 @@ from typing import Any
 
 import torch
 
+from ..core import Core
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
-from .checked import Checker
-from ..core import Core
+from ..data.packer import Packer, PackerHandle, serve_forever
 from ..errors import (
     CollectorDied,
     PackerError,
@@ -32,12 +32,12 @@ from ..errors import (
     ProtocolError,
     ReplayFSMError,
 )
-from .links import ChannelLink, CollectorLink
-from ..wire import PackDone, TransitionRecord
-from ..data.packer import Packer, PackerHandle, serve_forever
 from ..spec import Actor, SlotState
-from .tracer import Tracer
 from ..transfer import TransferBackend, build_backend
+from ..wire import PackDone, TransitionRecord
+from .checked import Checker
+from .links import ChannelLink, CollectorLink
+from .tracer import Tracer
 
 COLLECTORS = ("thread", "process", "external")
 _WAIT_SLICE_S = 0.05

@@ -12,8 +12,8 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
-from ..wire import TransitionRecord
 from ..spec import Actor
+from ..wire import TransitionRecord
 
 PID_SLOTS, PID_ACTORS = 1, 2
 

@@ -1,9 +1,11 @@
-"""Trace conformance: replay a recorded transition log against the table and the
-invariants, and report the first violation with its context.
+"""Trace conformance: replay a recorded transition log on a real ``Core`` and report
+the first record the core refuses, or that differs from what the core did.
 
 A log is a sequence of records with keys slot, tick, from, to, event, actor (and
 optionally generation, thread, time_ns), as ``Tracer.write_transitions`` writes:
 JSON lines, or a JSON list. Works for a log from any run, a GPU run included.
+The core is the judge, so the table, the guards and the invariants the core checks
+are the ones the runtime ran with; nothing here keeps a second copy of them.
 """
 
 from __future__ import annotations
@@ -14,7 +16,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..spec import INITIAL, Event, SlotState, transition_for
+from ..core import Core
+from ..errors import PipelineClosed, PipelineFailed, ProtocolError
+from ..spec import Actor, Event, SlotState
+from ..wire import PackDone, TransitionRecord
+
+_KEYS = ("slot", "from", "to", "event")
+
+
+class TraceFileError(ValueError):
+    """A transition log that cannot be read: missing, not JSON, or not a log."""
 
 
 @dataclass
@@ -35,28 +46,67 @@ class Report:
             return (f"ok: {self.records} transitions over {self.slots} slots conform to the "
                     f"table and the invariants ({len(self.rows_seen)} distinct rows)")
         ctx = "\n".join(f"    #{c['index']}: {c['record']}" for c in self.context)
-        return f"violation at record #{self.index}: {self.violation}\n  context:\n{ctx}"
+        where = "" if self.index is None else f" at record #{self.index}"
+        return f"violation{where}: {self.violation}\n  context:\n{ctx}"
 
 
 def load(path: str | Path) -> list[dict[str, Any]]:
-    text = Path(path).read_text()
+    """The records of a JSON-lines or JSON-list transition log.
+
+    Raises:
+        TraceFileError: the file is missing or unreadable, is not JSON, or holds
+            something other than transition records (a Chrome trace, say).
+    """
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
     stripped = text.lstrip()
-    if stripped.startswith("["):
-        return list(json.loads(text))
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    try:
+        if stripped.startswith("["):
+            records = json.loads(text)
+        else:
+            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except json.JSONDecodeError as exc:
+        raise TraceFileError(f"{path} is not JSON lines: line {exc.lineno}: {exc.msg}"
+                             ) from exc
+    if len(records) == 1 and isinstance(records[0], dict) and "traceEvents" in records[0]:
+        raise TraceFileError(f"{path} is a Chrome trace (trace.json); check-trace reads the "
+                             "transition log (transitions.jsonl)")
+    if not isinstance(records, list):
+        raise TraceFileError(f"{path}: expected a list of transition records")
+    for i, rec in enumerate(records):
+        if not isinstance(rec, dict) or any(k not in rec for k in _KEYS):
+            raise TraceFileError(f"{path}: record #{i} is not a transition record (needs "
+                                 f"{', '.join(_KEYS)}): {str(rec)[:120]}")
+    return records
+
+
+def _invariant(exc: BaseException) -> str:
+    """The catalogue ID an error of the core stands for, in the report's words."""
+    if isinstance(exc, PipelineFailed):
+        return "INV-STICKY: a step after the failure"
+    if isinstance(exc, PipelineClosed):
+        return "a step after close"
+    return "illegal step"
 
 
 def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
-    """Replay ``records``; stop at the first violation of the table or of INV-HOT,
-    INV-ORDER or INV-STICKY."""
+    """Replay ``records`` on a real core; stop at the first one it refuses or at the
+    first disagreement between the log and the transitions the core made.
+
+    An empty log is a violation: it proves nothing.
+    """
     recs = list(records)
     report = Report(records=len(recs))
-    state: dict[int, SlotState] = {}
-    holds: dict[int, int | None] = {}
-    requested: list[tuple[int, int]] = []  # (tick, slot) in request order
-    acquired: list[int] = []
-    failed = closed = False
-    depth = 1 + max((int(r["slot"]) for r in recs), default=-1)
+    if not recs:
+        report.violation = "the log is empty: no transition to check"
+        return report
+    try:
+        depth = 1 + max(int(r["slot"]) for r in recs)
+    except (KeyError, TypeError, ValueError) as exc:
+        report.violation, report.index = f"malformed record: {exc!r}", 0
+        return report
     report.slots = depth
 
     def bad(i: int, why: str) -> Report:
@@ -65,46 +115,66 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         report.context = [{"index": k, "record": recs[k]} for k in range(lo, i + 1)]
         return report
 
-    for i, r in enumerate(recs):
+    if depth < 2:
+        return bad(0, "the log names only slot 0; a ring has at least 2 slots")
+    made: list[TransitionRecord] = []
+    core = Core(depth, observer=made.append)
+    i = 0
+    while i < len(recs):
+        r = recs[i]
         try:
             slot, src = int(r["slot"]), SlotState(r["from"])
-            dst, event = SlotState(r["to"]), Event(r["event"])
-        except (KeyError, ValueError) as exc:
+            event = Event(r["event"])
+            actor = None if r.get("actor") is None else Actor(r["actor"])
+            tick = None if r.get("tick") is None else int(r["tick"])
+            generation = int(r.get("generation", -1))
+        except (KeyError, TypeError, ValueError) as exc:
             return bad(i, f"malformed record: {exc!r}")
-        tick = r.get("tick")
-        current = state.get(slot, INITIAL)
-        if src is not current:
-            return bad(i, f"slot {slot} is {current.name} but the record leaves {src.name}")
-        row = transition_for(src, event)
-        if row is None or row.dest is not dst:
-            return bad(i, f"no table row {src.name} --{event.value}--> {dst.name}")
-        if failed and event is not Event.FAIL and event is not Event.CLOSE:
-            return bad(i, f"INV-STICKY: {event.value} after a failure")
-        if closed and event is not Event.CLOSE:
-            return bad(i, f"{event.value} after close")
-        report.rows_seen.add((src.value, event.value))
-        state[slot] = dst
-        if event is Event.REQUEST:
-            if requested and tick != requested[-1][0] + 1:
-                return bad(i, f"INV-ORDER: tick {tick} requested after {requested[-1][0]}")
-            if requested and slot != (requested[-1][1] + 1) % depth:
-                return bad(i, f"INV-ORDER: tick {tick} went to slot {slot}, not the next "
-                           "in ring order")
-            requested.append((int(tick or 0), slot))
-            holds[slot] = tick
-        elif event is Event.ACQUIRE:
-            if sum(s is SlotState.HOT for s in state.values()) > 1:
-                return bad(i, "INV-HOT: two slots are hot")
-            expected = requested[len(acquired)][0] if len(acquired) < len(requested) else None
-            if tick != expected:
-                return bad(i, f"INV-ORDER: acquired tick {tick}, expected {expected}")
-            acquired.append(int(tick or 0))
-        elif event is Event.SUBMIT or event is Event.COMPLETE:
-            if holds.get(slot) != tick:
-                return bad(i, f"slot {slot} holds tick {holds.get(slot)} but the record "
-                           f"names tick {tick}")
-        elif event is Event.FAIL:
-            failed = True
-        elif event is Event.CLOSE:
-            closed = True
+        if slot >= depth or src is not core.state(slot):
+            return bad(i, f"slot {slot} is {core.state(slot).name} but the record leaves "
+                          f"{src.name}")
+        made.clear()
+        try:
+            if event is Event.REQUEST:
+                core.request(tick if tick is not None else -1, actor=actor)
+            elif event is Event.SUBMIT:
+                core.packed(PackDone(tick=-1 if tick is None else tick, slot=slot,
+                                     generation=generation, seed=0, sample_count=0,
+                                     snapshot_ptr=0, snapshot_size=0), actor=actor)
+            elif event is Event.COMPLETE:
+                core.copied(slot, actor=actor)
+            elif event is Event.ACQUIRE:
+                core.acquire(tick if tick is not None else -1, actor=actor)
+            elif event is Event.RELEASE:
+                core.release(actor=actor)
+            elif event is Event.FAIL:
+                core.fail(RuntimeError("failure recorded in the log"), actor)
+            else:
+                core.close()
+        except (ProtocolError, PipelineFailed, TypeError, ValueError) as exc:
+            return bad(i, f"{_invariant(exc)}: {exc}")
+        if not made:
+            return bad(i, f"{event.value} changed nothing in the core (a second "
+                          f"{event.value} is a no-op) but the log records a transition")
+        for k, rec in enumerate(made):
+            j = i + k
+            if j >= len(recs):
+                return bad(len(recs) - 1, f"the log ends inside {event.value}: slot "
+                                          f"{rec.slot} is missing")
+            logged = recs[j]
+            want = (rec.slot, rec.source.value, rec.dest.value, rec.event.value)
+            got = tuple(logged.get(key) for key in _KEYS)
+            if tuple(str(x) for x in got) != tuple(str(x) for x in want):
+                return bad(j, f"the core made {want[1]} --{want[3]}--> {want[2]} on slot "
+                              f"{want[0]}, the log records {got[1]} --{got[3]}--> {got[2]} "
+                              f"on slot {got[0]}")
+            if rec.tick is not None and logged.get("tick") not in (None, rec.tick):
+                return bad(j, f"slot {rec.slot} holds tick {rec.tick} but the record "
+                              f"names tick {logged.get('tick')}")
+            report.rows_seen.add((rec.source.value, rec.event.value))
+        try:
+            core.check_invariants()
+        except AssertionError as exc:  # pragma: no cover - the core refuses first
+            return bad(i, f"invariant broken: {exc}")
+        i += len(made)
     return report

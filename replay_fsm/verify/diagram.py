@@ -9,7 +9,7 @@ import hashlib
 import shutil
 import subprocess
 
-from ..spec import CYCLE, INITIAL, TRANSITIONS, Actor, Event, SlotState, Transition
+from ..spec import HANDOFFS, INITIAL, STOPPED, TERMINAL, TRANSITIONS, Actor, SlotState, Transition
 
 
 def _label(t: Transition) -> str:
@@ -22,7 +22,7 @@ def mermaid(highlight: SlotState | None = None) -> str:
     lines = ["stateDiagram-v2", f"    [*] --> {INITIAL.name}"]
     for t in TRANSITIONS:
         lines.append(f"    {t.source.name} --> {t.dest.name}: {_label(t)}")
-    lines.append("    CLOSED --> [*]")
+    lines += [f"    {s.name} --> [*]" for s in SlotState if s in TERMINAL]
     if highlight is not None:
         lines.append("    classDef highlight fill:#ffd54f,stroke:#e65100,stroke-width:3px")
         lines.append(f"    class {highlight.name} highlight")
@@ -37,7 +37,7 @@ def dot(highlight: SlotState | None = None) -> str:
         attrs = ', style="rounded,filled", fillcolor="#ffd54f"' if state is highlight else ""
         lines.append(f'    {state.name} [label="{state.name}"{attrs}];')
     for t in TRANSITIONS:
-        style = ', style=dashed, color="#888888"' if t.event in (Event.FAIL, Event.CLOSE) else ""
+        style = ', style=dashed, color="#888888"' if t.dest in STOPPED else ""
         lines.append(f'    {t.source.name} -> {t.dest.name} [label="{_label(t)}"{style}];')
     lines.append("}")
     return "\n".join(lines) + "\n"
@@ -63,25 +63,15 @@ def svg(highlight: SlotState | None = None) -> str:
 
 
 def sequence() -> str:
-    """A Mermaid sequence diagram of one tick across the actors, from the cycle rows."""
-    names = {Actor.LEARNER: "Learner", Actor.PACKER: "Packer",
-             Actor.TRANSFER: "Transfer worker", Actor.COPY_ENGINE: "Copy engine"}
-    notes = {
-        Event.REQUEST: ("Learner", "Packer", "pack request (tick t, slot i, seed)"),
-        Event.SUBMIT: ("Packer", "Transfer worker", "pack done: H[i] holds tick t"),
-        Event.COMPLETE: ("Transfer worker", "Copy engine",
-                         "copy H[i] to G[i] after release of G[i]"),
-        Event.ACQUIRE: ("Copy engine", "Learner", "ready event: G[i] holds tick t"),
-        Event.RELEASE: ("Learner", "Copy engine", "release event: reads of G[i] done"),
-    }
-    rows = {t.event: t for t in TRANSITIONS if t.source is not SlotState.FAILED}
+    """A Mermaid sequence diagram of one tick across the actors: ``spec.HANDOFFS``,
+    each with the row it drives."""
     lines = ["sequenceDiagram"]
-    lines += [f"    participant {n.replace(' ', '_')} as {n}" for n in names.values()]
-    for event in CYCLE:
-        t = rows[event]
-        src, dst, text = notes[event]
-        lines.append(f"    {src.replace(' ', '_')}->>{dst.replace(' ', '_')}: {text}")
-        owner = names[t.actor] if t.actor else "any"
-        lines.append(f"    Note over {owner.replace(' ', '_')}: slot i "
-                     f"{t.source.name} -> {t.dest.name} ({event.value})")
+    ident = {a: a.title.replace(" ", "_") for a in Actor}
+    lines += [f"    participant {ident[a]} as {a.title}" for a in Actor]
+    for h in HANDOFFS:
+        row = next(t for t in TRANSITIONS if t.event is h.event and t.dest not in STOPPED)
+        lines.append(f"    {ident[h.sender]}->>{ident[h.receiver]}: {h.message}")
+        owner = ident[row.actor] if row.actor else "any"
+        lines.append(f"    Note over {owner}: slot i {row.source.name} -> {row.dest.name} "
+                     f"({h.event.value})")
     return "\n".join(lines) + "\n"

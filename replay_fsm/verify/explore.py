@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import Core
+from ..core import Core, Step
 from ..errors import ReplayFSMError
+from ..spec import Event, SlotState
 from ..wire import CopyOrder, PackDone
-from ..spec import SlotState
 
 Action = tuple[str, str, int]  # (actor, step, slot or tick)
 
@@ -59,26 +59,27 @@ class World:
 
 
 def enabled(w: World, faults: bool) -> list[Action]:
+    """Every step some actor can take in ``w``. The learner's and the transfer
+    worker's steps are the ones the real core would accept (``Core.allows``); the
+    packer, the copy engine and the device follow the buffer model around it."""
     c = w.core
     out: list[Action] = []
-    live = not c.closed and c.failure is None
+    live = c.allows(Step(Event.FAIL))
     d = c.ring_depth
     if live:
         nxt = 0 if c.next_tick is None else c.next_tick
-        ring_slot = (len(w.acquired) + len(c.pending)) % d
-        if nxt < w.ticks and c.state(ring_slot) is SlotState.IDLE:
+        if nxt < w.ticks and c.allows(Step(Event.REQUEST, tick=nxt)):
             out.append(("learner", "request", nxt))
-        if c.pending and c.hot_slot is None:
-            tick, slot = c.pending[0]
-            if c.state(slot) is SlotState.READY:
-                out.append(("learner", "acquire", tick))
-        if c.hot_slot is not None:
-            out.append(("learner", "release", c.hot_slot))
+        if c.pending and c.allows(Step(Event.ACQUIRE, tick=c.pending[0][0])):
+            out.append(("learner", "acquire", c.pending[0][0]))
+        if c.allows(Step(Event.RELEASE)):
+            out.append(("learner", "release", c.hot_slot))  # type: ignore[arg-type]
         for i in range(d):
+            # The packer serves requested slots whose rows it has not written yet.
             if (c.state(i) is SlotState.REQUESTED and not w.packed[i]
                     and w.htick[i] != c.tick_of(i)):
                 out.append(("packer", "pack", i))
-            if w.packed[i] and c.state(i) is SlotState.REQUESTED:
+            if w.packed[i] and c.allows(Step(Event.SUBMIT, slot=i, done=_done(c, i))):
                 out.append(("transfer", "submit", i))
             order = w.order[i]
             if order is not None and not w.copying[i]:
@@ -94,6 +95,11 @@ def enabled(w: World, faults: bool) -> list[Action]:
         out.append(("any", "fail", 0))
         out.append(("learner", "close", 0))
     return out
+
+
+def _done(c: Core, slot: int) -> PackDone:
+    """The pack-done message the packer sends for what ``slot`` holds now."""
+    return PackDone(c.tick_of(slot) or 0, slot, c.generation_of(slot), 0, 1, 1, 1)
 
 
 def apply(w: World, action: Action) -> None:
@@ -118,9 +124,7 @@ def apply(w: World, action: Action) -> None:
         w.htick[arg] = c.tick_of(arg)
         w.packed[arg] = True
     elif step == "submit":
-        tick = c.tick_of(arg)
-        assert tick is not None
-        w.order[arg] = c.packed(PackDone(tick, arg, c.generation_of(arg), 0, 1, 1, 1))
+        w.order[arg] = c.packed(_done(c, arg))
         w.packed[arg] = False
     elif step == "copy_start":
         assert w.reads[arg] is None, (
