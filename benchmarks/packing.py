@@ -18,9 +18,9 @@ import torch
 
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.data.channel import Channel
-from replay_fsm.data.packer import Packer, PackerHandle, encode_request
+from replay_fsm.data.packer import Packer, PackerHandle
 from replay_fsm.data.sampling import sample_indices
-from replay_fsm.wire import PackRequest
+from replay_fsm.wire import PackRequest, encode
 
 try:
     from common import median_time, table, write_result
@@ -80,7 +80,7 @@ def main(quick: bool = False) -> dict[str, float]:
     tick = [0]
 
     def pack() -> None:
-        handle.requests.put(encode_request(PackRequest(tick[0], 0, 1, tick[0], batch, -1)))
+        handle.requests.put(encode(PackRequest(tick[0], 0, 1, tick[0], batch, -1))[0])
         packer.service(timeout=1.0)
         handle.done.get(timeout=1.0)
         tick[0] += 1

@@ -1,13 +1,19 @@
-"""Messages between the actors: small frozen records, plus the seed's dict formats.
+"""Messages between the actors, and the two codecs that carry them.
 
-The seed's collectors speak dicts (``request`` and ``ready``); ``to_seed_dict``
-and ``from_seed_dict`` keep those formats working unchanged.
+The records are small frozen dataclasses. Across a process boundary they travel as
+fixed-width int64 records (``encode`` / ``decode``, for the shared-memory channels;
+the field counts come from the dataclasses, so a new field cannot be forgotten) or,
+for collectors written for the seed, as its ``request`` and ``ready`` dicts
+(``to_seed_dict`` / ``from_seed_dict``). Torch-free: the protocol layer.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from .spec import Actor, Event, SlotState
 
@@ -146,3 +152,40 @@ class TransitionRecord:
     dest: SlotState
     event: Event
     actor: Actor | None
+
+
+# -- the int-record codec ----------------------------------------------------------
+
+Message = TypeVar("Message", "PackRequest", "PackDone")
+
+
+@functools.cache  # per packed tick on the hot path: computed once per class
+def int_fields(cls: type[Any]) -> tuple[str, ...]:
+    """The int fields of a message class, in declaration order: its record layout."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.type == "int")
+
+
+REQUEST_FIELDS = len(int_fields(PackRequest))
+DONE_FIELDS = len(int_fields(PackDone))
+
+
+def encode(message: PackRequest | PackDone) -> tuple[list[int], str | None]:
+    """The int record of ``message`` and its text (a PackDone's error), for a channel."""
+    values = [getattr(message, name) for name in int_fields(type(message))]
+    return values, getattr(message, "error", None)
+
+
+def decode(cls: type[Message], values: Sequence[int], text: str | None = None) -> Message:
+    """The message of class ``cls`` from its int record (and text, for PackDone).
+
+    Raises:
+        ValueError: the record has the wrong number of fields.
+    """
+    names = int_fields(cls)
+    if len(values) != len(names):
+        raise ValueError(f"a {cls.__name__} record has {len(names)} fields, got "
+                         f"{len(values)}")
+    kwargs: dict[str, Any] = dict(zip(names, (int(v) for v in values), strict=True))
+    if text is not None:
+        kwargs["error"] = text
+    return cls(**kwargs)

@@ -11,9 +11,9 @@ from hypothesis import strategies as st
 
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.data.channel import Channel, ChannelClosed
-from replay_fsm.data.packer import Packer, PackerHandle, decode_done, encode_request
+from replay_fsm.data.packer import Packer, PackerHandle
 from replay_fsm.data.sampling import expected_batch, sample_indices
-from replay_fsm.wire import PackRequest
+from replay_fsm.wire import PackDone, PackRequest, decode, encode
 
 from .collectors import constant_rows, fill_and_serve, serve
 
@@ -36,9 +36,9 @@ def test_empty_buffer_is_a_clear_error() -> None:
 
 def request(tick: int, slot: int, n: int, *, min_ptr: int = -1, seed: int | None = None
             ) -> list[int]:
-    return encode_request(PackRequest(tick=tick, slot=slot, generation=1,
+    return encode(PackRequest(tick=tick, slot=slot, generation=1,
                                       seed=tick if seed is None else seed,
-                                      sample_count=n, min_snapshot_ptr=min_ptr))
+                                      sample_count=n, min_snapshot_ptr=min_ptr))[0]
 
 
 def make(rows: int = 100, n: int = 32, depth: int = 2) -> tuple[ReplayBuffer, PackerHandle]:
@@ -56,7 +56,7 @@ def test_packer_fills_the_slot_bit_exact() -> None:
         assert packer.service(timeout=1.0)
         got = h.done.get(timeout=1.0)
         assert got is not None
-        done = decode_done(*got)
+        done = decode(PackDone, *got)
         assert (done.tick, done.slot, done.snapshot_size, done.error) == (tick, tick % 2,
                                                                           100, None)
         assert torch.equal(h.host_slots[tick % 2],
@@ -71,7 +71,7 @@ def test_min_snapshot_ptr_keeps_the_request_pending() -> None:
     assert not packer.service(timeout=0.0)  # still pending, not lost
     rb.add_packed(constant_rows(rb, 11, 40))
     assert packer.service(timeout=0.0)
-    done = decode_done(*h.done.get(timeout=1.0))  # type: ignore[misc]
+    done = decode(PackDone, *h.done.get(timeout=1.0))  # type: ignore[misc]
     assert (done.snapshot_ptr, done.snapshot_size) == (50, 50)
     assert torch.equal(h.host_slots[0], expected_batch(rb.storage, 50, 32, 0))
 
@@ -82,7 +82,7 @@ def test_packing_error_is_sent_back_with_its_traceback() -> None:
     h.requests.put(request(3, 1, 32))
     assert packer.service(timeout=1.0)  # served: the failure is its answer
     assert packer.packed_count == 0
-    done = decode_done(*h.done.get(timeout=1.0))  # type: ignore[misc]
+    done = decode(PackDone, *h.done.get(timeout=1.0))  # type: ignore[misc]
     assert done.tick == 3 and done.error is not None
     assert "Traceback" in done.error and "empty replay buffer" in done.error
 
@@ -111,7 +111,7 @@ def test_process_mode_with_spawn_end_to_end() -> None:
             h.requests.put(request(tick, tick % 3, 64, min_ptr=200), timeout=30)
             got = h.done.get(timeout=60)
             assert got is not None
-            done = decode_done(*got)
+            done = decode(PackDone, *got)
             assert done.error is None and done.snapshot_size == 200
             assert torch.equal(h.host_slots[tick % 3],
                                expected_batch(rb.storage, 200, 64, tick))
@@ -128,6 +128,6 @@ def test_attach_to_a_spawned_collector_serving_a_count() -> None:
     proc.start()
     for tick in range(2):
         h.requests.put(request(tick, tick, 16), timeout=30)
-        assert decode_done(*h.done.get(timeout=60)).error is None  # type: ignore[misc]
+        assert decode(PackDone, *h.done.get(timeout=60)).error is None  # type: ignore[misc]
     proc.join(30)
     assert proc.exitcode == 0

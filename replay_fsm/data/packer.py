@@ -15,34 +15,12 @@ from dataclasses import dataclass
 
 import torch
 
-from ..wire import PackDone, PackRequest
+from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed
 from .sampling import sample_indices
 
-REQUEST_FIELDS = 6
-DONE_FIELDS = 9
 ERROR_TEXT_BYTES = 16384
-
-
-def encode_request(r: PackRequest) -> list[int]:
-    return [r.tick, r.slot, r.generation, r.seed, r.sample_count, r.min_snapshot_ptr]
-
-
-def decode_request(v: list[int]) -> PackRequest:
-    return PackRequest(tick=v[0], slot=v[1], generation=v[2], seed=v[3],
-                       sample_count=v[4], min_snapshot_ptr=v[5])
-
-
-def encode_done(d: PackDone) -> list[int]:
-    return [d.tick, d.slot, d.generation, d.seed, d.sample_count, d.snapshot_ptr,
-            d.snapshot_size, d.pack_start_ns, d.pack_end_ns]
-
-
-def decode_done(v: list[int], error: str | None) -> PackDone:
-    return PackDone(tick=v[0], slot=v[1], generation=v[2], seed=v[3], sample_count=v[4],
-                    snapshot_ptr=v[5], snapshot_size=v[6], pack_start_ns=v[7],
-                    pack_end_ns=v[8], error=error)
 
 
 @dataclass
@@ -123,7 +101,7 @@ class Packer:
                 got = self.handle.requests.get(timeout=timeout)
                 if got is None:
                     return False
-                self._pending = decode_request(got[0])
+                self._pending = decode(PackRequest, got[0])
             request = self._pending
             if self.replay_buffer.ptr < request.min_snapshot_ptr:
                 if timeout > 0:
@@ -153,7 +131,7 @@ class Packer:
                         seed=request.seed, sample_count=request.sample_count,
                         snapshot_ptr=ptr, snapshot_size=size, pack_start_ns=start,
                         pack_end_ns=time.monotonic_ns(), error=error)
-        self.handle.done.put(encode_done(done), text=error)
+        self.handle.done.put(*encode(done))
         self.packed_count += error is None
 
 

@@ -7,8 +7,8 @@ import queue
 from typing import Any, Protocol
 
 from ..data.channel import ChannelClosed
-from ..data.packer import PackerHandle, decode_done, encode_request
-from ..wire import PackDone, PackRequest
+from ..data.packer import PackerHandle
+from ..wire import PackDone, PackRequest, decode, encode
 
 
 class CollectorLink(Protocol):
@@ -31,12 +31,12 @@ class ChannelLink:
 
     def send(self, request: PackRequest, *, snapshot: tuple[int, int],
              hot_slot: int) -> None:
-        if not self.handle.requests.put(encode_request(request), timeout=10.0):
+        if not self.handle.requests.put(encode(request)[0], timeout=10.0):
             raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
 
     def receive(self, timeout: float) -> PackDone | None:
         got = self.handle.done.get(timeout=timeout)
-        return None if got is None else decode_done(*got)
+        return None if got is None else decode(PackDone, *got)
 
     def close(self) -> None:
         self.handle.close()
