@@ -41,7 +41,7 @@ def main(quick: bool = False) -> dict[str, float] | None:
                   ring_depth=2) as pipe:
         ours = []
         for _tick, _ in pipe.ticks(0, reps):
-            slot = pipe._core.hot_slot
+            slot = pipe.slot_of(_tick)
             ours.append(pipe.backend.last_copy_ms[slot] / 1e3)  # type: ignore[attr-defined]
     figures = {"bare_GBps": nbytes / statistics.median(bare) / 1e9,
                "pipeline_GBps": nbytes / statistics.median(ours) / 1e9}

@@ -150,9 +150,9 @@ class ReplayFSM(Contender):
         return stall
 
     def _packed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        slot = self.pipe._core.hot_slot
-        assert slot is not None
-        return self.pipe.backend.device_slot(slot)  # the packed [n, width] view
+        hot = self.pipe.hot
+        assert hot is not None
+        return self.pipe.backend.device_slot(hot[1])  # the packed [n, width] view
 
     def close(self) -> None:
         self.pipe.close()

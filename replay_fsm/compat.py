@@ -19,10 +19,39 @@ from typing import Any
 import torch
 
 from .data.buffer import ReplayBuffer
-from .runtime.links import QueueLink
+from .runtime.links import SeedQueueLink
+from .runtime.observers import Observer
 from .runtime.pipeline import Pipeline
+from .spec import Actor
 
 RING_DEPTH = 2
+
+# What the seed's transfer_manifest says of each backend; only this class reads it.
+_MANIFEST: dict[str, dict[str, object]] = {
+    "cuda": {"device_family": "cuda", "host_memory_kind": "shared_registered",
+             "host_pinned": True, "supports_async_submit": True,
+             "supports_timing_events": True, "h2d_submitter": "transfer_thread"},
+    "cpu": {"device_family": "cpu", "host_memory_kind": "shared", "host_pinned": False,
+            "supports_async_submit": False, "supports_timing_events": False,
+            "h2d_submitter": "transfer_thread"},
+    "accel": {"host_memory_kind": "shared", "host_pinned": False,
+              "supports_async_submit": False, "supports_timing_events": False},
+}
+_DEFAULT_MANIFEST: dict[str, object] = {
+    "host_memory_kind": "shared", "host_pinned": False, "supports_async_submit": True,
+    "supports_timing_events": False, "h2d_submitter": "transfer_thread"}
+
+
+class _CopyClock(Observer):
+    """Keeps the latest copy's duration, the seed's ``last_incremental_h2d_time_s``."""
+
+    def __init__(self) -> None:
+        self.last_copy_s = 0.0
+
+    def span(self, name: str, actor: Actor, start_ns: int, end_ns: int, **args: object
+             ) -> None:
+        if name == "copy":
+            self.last_copy_s = (end_ns - start_ns) / 1e9
 
 
 class CPUPinnedDoubleBufferReplayPipeline:
@@ -43,14 +72,16 @@ class CPUPinnedDoubleBufferReplayPipeline:
                              "queues and slots")
         self._trace_recorder = trace_recorder
         self._verbose_dir = verbose_output_dir if verbose else None
+        link = SeedQueueLink(collector_pack_request_queue, collector_pack_ready_queue,
+                             collector_pack_shared_slots)
         self._pipe = Pipeline(
             replay_buffer, device=device, sample_count=sample_count, base_seed=base_seed,
-            ring_depth=RING_DEPTH, collector="external", backend=backend,
+            ring_depth=RING_DEPTH, collector=link, backend=backend,
             backend_options={"timing": True} if (trace_cuda_events and str(device).startswith(
                 "cuda")) else None,
-            liveness_timeout=liveness_timeout, trace=verbose,
-            host_slots=collector_pack_shared_slots,
-            link=QueueLink(collector_pack_request_queue, collector_pack_ready_queue))
+            liveness_timeout=liveness_timeout, trace=verbose)
+        self._clock = _CopyClock()
+        self._pipe.add_observer(self._clock)
         self.last_incremental_h2d_time_s = 0.0
 
     # -- the seed's properties -----------------------------------------------
@@ -61,21 +92,25 @@ class CPUPinnedDoubleBufferReplayPipeline:
 
     @property
     def h2d_submitter(self) -> str:
-        return self._pipe.backend.h2d_submitter
+        return str(self.transfer_manifest["h2d_submitter"])
 
     @property
     def transfer_manifest(self) -> dict[str, object]:
         b = self._pipe.backend
+        described = {"device_family": self._pipe.device.type,
+                     "h2d_submitter": "learner_thread" if self._pipe.device.type == "mps"
+                     else "transfer_thread",
+                     **_MANIFEST.get(b.name, _DEFAULT_MANIFEST)}
         return {
             "backend": type(b).__name__,
             "device": str(self._pipe.device),
-            "device_family": b.device_family,
-            "host_memory_kind": b.host_memory_kind,
-            "host_pinned": b.host_pinned,
-            "direct_pinned_shared": b.host_pinned,
-            "supports_async_submit": b.supports_async_submit,
-            "supports_timing_events": b.supports_timing_events,
-            "h2d_submitter": b.h2d_submitter,
+            "device_family": described["device_family"],
+            "host_memory_kind": described["host_memory_kind"],
+            "host_pinned": described["host_pinned"],
+            "direct_pinned_shared": described["host_pinned"],
+            "supports_async_submit": described["supports_async_submit"],
+            "supports_timing_events": described["supports_timing_events"],
+            "h2d_submitter": described["h2d_submitter"],
             "ring_depth": RING_DEPTH,
         }
 
@@ -112,7 +147,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
         self._pipe.start_prepare(tick_id, sample_count)
         start = time.perf_counter_ns()
         batch = self._pipe.sample_large_batch(tick_id, sample_count)
-        self.last_incremental_h2d_time_s = self._pipe.last_copy_s
+        self.last_incremental_h2d_time_s = self._clock.last_copy_s
         self._slice("replay_pipeline/batch_h2d_wait", start, {"tick_id": int(tick_id)})
         return batch
 

@@ -28,6 +28,11 @@ class CollectorDied(PipelineFailed):
     """The packer (thread or process) that serves pack requests is gone."""
 
 
+class TransferFailed(PipelineFailed):
+    """The copy side is gone: the copy engine or the transfer worker died, or a copy
+    did not complete within the liveness bound."""
+
+
 class PackerError(ReplayFSMError):
     """An exception raised while packing, carried over from the packer's side."""
 

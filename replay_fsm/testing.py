@@ -31,7 +31,7 @@ from hypothesis.stateful import (
 from .data.buffer import ReplayBuffer
 from .errors import PipelineFailed
 from .runtime.pipeline import Pipeline
-from .spec import Actor, SlotState
+from .spec import SlotState
 
 MAX_ADD = 32
 
@@ -122,7 +122,7 @@ class PipelineMachine(RuleBasedStateMachine):
     def learner_samples(self) -> None:
         tick = self.pending[0]
         if self._manual():
-            slot = self.pipe._core.slot_of(tick)
+            slot = self.pipe.slot_of(tick)
             assert slot is not None
             if not self.pipe.batch_ready(tick, self.sample_count):
                 assert self.pipe.backend.wait_submitted(slot, 60)  # type: ignore[attr-defined]
@@ -143,7 +143,7 @@ class PipelineMachine(RuleBasedStateMachine):
     @rule()
     def fault_injected(self) -> None:
         self.fault = InjectedFault("injected by the state machine")
-        self.pipe._fail(self.fault, Actor.PACKER)
+        self.pipe.fail(self.fault)
 
     @precondition(lambda self: not self._live())
     @rule()
@@ -161,9 +161,7 @@ class PipelineMachine(RuleBasedStateMachine):
     # -- checks ---------------------------------------------------------------
 
     def _check_data(self, tick: int, batch: dict[str, torch.Tensor]) -> None:
-        slot = self.pipe._core.hot_slot
-        assert slot is not None
-        done = self.pipe.last_done[slot]
+        done = self.pipe.pack_record(tick)
         assert done.tick == tick and done.seed == self.pipe.base_seed + tick
         history = np.concatenate(self.rows)[: done.snapshot_size]
         gen = torch.Generator().manual_seed(self.pipe.base_seed + tick)
@@ -183,7 +181,7 @@ class PipelineMachine(RuleBasedStateMachine):
         assert sum(s is SlotState.HOT for s in states) == (self.hot is not None)  # INV-HOT
         busy = sum(s is not SlotState.IDLE for s in states)
         assert busy == len(self.pending) + (self.hot is not None), (states, self.pending)
-        assert [t for t, _ in self.pipe._core.pending] == self.pending  # INV-ORDER
+        assert [t for t, _ in self.pipe.pending] == self.pending  # INV-ORDER
 
     @invariant()
     def acquired_in_order(self) -> None:

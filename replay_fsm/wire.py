@@ -10,7 +10,6 @@ for collectors written for the seed, as its ``request`` and ``ready`` dicts
 from __future__ import annotations
 
 import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -159,10 +158,16 @@ class TransitionRecord:
 Message = TypeVar("Message", "PackRequest", "PackDone")
 
 
-@functools.cache  # per packed tick on the hot path: computed once per class
 def int_fields(cls: type[Any]) -> tuple[str, ...]:
     """The int fields of a message class, in declaration order: its record layout."""
-    return tuple(f.name for f in dataclasses.fields(cls) if f.type == "int")
+    fields = _INT_FIELDS.get(cls)
+    if fields is None:  # once per class: encode and decode run per packed tick
+        fields = _INT_FIELDS[cls] = tuple(
+            f.name for f in dataclasses.fields(cls) if f.type == "int")
+    return fields
+
+
+_INT_FIELDS: dict[type[Any], tuple[str, ...]] = {}
 
 
 REQUEST_FIELDS = len(int_fields(PackRequest))

@@ -13,7 +13,7 @@ def complete_copies_for(pipe: Pipeline, tick: int) -> None:
     backend = pipe.backend
     if backend.name != "manual":
         return
-    slot = pipe._core.slot_of(tick)
+    slot = pipe.slot_of(tick)
     assert slot is not None, f"tick {tick} not requested"
     if pipe.batch_ready(tick, pipe.sample_count):
         return
@@ -23,9 +23,7 @@ def complete_copies_for(pipe: Pipeline, tick: int) -> None:
 
 def reference(pipe: Pipeline, tick: int) -> torch.Tensor:
     """The INV-DATA batch of ``tick`` given the snapshot its packer used."""
-    slot = pipe._core.hot_slot
-    assert slot is not None
-    done = pipe.last_done[slot]
+    done = pipe.pack_record(tick)
     assert done.tick == tick
     return expected_batch(pipe.replay_buffer.storage, done.snapshot_size,
                           pipe.sample_count, pipe.base_seed + tick)

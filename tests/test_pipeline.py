@@ -11,7 +11,9 @@ import torch
 
 from replay_fsm import CollectorDied, PackerError, Pipeline, PipelineFailed, ReplayBuffer
 from replay_fsm.errors import IllegalTransition, PipelineClosed, ProtocolError
+from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.spec import SlotState
+from replay_fsm.transfer.manual import ManualBackend
 
 from .collectors import fill_and_serve
 from .drive import complete_copies_for, packed, reference, run_ticks
@@ -56,7 +58,7 @@ def test_contract_inv_data_is_bit_exact(config: tuple, depth: int) -> None:
             assert torch.equal(packed(batch, pipe), reference(pipe, tick))
             rb.add_packed(torch.randn(7, rb.width))
             for ahead in range(tick + 1, tick + depth):
-                if pipe._core.slot_of(ahead) is not None:
+                if pipe.slot_of(ahead) is not None:
                     complete_copies_for(pipe, ahead)
         assert pipe.statistics().ticks == 24
 
@@ -67,7 +69,7 @@ def test_ticks_iterator_prefetches_and_releases() -> None:
         it = pipe.ticks(5, 100)
         tick, _ = next(it)
         assert tick == 5
-        assert [t for t, _ in pipe._core.pending] == [6, 7]
+        assert [t for t, _ in pipe.pending] == [6, 7]
         assert pipe.states.count(SlotState.HOT) == 1
         it.close()  # leaving the loop releases the hot batch
         assert SlotState.HOT not in pipe.states
@@ -143,12 +145,13 @@ def test_packer_exception_fails_the_pipeline_chained() -> None:
 
 def test_transfer_exception_fails_the_pipeline_chained() -> None:
     rb = buffer()
-    with Pipeline(rb, sample_count=16, backend="manual") as pipe:
-        boom = RuntimeError("copy engine on fire")
+    boom = RuntimeError("copy engine on fire")
 
-        def submit(order: object) -> None:
+    class Broken(ManualBackend):
+        def submit(self, order: object) -> None:
             raise boom
-        pipe.backend.submit = submit  # type: ignore[method-assign]
+
+    with Pipeline(rb, sample_count=16, backend=Broken()) as pipe:
         pipe.start_prepare(0, 16)
         with pytest.raises(PipelineFailed) as info:
             pipe.wait_until_ready(0, 16, timeout=30)
@@ -174,17 +177,18 @@ def test_close_during_an_in_flight_copy() -> None:
 
 def test_nothing_left_after_close() -> None:
     rb = buffer()
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     threads_before = {t.ident for t in threading.enumerate()}
+    ours: set[str] = set()  # other processes on the machine may create their own
     for collector in ("thread", "process"):
         with Pipeline(rb, sample_count=16, collector=collector, liveness_timeout=60) as pipe:
             run_ticks(pipe, 0, 3)
             proc = pipe.collector_process
+            ours |= set(pipe.packer_handle().semaphore_names)
     assert not proc.is_alive()
     del proc  # the test's own reference to the process and its arguments
     assert {t.ident for t in threading.enumerate()} <= threads_before
     if os.path.isdir("/dev/shm"):
-        assert set(os.listdir("/dev/shm")) <= shm_before
+        assert len(ours) == 8 and ours.isdisjoint(os.listdir("/dev/shm"))
 
 
 def test_bad_inputs_raise_and_change_nothing() -> None:
@@ -206,13 +210,13 @@ def test_bad_inputs_raise_and_change_nothing() -> None:
             pipe.wait_until_ready(0, 8)
         assert pipe.start_prepare(0, 8)
         assert not pipe.start_prepare(0, 8)  # already pending
-        key = pipe._core.key()
         with pytest.raises(IllegalTransition, match="consecutive"):
             pipe.start_prepare(5, 8)
+        assert pipe.pending == ((0, 0),)  # the refused request changed nothing
         assert pipe.start_prepare(1, 8)
         with pytest.raises(IllegalTransition, match="ring full"):
             pipe.start_prepare(2, 8)  # beyond the ring
-        assert pipe._core.key() != key and pipe._core.pending == ((0, 0), (1, 1))
+        assert pipe.pending == ((0, 0), (1, 1))
         pipe.sample_large_batch(0, 8)
         with pytest.raises(ProtocolError, match="still hot"):
             pipe.sample_large_batch(1, 8)
@@ -222,12 +226,13 @@ def test_bad_inputs_raise_and_change_nothing() -> None:
 
 def test_keyboard_interrupt_in_a_wait_closes_cleanly() -> None:
     rb = buffer()
-    pipe = Pipeline(rb, sample_count=8, backend="manual")
-    pipe.start_prepare(0, 8)
 
-    def interrupted(*args: object) -> bool:
-        raise KeyboardInterrupt
-    pipe._wait_locked = interrupted  # type: ignore[method-assign]
+    class Interrupted(ManualBackend):
+        def pump(self) -> None:  # runs on the learner thread while it waits
+            raise KeyboardInterrupt
+
+    pipe = Pipeline(rb, sample_count=8, backend=Interrupted())
+    pipe.start_prepare(0, 8)
     with pytest.raises(KeyboardInterrupt):
         pipe.wait_until_ready(0, 8)
     assert pipe.closed and pipe.states == (SlotState.CLOSED,) * 2
@@ -246,12 +251,14 @@ def test_checked_mode_poisons_a_released_slot() -> None:
 
 def test_a_request_that_cannot_be_sent_fails_the_pipeline() -> None:
     rb = buffer()
-    with Pipeline(rb, sample_count=8, backend="manual") as pipe:
-        boom = OSError("queue broken")
+    boom = OSError("queue broken")
 
-        def send(*args: object, **kw: object) -> None:
+    class BrokenSend(ThreadCollector):
+        def send(self, *args: object, **kw: object) -> None:
             raise boom
-        pipe._link.send = send  # type: ignore[method-assign]
+
+    with Pipeline(rb, sample_count=8, backend="manual",
+                  collector=BrokenSend(rb, 2, 8)) as pipe:
         with pytest.raises(PipelineFailed) as info:
             pipe.start_prepare(0, 8)
         assert info.value.__cause__ is boom

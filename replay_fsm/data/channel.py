@@ -52,6 +52,12 @@ class Channel:
         self._views()
 
     @property
+    def semaphore_names(self) -> tuple[str, ...]:
+        """The /dev/shm names of this channel's semaphores (to check none is left)."""
+        return tuple(f"sem.{s._semlock.name.lstrip('/')}"  # type: ignore[attr-defined]
+                     for s in (self._items, self._spaces))
+
+    @property
     def closed(self) -> bool:
         return bool(self._idx_np[2])
 

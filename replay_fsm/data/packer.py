@@ -53,6 +53,11 @@ class PackerHandle:
     def heartbeat_ns(self) -> int:
         return int(self.packer_state[1])
 
+    @property
+    def semaphore_names(self) -> tuple[str, ...]:
+        """The /dev/shm names of the channels' semaphores (to check none is left)."""
+        return self.requests.semaphore_names + self.done.semaphore_names
+
     def close(self) -> None:
         self.requests.close()
         self.done.close()

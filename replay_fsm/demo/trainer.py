@@ -253,7 +253,6 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
         bar.close()
         elapsed = time.perf_counter() - t_start
         stats = pipe.statistics()
-        checks = pipe._checker.checks if pipe._checker is not None else 0
         pipe.close()
         stop.set()
         worker.join(timeout=30)
@@ -278,7 +277,7 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
         "stalls": stats.stalls, "sync_tick_ms": sync_s * 1e3,
         "speedup_vs_sync": sync_s / tick_s if tick_s and sync_s else None,
         "bytes_moved": stats.bytes_moved, "final_loss": losses[-1] if losses else None,
-        "checked_mode_checks": checks, "trace_conformance": str(conformance),
+        "checked_mode_checks": stats.checks, "trace_conformance": str(conformance),
         "trace_conforms": conformance.ok, "invariants": list(INVARIANTS),
         "dwell_s": stats.dwell_s,
     }
@@ -289,9 +288,8 @@ def run(*, ticks: int = 300, device: str = "cpu", ring_depth: int = 2,
 def _check_batch(pipe: Pipeline, rb: ReplayBuffer, tick: int, verify: bool) -> int:
     """The sampled indices' fingerprint; with ``verify``, INV-DATA bit for bit."""
     from ..data.sampling import sample_indices
-    slot = pipe._core.hot_slot
-    assert slot is not None
-    done = pipe.last_done[slot]
+    done = pipe.pack_record(tick)
+    slot = done.slot
     indices = sample_indices(done.snapshot_size, done.sample_count, done.seed)
     if verify and not torch.equal(pipe.backend.device_slot(slot).cpu(), rb.storage[indices]):
         raise AssertionError(f"INV-DATA: the batch of tick {tick} differs")

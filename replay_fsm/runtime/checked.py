@@ -10,13 +10,12 @@ release it poisons the device slot with NaN, so a batch view kept past
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from ..spec import SlotState
+import torch
+
+from ..spec import STOPPED, SlotState
 from ..wire import PackDone
-
-if TYPE_CHECKING:
-    from .pipeline import Pipeline
 
 
 class CheckedModeViolation(AssertionError):
@@ -24,9 +23,17 @@ class CheckedModeViolation(AssertionError):
 
 
 class Checker:
-    def __init__(self, pipeline: Pipeline) -> None:
-        self.pipeline = pipeline
-        n = pipeline.ring_depth
+    """The sanitizer. It sees the pipeline only through narrow callables: the state of
+    a slot, a way to fail the pipeline, the device slots and whether a slot's reads
+    may still be in flight."""
+
+    def __init__(self, ring_depth: int, *, state_of: Callable[[int], SlotState],
+                 fail: Callable[[BaseException], None],
+                 device_slot: Callable[[int], torch.Tensor],
+                 reads_pending: Callable[[int], bool]) -> None:
+        self._state_of, self._fail_pipeline = state_of, fail
+        self._device_slot, self._reads_pending = device_slot, reads_pending
+        n = ring_depth
         self.copy_open = [False] * n  # a copy reads H[i] and writes G[i]
         self.copy_end_ns = [0] * n
         self.reading = [False] * n  # the learner reads G[i] (HOT, reads not drained)
@@ -35,7 +42,7 @@ class Checker:
     def _fail(self, inv: str, msg: str) -> None:
         """Fail the pipeline (the learner sees it, chained) and raise to the caller."""
         violation = CheckedModeViolation(f"{inv}: {msg}")
-        self.pipeline._fail(violation, None)
+        self._fail_pipeline(violation)
         raise violation
 
     def pack_done(self, done: PackDone) -> None:
@@ -43,7 +50,7 @@ class Checker:
         while the slot was REQUESTED and no copy from H[slot] was in flight."""
         self.checks += 1
         slot = done.slot
-        state = self.pipeline._core.state(slot)
+        state = self._state_of(slot)
         if state is not SlotState.REQUESTED:
             self._fail("INV-HOST-WAR", f"packer wrote H[{slot}] while it was {state.name}")
         if self.copy_open[slot] or self.copy_end_ns[slot] > done.pack_start_ns:
@@ -52,14 +59,12 @@ class Checker:
 
     def copy_started(self, slot: int) -> None:
         """Copy engine: G[slot] may be written only after its reads drained."""
-        state = self.pipeline._core.state(slot)
-        if state in (SlotState.FAILED, SlotState.CLOSED):
+        state = self._state_of(slot)
+        if state in STOPPED:
             self.copy_open[slot] = True
             return  # a copy submitted before the end drains; nobody will read G[slot]
         self.checks += 1
-        backend = self.pipeline.backend
-        pending = getattr(backend, "reads_pending", lambda s: False)(slot)
-        if self.reading[slot] or pending:
+        if self.reading[slot] or self._reads_pending(slot):
             self._fail("INV-DEVICE-WAR", f"copy into G[{slot}] started while the learner's "
                        "reads of it were in flight")
         if state is not SlotState.SUBMITTED:
@@ -81,4 +86,4 @@ class Checker:
         """Learner, at release: poison G[slot] so a view kept past release shows NaN."""
         self.checks += 1
         self.reading[slot] = False
-        self.pipeline.backend.device_slot(slot).fill_(float("nan"))
+        self._device_slot(slot).fill_(float("nan"))

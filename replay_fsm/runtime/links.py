@@ -1,20 +1,82 @@
-"""How the learner side talks to a packer: shared-memory channels, or the seed's
-queues and dict messages (for collectors written for the seed)."""
+"""Collector links: how the learner side reaches its packer, one kind per collector.
+
+A link sends pack requests, receives pack-done messages, starts and stops the other
+side, and answers the liveness question "is the other side alive, and if not,
+why" (INV-LIVE). The pipeline asks it only while the learner waits on a REQUESTED
+slot, so a collector that is merely slow to produce data (its packer still beats
+its heartbeat) is never declared dead.
+
+- ``ThreadCollector``: a packer thread in this process;
+- ``ProcessCollector``: a spawned packer-only process;
+- ``ExternalCollector``: your collector process calls ``Packer.attach(handle, rb)``;
+- ``SeedQueueLink``: the seed's request and ready queues (``replay_fsm.compat``).
+"""
 
 from __future__ import annotations
 
+import abc
+import multiprocessing as mp
+import os
 import queue
-from typing import Any, Protocol
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
 
+from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
-from ..data.packer import PackerHandle
+from ..data.packer import Packer, PackerHandle, serve_forever
+from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
 
+WAIT_SLICE_S = 0.05
+Fail = Callable[[BaseException], None]
 
-class CollectorLink(Protocol):
+
+@dataclass(frozen=True)
+class Gone:
+    """Why the other side cannot serve requests; ``cause`` is chained when known."""
+
+    reason: str
+    cause: BaseException | None = None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class CollectorLink(abc.ABC):
+    """Base of every link. ``send`` and ``receive`` must be written; the rest defaults
+    to a collector the pipeline neither starts nor stops."""
+
+    kind: ClassVar[str] = "custom"
+    host_slots: HostSlots
+
+    def __init__(self) -> None:
+        self._watched: list[tuple[Any, str]] = []
+
+    def start(self, fail: Fail) -> None:
+        """Launch the other side, if the pipeline owns it. ``fail(exc)`` reports an
+        exception on a thread of the link's own."""
+
+    @abc.abstractmethod
     def send(self, request: PackRequest, *, snapshot: tuple[int, int],
-             hot_slot: int) -> None: ...
+             hot_slot: int) -> None:
+        """Deliver ``request``; ``snapshot`` is the buffer's (ptr, size) now and
+        ``hot_slot`` the slot the learner reads (-1: none), for seed-style collectors.
 
+        Raises:
+            ChannelClosed: the link is closed.
+        """
+
+    @abc.abstractmethod
     def receive(self, timeout: float) -> PackDone | None:
         """The next pack-done message, None after ``timeout``.
 
@@ -22,15 +84,51 @@ class CollectorLink(Protocol):
             ChannelClosed: the link was closed.
         """
 
-    def close(self) -> None: ...
+    def watch(self, process: Any, what: str) -> None:
+        """Report ``process`` (anything with ``is_alive()``, ``pid``, ``exitcode``)
+        dead in ``liveness`` once it exits."""
+        self._watched.append((process, what))
+
+    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+        """None while the other side can serve requests, else why not. ``waiting``:
+        a request is outstanding; ``timeout``: the pipeline's liveness bound."""
+        for process, what in self._watched:
+            if not process.is_alive():
+                return Gone(f"{what} (pid {process.pid}) exited with code "
+                            f"{process.exitcode}")
+        return None
+
+    def stop(self, timeout: float) -> list[str]:
+        """Close the link and stop what it started, within ``timeout`` seconds.
+        Returns what had to be forced (empty when everything stopped on its own)."""
+        return []
 
 
-class ChannelLink:
-    def __init__(self, handle: PackerHandle) -> None:
-        self.handle = handle
+class ChannelLink(CollectorLink):
+    """Shared-memory channels and host slots in a ``PackerHandle``; the packer
+    beats a heartbeat into the handle at every ``service`` call."""
+
+    def __init__(self, ring_depth: int, sample_count: int, width: int) -> None:
+        super().__init__()
+        self._handle: PackerHandle | None = PackerHandle.create(ring_depth, sample_count,
+                                                                width)
+        self.host_slots = self._handle.host_slots
+
+    @property
+    def handle(self) -> PackerHandle:
+        """The channels, host slots and heartbeat cell the packer attaches to.
+
+        Raises:
+            ChannelClosed: the link was stopped (its channels are gone).
+        """
+        if self._handle is None:
+            raise ChannelClosed()
+        return self._handle
 
     def send(self, request: PackRequest, *, snapshot: tuple[int, int],
              hot_slot: int) -> None:
+        # The ring has ring_depth places and at most ring_depth requests are pending:
+        # a full channel means the packer stopped taking requests.
         if not self.handle.requests.put(encode(request)[0], timeout=10.0):
             raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
 
@@ -38,15 +136,158 @@ class ChannelLink:
         got = self.handle.done.get(timeout=timeout)
         return None if got is None else decode(PackDone, *got)
 
-    def close(self) -> None:
-        self.handle.close()
+    def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
+        if self._handle is None:
+            return None
+        beat = self._handle.heartbeat_ns
+        if waiting and beat:
+            silent = (time.monotonic_ns() - beat) / 1e9
+            if silent > timeout:
+                return Gone(f"no heartbeat from {who} for {silent:.1f} s (alive but not "
+                            "serving: hung inside a pack?)")
+        return None
+
+    def stop(self, timeout: float) -> list[str]:
+        if self._handle is not None:
+            self._handle.close()
+            # Our last reference: the channels' semaphores are freed with it.
+            self._handle = None
+        return []
 
 
-class QueueLink:
-    """The seed's ``collector_pack_request_queue`` / ``collector_pack_ready_queue``."""
+class ThreadCollector(ChannelLink):
+    """A packer thread in the learner's process (``collector="thread"``)."""
 
-    def __init__(self, requests: Any, ready: Any) -> None:
+    kind = "thread"
+
+    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int
+                 ) -> None:
+        super().__init__(ring_depth, sample_count, replay_buffer.width)
+        self._packer: Packer | None = Packer.attach(self.handle, replay_buffer)
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start(self, fail: Fail) -> None:
+        packer = self._packer
+        assert packer is not None
+
+        def serve() -> None:
+            try:
+                while not packer.closed:
+                    packer.service(timeout=WAIT_SLICE_S)
+            except BaseException as exc:  # noqa: BLE001 - reported to the learner
+                self._error = exc
+                fail(exc)
+
+        self._thread = threading.Thread(target=serve, name="replay_fsm-packer", daemon=True)
+        self._thread.start()
+
+    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+        if self._thread is not None and not self._thread.is_alive():
+            return Gone("the packer thread exited", self._error)
+        return super().liveness(waiting, timeout) or self._silence(
+            "the packer thread", waiting, timeout)
+
+    def stop(self, timeout: float) -> list[str]:
+        super().stop(timeout)
+        self._packer = None
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return [f"the packer thread did not stop within {timeout:.0f} s (hung "
+                        "inside a pack); it is a daemon thread and is left behind"]
+        return []
+
+
+class ProcessCollector(ChannelLink):
+    """A spawned packer-only process (``collector="process"``)."""
+
+    kind = "process"
+
+    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
+                 threads: int | None = None) -> None:
+        super().__init__(ring_depth, sample_count, replay_buffer.width)
+        self.process: Any = mp.get_context("spawn").Process(
+            target=serve_forever, args=(self.handle, replay_buffer, WAIT_SLICE_S, threads),
+            name="replay_fsm-packer", daemon=True)
+
+    def start(self, fail: Fail) -> None:
+        self.process.start()
+
+    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+        proc = self.process
+        if not proc.is_alive():
+            return Gone(f"the packer process (pid {proc.pid}) exited with code "
+                        f"{proc.exitcode}")
+        return super().liveness(waiting, timeout) or self._silence(
+            f"the packer process (pid {proc.pid})", waiting, timeout)
+
+    def stop(self, timeout: float) -> list[str]:
+        super().stop(timeout)
+        proc, forced = self.process, []
+        if proc.pid is not None:  # started
+            proc.join(timeout / 2)
+            for step in ("terminate", "kill"):
+                if not proc.is_alive():
+                    break
+                forced.append(f"{step} the packer process (pid {proc.pid})")
+                getattr(proc, step)()
+                proc.join(timeout / 4)
+        # The process object keeps its arguments (the handle): let them go.
+        self.process = None
+        return forced
+
+
+class ExternalCollector(ChannelLink):
+    """Your collector process attaches with ``Packer.attach(handle, rb)``
+    (``collector="external"``). Until it attaches, a request may wait at most
+    ``attach_timeout`` seconds from the first request."""
+
+    kind = "external"
+
+    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
+                 attach_timeout: float) -> None:
+        super().__init__(ring_depth, sample_count, replay_buffer.width)
+        self.attach_timeout = attach_timeout
+        self._first_request_ns: int | None = None
+
+    def send(self, request: PackRequest, *, snapshot: tuple[int, int],
+             hot_slot: int) -> None:
+        if self._first_request_ns is None:
+            self._first_request_ns = time.monotonic_ns()
+        super().send(request, snapshot=snapshot, hot_slot=hot_slot)
+
+    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+        gone = super().liveness(waiting, timeout)
+        if gone is not None:
+            return gone
+        if self._handle is None:
+            return None
+        pid = self._handle.packer_pid
+        if not pid:
+            since = self._first_request_ns
+            if waiting and since is not None:
+                waited = (time.monotonic_ns() - since) / 1e9
+                if waited > self.attach_timeout:
+                    return Gone(f"no collector called Packer.attach(pipe.packer_handle(), "
+                                f"rb) within {self.attach_timeout:.0f} s of the first "
+                                "request")
+            return None
+        if pid != os.getpid() and not pid_alive(pid):
+            return Gone(f"the collector process (pid {pid}) is gone")
+        return self._silence(f"the collector (pid {pid})", waiting, timeout)
+
+
+class SeedQueueLink(CollectorLink):
+    """The seed's ``collector_pack_request_queue`` / ``collector_pack_ready_queue`` and
+    the host slots its collector packs into (``collector_pack_shared_slots``)."""
+
+    kind = "seed"
+
+    def __init__(self, requests: Any, ready: Any, host_slots: HostSlots) -> None:
+        super().__init__()
         self.requests, self.ready = requests, ready
+        self.host_slots = host_slots
         self._closed = False
 
     def send(self, request: PackRequest, *, snapshot: tuple[int, int],
@@ -66,9 +307,27 @@ class QueueLink:
             raise ChannelClosed()
         return PackDone.from_seed_dict(msg)
 
-    def close(self) -> None:
+    def stop(self, timeout: float) -> list[str]:
         self._closed = True
         try:
             self.ready.put_nowait(None)  # wake the transfer worker, as the seed did
         except Exception:  # noqa: BLE001 - a full or broken queue: the flag suffices
             pass
+        return []
+
+
+def make_link(kind: str, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
+              *, packer_threads: int | None, attach_timeout: float) -> CollectorLink:
+    """The link for a collector kind: "thread", "process" or "external".
+
+    Raises:
+        ValueError: an unknown kind.
+    """
+    if kind == "thread":
+        return ThreadCollector(replay_buffer, ring_depth, sample_count)
+    if kind == "process":
+        return ProcessCollector(replay_buffer, ring_depth, sample_count, packer_threads)
+    if kind == "external":
+        return ExternalCollector(replay_buffer, ring_depth, sample_count, attach_timeout)
+    raise ValueError(f"unknown collector {kind!r}; supported: thread, process, external, "
+                     "or a CollectorLink instance")

@@ -1,21 +1,19 @@
-"""The runtime pipeline: the core driven by real threads, memory and devices.
+"""The runtime pipeline: the learner API over the core, driven by real threads,
+memory and devices.
 
-One lock (a Condition) serialises every core step. The learner calls the public
-methods; a transfer-worker thread turns pack-done messages into copy orders; a
-packer runs in a thread, a spawned process, or the user's collector process;
-the backend's copy engine reports completions. Every wait is sliced so that a
-dead packer is noticed within ``liveness_timeout`` (INV-LIVE).
+One lock (a Condition) serialises every core step. ``Pipeline`` keeps the learner
+API and the waits; it delegates the rest: the collector link launches, stops and
+vouches for the packer; the transfer worker turns pack-done messages into copy
+orders; the backend copies; the watchdog ends any wait the other side can no
+longer finish (INV-LIVE); statistics and traces observe transitions and spans.
 """
 
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
-import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -23,7 +21,7 @@ import torch
 from ..core import Core
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
-from ..data.packer import Packer, PackerHandle, serve_forever
+from ..data.packer import PackerHandle
 from ..errors import (
     CollectorDied,
     PackerError,
@@ -32,51 +30,18 @@ from ..errors import (
     ProtocolError,
     ReplayFSMError,
 )
-from ..spec import Actor, SlotState
-from ..transfer import TransferBackend, build_backend
-from ..wire import PackDone, TransitionRecord
+from ..spec import AVAILABLE, Actor, SlotState
+from ..transfer import build_backend
+from ..transfer.base import TransferBackend
+from ..wire import CopyOrder, PackDone, TransitionRecord
 from .checked import Checker
-from .links import ChannelLink, CollectorLink
+from .links import WAIT_SLICE_S, ChannelLink, CollectorLink, make_link
+from .liveness import Watchdog
+from .observers import Observer, Statistics, StatisticsObserver
 from .tracer import Tracer
+from .worker import TransferWorker
 
-COLLECTORS = ("thread", "process", "external")
-_WAIT_SLICE_S = 0.05
-
-
-@dataclass(frozen=True)
-class Statistics:
-    """A snapshot of what the pipeline did so far."""
-
-    ticks: int  # batches acquired by the learner
-    requests: int
-    packs: int
-    learner_wait_s: float  # time the learner spent blocked waiting for a batch
-    stalls: int  # acquires that found their batch not yet READY
-    bytes_moved: int  # host-to-device bytes copied
-    dwell_s: dict[str, float] = field(default_factory=dict)  # per state, all slots
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-class _ClosedLink:
-    """Stands in for the link after close, holding no shared resources."""
-
-    def send(self, request: object, **kw: object) -> None:
-        raise ChannelClosed()
-
-    def receive(self, timeout: float) -> None:
-        raise ChannelClosed()
-
-    def close(self) -> None:
-        pass
+STOP_TIMEOUT_S = 10.0
 
 
 class Pipeline:
@@ -89,108 +54,95 @@ class Pipeline:
         base_seed: tick t samples with seed ``base_seed + t`` (INV-DATA).
         ring_depth: slots in the ring (>= 2); up to ring_depth - 1 ticks prefetch.
         collector: "thread" (a packer thread here), "process" (a spawned packer-only
-            process) or "external" (your collector calls ``Packer.attach``).
-        backend: override the backend chosen by ``device``: "cpu", "cuda", "accel",
-            "emulated" or "manual". ``backend_options`` go to its constructor.
-        liveness_timeout: seconds without a packer heartbeat, while a request waits,
-            before the learner raises CollectorDied.
+            process), "external" (your collector calls ``Packer.attach``), or a
+            ``CollectorLink`` instance (the seed's queues: ``replay_fsm.compat``).
+        backend: a registered backend name ("cpu", "cuda", "accel", "emulated",
+            "manual", or one you registered) or a ``TransferBackend`` instance; by
+            default the one ``device`` calls for. ``backend_options`` go to the
+            constructor of a backend built by name.
+        liveness_timeout: seconds a wait may go without the other side showing life
+            (a packer heartbeat, a copy completing) before the learner raises.
+        attach_timeout: collector="external": seconds from the first request within
+            which a collector must call ``Packer.attach``.
         checked: record reader and writer intervals per slot and raise on any
             overlap the invariants forbid; poison released device slots with NaN.
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
         packer_threads: torch threads of the spawned packer process
             (collector="process"); None leaves torch's default.
-        host_slots, link: for the seed-compatible class: host slots and a
-            collector link supplied by the caller.
 
     Raises:
-        ValueError: a bad argument (unknown device, collector, ring depth, count).
+        ValueError: a bad argument (unknown device, backend, collector, ring depth,
+            count, timeout).
     """
 
     def __init__(self, replay_buffer: ReplayBuffer, *, device: str | torch.device = "cpu",
                  sample_count: int, base_seed: int = 0, ring_depth: int = 2,
-                 collector: str = "thread", backend: str | None = None,
+                 collector: str | CollectorLink = "thread",
+                 backend: str | TransferBackend | None = None,
                  backend_options: dict[str, Any] | None = None,
-                 liveness_timeout: float = 5.0, checked: bool = False,
-                 trace: bool = False, trace_capacity: int = 1 << 16,
-                 packer_threads: int | None = None,
-                 host_slots: torch.Tensor | Sequence[torch.Tensor] | None = None,
-                 link: CollectorLink | None = None) -> None:
-        if not isinstance(sample_count, int) or sample_count < 1:
+                 liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
+                 checked: bool = False, trace: bool = False, trace_capacity: int = 1 << 16,
+                 packer_threads: int | None = None) -> None:
+        if isinstance(sample_count, bool) or not hasattr(sample_count, "__index__") or int(
+                sample_count) < 1:
             raise ValueError(f"sample_count must be a positive int, got {sample_count!r}")
-        if collector not in COLLECTORS:
-            raise ValueError(f"unknown collector {collector!r}; supported: "
-                             f"{', '.join(COLLECTORS)}")
-        if liveness_timeout <= 0:
-            raise ValueError("liveness_timeout must be positive")
+        for name, value in (("liveness_timeout", liveness_timeout),
+                            ("attach_timeout", attach_timeout)):
+            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"{name} must be a finite number of seconds > 0, got "
+                                 f"{value!r}")
         self.replay_buffer = replay_buffer
-        self.sample_count = sample_count
-        self.base_seed = int(base_seed)
-        self.ring_depth = ring_depth
-        self.collector = collector
+        self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
-        self._core = Core(ring_depth, base_seed=base_seed, sample_count=sample_count,
-                          observer=self._observe)
-        options = dict(backend_options or {})
-        if trace and str(device).startswith("cuda") and backend in (None, "cuda"):
-            options.setdefault("timing", True)  # CUDA-event copy timings and NVTX ranges
-        self.backend: TransferBackend = build_backend(device, backend, **options)
-        self.device = self.backend.device
         self._cv = threading.Condition()
-        self._stop = threading.Event()
         self._closed = False
-        self._watched: list[tuple[Any, str]] = []
-        self._packer_thread: threading.Thread | None = None
-        self._process: Any = None
-        # Statistics, updated under the lock.
-        self._acquired = self._requests = self._packs = self._stalls = 0
-        self._wait_ns = self._bytes = 0
-        self._dwell_ns = dict.fromkeys(SlotState, 0)
-        self._since = [time.monotonic_ns()] * ring_depth
-        self.last_done: dict[int, PackDone] = {}
-        self._copy_submit_ns = [0] * ring_depth
-        self.last_copy_s = 0.0  # submit-to-complete time of the latest copy
-        self.tracer: Tracer | None = Tracer(trace_capacity) if trace else None
-        self._checker: Checker | None = None
+        # What close() had to force (a process killed, a thread left behind).
+        self.forced: list[str] = []
+        self._core = Core(ring_depth, base_seed=base_seed, sample_count=self.sample_count,
+                          observer=self._observe)
+        self.ring_depth = self._core.ring_depth
+        self.base_seed = self._core.base_seed
+        self._stats = StatisticsObserver(self.ring_depth)
+        self._observers: list[Observer] = [self._stats]
+        self.tracer: Tracer | None = None
+        if trace:
+            self.tracer = Tracer(trace_capacity)
+            self._observers.append(self.tracer)
 
-        width = replay_buffer.width
-        self.handle: PackerHandle | None = None
-        if link is None:
-            self.handle = PackerHandle.create(ring_depth, sample_count, width)
-            host_slots = self.handle.host_slots
-            link = ChannelLink(self.handle)
-        elif host_slots is None:
-            raise ValueError("a custom link needs the host_slots it packs into")
+        self.backend: TransferBackend = build_backend(device, backend,
+                                                      **(backend_options or {}))
+        self.device = self.backend.device
+        self.collector = collector if isinstance(collector, str) else collector.kind
+        self._link = collector if isinstance(collector, CollectorLink) else make_link(
+            collector, replay_buffer, self.ring_depth, self.sample_count,
+            packer_threads=packer_threads, attach_timeout=float(attach_timeout))
+        host_slots = self._link.host_slots
         shapes = [tuple(s.shape) for s in host_slots]
-        if shapes != [(sample_count, width)] * ring_depth:
-            raise ValueError(f"host slots have shapes {shapes}, expected {ring_depth} of "
-                             f"{(sample_count, width)}")
+        expected = (self.sample_count, replay_buffer.width)
+        if shapes != [expected] * self.ring_depth:
+            raise ValueError(f"host slots have shapes {shapes}, expected {self.ring_depth} "
+                             f"of {expected}")
         self.host_slots = host_slots
-        self._link = link
-        self.backend.setup(host_slots, self._on_copy_complete)
-        self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
-                       for i in range(ring_depth)]
         self._slot_bytes = int(host_slots[0].numel() * host_slots[0].element_size())
+        self.backend.trace(trace)
+        self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
+        self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
+                       for i in range(self.ring_depth)]
+        # Per slot: the pack-done message of the tick it holds, and when its copy began.
+        self._packs: list[PackDone | None] = [None] * self.ring_depth
+        self._copy_submit_ns = [0] * self.ring_depth
+        self._checker: Checker | None = None
         if checked:
-            self._checker = Checker(self)
-            if hasattr(self.backend, "monitor"):
-                self.backend.monitor = self._checker  # type: ignore[attr-defined]
-
-        self._transfer_thread = threading.Thread(
-            target=self._transfer_loop, name="replay_fsm-transfer", daemon=True)
-        self._transfer_thread.start()
-        if self.handle is not None and collector == "thread":
-            packer = Packer(self.handle, replay_buffer)
-            self._packer_thread = threading.Thread(
-                target=self._packer_loop, args=(packer,), name="replay_fsm-packer",
-                daemon=True)
-            self._packer_thread.start()
-        elif self.handle is not None and collector == "process":
-            self._process = mp.get_context("spawn").Process(
-                target=serve_forever,
-                args=(self.handle, replay_buffer, _WAIT_SLICE_S, packer_threads),
-                name="replay_fsm-packer", daemon=True)
-            self._process.start()
-            self.watch(self._process, "the packer process")
+            self._checker = Checker(self.ring_depth, state_of=self._core.state,
+                                    fail=self.fail, device_slot=self.backend.device_slot,
+                                    reads_pending=self.backend.reads_pending)
+            self.backend.watch_copies(self._checker)
+        self._worker = TransferWorker(self._link.receive, self._on_pack_done,
+                                      self.backend.submit, self._on_transfer_error)
+        self._watchdog = Watchdog(self.liveness_timeout, self._link, self.backend,
+                                  self._worker.is_alive)
+        self._worker.start()
+        self._link.start(self._on_packer_error)
 
     # -- collector side -------------------------------------------------------
 
@@ -198,29 +150,38 @@ class Pipeline:
         """The picklable handle for ``Packer.attach(handle, rb)`` in your collector.
 
         Raises:
-            ValueError: this pipeline talks to its collector through a custom link.
+            ValueError: this pipeline's collector is not reached through a handle
+                (the seed's queues), or the pipeline is closed.
         """
-        if self.handle is None:
-            raise ValueError("this pipeline has no packer handle (custom link)")
-        return self.handle
+        if self._closed:
+            raise ValueError("the pipeline is closed; its packer handle is gone")
+        if not isinstance(self._link, ChannelLink):
+            raise ValueError(f"this pipeline's collector ({self._link.kind}) has no "
+                             "packer handle")
+        return self._link.handle
 
     def watch(self, process: Any, what: str = "the collector process") -> None:
         """Fail fast with CollectorDied when ``process`` (``is_alive()``) dies."""
         with self._cv:
-            self._watched.append((process, what))
+            self._link.watch(process, what)
+
+    @property
+    def collector_process(self) -> Any:
+        """The spawned packer process (collector="process"), else None."""
+        return getattr(self._link, "process", None)
 
     # -- learner API ----------------------------------------------------------
 
     def start_prepare(self, tick_id: int, sample_count: int,
                       min_snapshot_ptr: int | None = None) -> bool:
-        """Request ``tick_id``: pack and copy it into the next slot in ring order.
+        """Request ``tick_id``: pack and copy it into its slot in ring order.
 
         ``min_snapshot_ptr`` (default: the buffer's ptr now) makes the packer wait
         until that many rows were ever written. Returns False when the tick is
         already requested or hot, True when this call started new work.
 
         Raises:
-            ValueError: ``sample_count`` differs from the allocated one.
+            ValueError: ``sample_count`` differs from the allocated one, or a bad tick.
             IllegalTransition: out of order, or the ring is full.
             PipelineFailed, PipelineClosed.
         """
@@ -231,18 +192,17 @@ class Pipeline:
                 return False
             ptr = self.replay_buffer.ptr
             request = self._core.request(
-                int(tick_id), ptr if min_snapshot_ptr is None else int(min_snapshot_ptr))
-            self._requests += 1
+                tick_id, ptr if min_snapshot_ptr is None else int(min_snapshot_ptr))
             hot = self._core.hot_slot
             try:
                 self._link.send(request, snapshot=(ptr, self.replay_buffer.size),
                                 hot_slot=-1 if hot is None else hot)
             except ChannelClosed as exc:
                 self._fail_locked(CollectorDied(f"tick {tick_id}: the packer's channel is "
-                                                "closed"), Actor.LEARNER, exc)
+                                                "closed"), exc)
                 self._raise_if_unusable()
             except Exception as exc:  # the request is lost: the slot can never fill
-                self._fail_locked(exc, Actor.LEARNER)
+                self._fail_locked(exc)
                 self._raise_if_unusable()
             return True
 
@@ -253,24 +213,23 @@ class Pipeline:
             self._pump_locked()
             self._raise_if_unusable()
             slot = self._core.slot_of(tick_id)
-            return slot is not None and self._core.state(slot) in (SlotState.READY,
-                                                                   SlotState.HOT)
+            return slot is not None and self._core.state(slot) in AVAILABLE
 
     def wait_until_ready(self, tick_id: int, sample_count: int,
                          timeout: float | None = None) -> bool:
         """Wait until ``tick_id`` is READY (or HOT); False if ``timeout`` ran out.
 
-        Even without a timeout the wait ends: a dead packer raises CollectorDied
-        within ``liveness_timeout``.
+        Even without a timeout the wait ends: a dead collector or copy engine
+        raises within ``liveness_timeout``.
 
         Raises:
             ProtocolError: the tick was never requested.
-            CollectorDied, PipelineFailed, PipelineClosed.
+            CollectorDied, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._profiled("wait_until_ready"):
-            return self._interruptible(self._wait, int(tick_id), deadline)
+            return self._interruptible(self._wait, tick_id, deadline)
 
     def sample_large_batch(self, tick_id: int, sample_count: int) -> dict[str, torch.Tensor]:
         """The batch of ``tick_id``, waiting for it if needed; the slot becomes HOT.
@@ -280,11 +239,11 @@ class Pipeline:
         Raises:
             ProtocolError: the tick was never requested, or another tick is hot.
             ValueError: ``sample_count`` differs from the allocated one.
-            CollectorDied, PipelineFailed, PipelineClosed.
+            CollectorDied, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
         with self._profiled("sample_large_batch"):
-            return self._interruptible(self._acquire, int(tick_id))
+            return self._interruptible(self._acquire, tick_id)
 
     def after_tick(self) -> None:
         """Release the hot batch (no-op when none is hot); its slot can be reused."""
@@ -311,17 +270,25 @@ class Pipeline:
             with contextlib.suppress(ReplayFSMError):
                 self.after_tick()
 
+    def fail(self, error: BaseException) -> None:
+        """Fail the pipeline with ``error`` as the cause: every later call raises
+        chained to it (INV-STICKY). For a collector or a test that knows the run is
+        broken. A second failure keeps the first cause."""
+        with self._cv:
+            self._fail_locked(error)
+
+    def add_observer(self, observer: Observer) -> None:
+        """Report every later transition and span to ``observer`` (see
+        ``replay_fsm.runtime.observers``)."""
+        with self._cv:
+            self._observers.append(observer)
+
+    # -- read-only views ------------------------------------------------------
+
     def statistics(self) -> Statistics:
         with self._cv:
-            now = time.monotonic_ns()
-            dwell = dict(self._dwell_ns)
-            for i, state in enumerate(self._core.states):
-                dwell[state] += now - self._since[i]
-            return Statistics(
-                ticks=self._acquired, requests=self._requests, packs=self._packs,
-                learner_wait_s=self._wait_ns / 1e9, stalls=self._stalls,
-                bytes_moved=self._bytes,
-                dwell_s={s.value: ns / 1e9 for s, ns in dwell.items()})
+            return self._stats.snapshot(self._core.states,
+                                        0 if self._checker is None else self._checker.checks)
 
     @property
     def states(self) -> tuple[SlotState, ...]:
@@ -329,39 +296,53 @@ class Pipeline:
             return self._core.states
 
     @property
+    def pending(self) -> tuple[tuple[int, int], ...]:
+        """(tick, slot) of requested ticks not yet acquired, oldest first."""
+        with self._cv:
+            return self._core.pending
+
+    @property
+    def hot(self) -> tuple[int, int] | None:
+        """(tick, slot) of the batch the learner holds, or None."""
+        with self._cv:
+            slot, tick = self._core.hot_slot, self._core.hot_tick
+            return None if slot is None or tick is None else (tick, slot)
+
+    def slot_of(self, tick_id: int) -> int | None:
+        """The slot holding ``tick_id`` (pending or hot), else None."""
+        with self._cv:
+            return self._core.slot_of(tick_id)
+
+    def pack_record(self, tick_id: int) -> PackDone:
+        """The packer's record of ``tick_id``'s batch (its seed and the snapshot size
+        it sampled from: what ``replay_fsm.sampling.expected_batch`` needs).
+
+        Raises:
+            ProtocolError: the tick's batch is not READY or HOT.
+        """
+        with self._cv:
+            slot = self._core.slot_of(tick_id)
+            done = None if slot is None else self._packs[slot]
+            if slot is None or done is None or self._core.state(slot) not in AVAILABLE:
+                raise ProtocolError(f"tick {tick_id} has no batch ready or hot")
+            return done
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
-    @property
-    def collector_process(self) -> Any:
-        """The spawned packer process (collector="process"), else None."""
-        return self._process
-
     def close(self) -> None:
-        """Stop everything: join threads, stop a spawned packer, drain copies,
-        unregister page-locked memory. Idempotent (INV-CLOSE)."""
+        """Stop everything: stop the collector link and the transfer worker, drain
+        copies, unregister page-locked memory. Idempotent (INV-CLOSE)."""
         with self._cv:
             if self._closed:
                 return
             self._closed = True
             self._core.close()
             self._cv.notify_all()
-        self._stop.set()
-        self._link.close()
-        for thread in (self._packer_thread, self._transfer_thread):
-            if thread is not None and thread is not threading.current_thread():
-                thread.join(timeout=30)
-        if self._process is not None:
-            self._process.join(timeout=10)
-            if self._process.is_alive():
-                self._process.terminate()
-                self._process.join(timeout=10)
+        self.forced = self._link.stop(STOP_TIMEOUT_S) + self._worker.stop(STOP_TIMEOUT_S)
         self.backend.close()
-        # Drop our references to shared memory and semaphores so they are freed now.
-        self._views = []
-        self.handle = None
-        self._process = None
-        self._link = _ClosedLink()
+        self._views = []  # drop our views of device memory so it is freed now
 
     def __enter__(self) -> Pipeline:
         return self
@@ -397,23 +378,25 @@ class Pipeline:
         while True:
             self._pump_locked()
             self._raise_if_unusable()
-            if self._core.state(slot) in (SlotState.READY, SlotState.HOT):
+            state = self._core.state(slot)
+            if state in AVAILABLE:
                 break
-            now = time.monotonic()
+            now = time.monotonic_ns()
             if started is None:
-                started = time.monotonic_ns()
-                self._stalls += 1
-            if deadline is not None and now >= deadline:
+                started = now
+            if deadline is not None and now / 1e9 >= deadline:
                 break
-            self._check_liveness(tick)
-            wait = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - now)
+            failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9)
+            if failure is not None:
+                self._fail_locked(failure)
+                raise failure
+            wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S,
+                                                             deadline - now / 1e9)
             self._cv.wait(timeout=max(wait, 0.0))
         if started is not None:
-            end = time.monotonic_ns()
-            self._wait_ns += end - started
-            if self.tracer is not None:
-                self.tracer.span("wait", Actor.LEARNER, started, end, tick=tick, slot=slot)
-        return self._core.state(slot) in (SlotState.READY, SlotState.HOT)
+            self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
+                       slot=slot)
+        return self._core.state(slot) in AVAILABLE
 
     def _acquire(self, tick: int) -> dict[str, torch.Tensor]:
         with self._cv:
@@ -434,6 +417,8 @@ class Pipeline:
             return dict(self._views[slot])
 
     def _validate(self, sample_count: int) -> None:
+        if isinstance(sample_count, bool) or not hasattr(sample_count, "__index__"):
+            raise TypeError(f"sample_count must be an int, got {sample_count!r}")
         if int(sample_count) != self.sample_count:
             raise ValueError(f"sample_count must match the value used to allocate the "
                              f"ring ({self.sample_count}), got {sample_count}")
@@ -448,108 +433,71 @@ class Pipeline:
             raise PipelineClosed("the pipeline is closed")
 
     def _pump_locked(self) -> None:
-        pump = getattr(self.backend, "pump", None)
-        if pump is not None:
-            self._cv.release()
-            try:
-                pump()
-            finally:
-                self._cv.acquire()
-
-    def _check_liveness(self, tick: int) -> None:
-        reason = None
-        if self._packer_thread is not None and not self._packer_thread.is_alive():
-            reason = "the packer thread exited"
-        for proc, what in self._watched:
-            if not proc.is_alive():
-                reason = f"{what} (pid {proc.pid}) exited with code {proc.exitcode}"
-        handle = self.handle
-        if reason is None and handle is not None and handle.packer_pid:
-            pid = handle.packer_pid
-            if pid != os.getpid() and not _pid_alive(pid):
-                reason = f"the packer process (pid {pid}) is gone"
-            elif SlotState.REQUESTED in self._core.states:
-                silent = (time.monotonic_ns() - handle.heartbeat_ns) / 1e9
-                if silent > self.liveness_timeout:
-                    reason = f"no heartbeat from the packer (pid {pid}) for {silent:.1f} s"
-        if reason is not None:
-            died = CollectorDied(f"tick {tick}: {reason}")
-            self._fail_locked(died, Actor.LEARNER)
-            raise died
-
-    # -- transfer worker and callbacks ---------------------------------------
-
-    def _packer_loop(self, packer: Packer) -> None:
+        self._cv.release()  # the backend may call back (on_complete) while it pumps
         try:
-            while not self._stop.is_set() and not packer.closed:
-                packer.service(timeout=_WAIT_SLICE_S)
-        except BaseException as exc:  # noqa: BLE001 - reported to the learner
-            self._fail(exc, Actor.PACKER)
+            self.backend.pump()
+        finally:
+            self._cv.acquire()
 
-    def _transfer_loop(self) -> None:
-        try:
-            while not self._stop.is_set():
-                try:
-                    done = self._link.receive(timeout=0.1)
-                except ChannelClosed:
-                    return
-                if done is not None:
-                    self._on_pack_done(done)
-        except BaseException as exc:  # noqa: BLE001 - reported to the learner
-            self._fail(exc, Actor.TRANSFER)
+    # -- transfer worker, copy engine, collector callbacks --------------------
 
-    def _on_pack_done(self, done: PackDone) -> None:
+    def _on_pack_done(self, done: PackDone) -> CopyOrder | None:
         if done.error is not None:
-            self._fail(PackerError(done.tick, done.error), Actor.PACKER)
-            return
+            self.fail(PackerError(done.tick, done.error))
+            return None
         with self._cv:
             if self._core.failure is not None or self._closed:
-                return
+                return None
             if self._checker is not None:
                 self._checker.pack_done(done)
-            order = self._core.packed(done)
-            self._packs += 1
-            self.last_done[done.slot] = done
-            if self.tracer is not None:
-                self.tracer.span("pack", Actor.PACKER, done.pack_start_ns, done.pack_end_ns,
-                                 tick=done.tick, slot=done.slot,
-                                 snapshot_size=done.snapshot_size)
+            order = self._core.packed(done, actor=Actor.TRANSFER)
+            self._packs[done.slot] = done
+            self._span("pack", Actor.PACKER, done.pack_start_ns, done.pack_end_ns,
+                       tick=done.tick, slot=done.slot, snapshot_size=done.snapshot_size)
             self._copy_submit_ns[done.slot] = time.monotonic_ns()
-        self.backend.submit(order)
+            return order
 
     def _on_copy_complete(self, slot: int) -> None:
         try:
             with self._cv:
                 if self._core.failure is not None or self._closed:
                     return
-                self._core.copied(slot)
-                self._bytes += self._slot_bytes
-                end = time.monotonic_ns()
-                self.last_copy_s = (end - self._copy_submit_ns[slot]) / 1e9
-                if self.tracer is not None:
-                    self.tracer.span("copy", Actor.COPY_ENGINE, self._copy_submit_ns[slot],
-                                     end, tick=self._core.tick_of(slot), slot=slot,
-                                     bytes=self._slot_bytes)
+                self._core.copied(slot, actor=Actor.COPY_ENGINE)
+                self._span("copy", Actor.COPY_ENGINE, self._copy_submit_ns[slot],
+                           time.monotonic_ns(), tick=self._core.tick_of(slot), slot=slot,
+                           bytes=self._slot_bytes)
                 self._cv.notify_all()
         except BaseException as exc:  # noqa: BLE001 - reported to the learner
             self._fail(exc, Actor.COPY_ENGINE)
 
+    def _on_backend_error(self, error: BaseException) -> None:
+        self._fail(error, Actor.COPY_ENGINE)
+
+    def _on_transfer_error(self, error: BaseException) -> None:
+        self._fail(error, Actor.TRANSFER)
+
+    def _on_packer_error(self, error: BaseException) -> None:
+        self._fail(error, Actor.PACKER)
+
     def _fail(self, error: BaseException, actor: Actor | None) -> None:
         with self._cv:
-            self._fail_locked(error, actor)
+            self._fail_locked(error, actor=actor)
 
-    def _fail_locked(self, error: BaseException, actor: Actor | None,
-                     cause: BaseException | None = None) -> None:
+    def _fail_locked(self, error: BaseException, cause: BaseException | None = None, *,
+                     actor: Actor | None = None) -> None:
         if cause is not None:
             error.__cause__ = cause
         self._core.fail(error, actor)
         self._cv.notify_all()
 
-    def _observe(self, rec: TransitionRecord) -> None:
+    # -- observers ------------------------------------------------------------
+
+    def _observe(self, record: TransitionRecord) -> None:
         now = time.monotonic_ns()
-        self._dwell_ns[rec.source] += now - self._since[rec.slot]
-        self._since[rec.slot] = now
-        if rec.dest is SlotState.HOT:
-            self._acquired += 1
-        if self.tracer is not None:
-            self.tracer.transition(rec, now)
+        for observer in self._observers:
+            observer.transition(record, now)
+
+    def _span(self, name: str, actor: Actor, start_ns: int, end_ns: int, **args: Any
+              ) -> None:
+        for observer in self._observers:
+            observer.span(name, actor, start_ns, end_ns, **args)

@@ -14,20 +14,25 @@ from typing import Any
 
 from ..spec import Actor
 from ..wire import TransitionRecord
+from .observers import Observer
 
 PID_SLOTS, PID_ACTORS = 1, 2
 
 
-class Tracer:
+class Tracer(Observer):
+    """Records transitions and spans in a bounded ring (the oldest drop first)."""
+
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.capacity = capacity
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
 
-    def transition(self, rec: TransitionRecord, time_ns: int) -> None:
+    def transition(self, record: TransitionRecord, time_ns: int) -> None:
+        actor = record.actor
         self._events.append({
-            "kind": "transition", "slot": rec.slot, "tick": rec.tick,
-            "generation": rec.generation, "from": rec.source.value, "to": rec.dest.value,
-            "event": rec.event.value, "actor": None if rec.actor is None else rec.actor.value,
+            "kind": "transition", "slot": record.slot, "tick": record.tick,
+            "generation": record.generation, "from": record.source.value,
+            "to": record.dest.value, "event": record.event.value,
+            "actor": None if actor is None else actor.value,
             "thread": threading.current_thread().name, "time_ns": time_ns,
         })
 

@@ -1,48 +1,118 @@
-"""Transfer backends, one per device family, behind one protocol; chosen by device=."""
+"""Transfer backends, one per device family, behind one protocol, found by name.
+
+``device=`` picks the default backend of its device type (cpu, cuda, or the
+portable ``accel`` for mps, xpu and any device torch knows); ``backend=`` names a
+registered backend or passes an instance. ``register_backend`` adds a name: a
+backend written in your own file is as good as a built-in one.
+"""
 
 from __future__ import annotations
+
+import importlib
+import inspect
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from .base import TransferBackend
 
-BACKENDS = ("cpu", "cuda", "accel", "emulated", "manual")
+Factory = Callable[..., TransferBackend]
+
+# Built-ins load on first use: (module, class).
+_BUILTIN: dict[str, tuple[str, str]] = {
+    "cpu": ("cpu", "CpuBackend"),
+    "cuda": ("cuda", "CudaBackend"),
+    "accel": ("accel", "AcceleratorBackend"),
+    "emulated": ("emulated", "EmulatedBackend"),
+    "manual": ("manual", "ManualBackend"),
+}
+_REGISTERED: dict[str, Factory] = {}
 
 
-def build_backend(device: str | torch.device, backend: str | None = None,
-                  **options: object) -> TransferBackend:
-    """The backend for ``device`` (or the explicit ``backend`` name).
+def register_backend(name: str, factory: Factory, *, replace: bool = False) -> None:
+    """Make ``backend=name`` build ``factory(device, **backend_options)``.
 
     Raises:
-        ValueError: an unknown device or backend, or one this machine lacks.
+        ValueError: ``name`` is taken (pass ``replace=True`` to rebind it).
+        TypeError: ``factory`` is not callable.
     """
+    if not callable(factory):
+        raise TypeError(f"factory must be callable, got {factory!r}")
+    if not replace and name in registered_backends():
+        raise ValueError(f"backend {name!r} is already registered; pass replace=True")
+    _REGISTERED[name] = factory
+
+
+def unregister_backend(name: str) -> None:
+    """Forget a name given with ``register_backend`` (built-ins stay).
+
+    Raises:
+        KeyError: ``name`` was not registered with ``register_backend``.
+    """
+    del _REGISTERED[name]
+
+
+def registered_backends() -> tuple[str, ...]:
+    """Every name ``backend=`` accepts: the built-ins, then yours."""
+    return tuple(dict.fromkeys([*_BUILTIN, *_REGISTERED]))
+
+
+def default_backend(device: torch.device) -> str:
+    """The backend ``device=`` picks when ``backend=`` is not given."""
+    return {"cpu": "cpu", "cuda": "cuda"}.get(device.type, "accel")
+
+
+def factory_of(name: str) -> Factory:
+    """The factory registered as ``name``.
+
+    Raises:
+        ValueError: no backend has that name.
+    """
+    if name in _REGISTERED:
+        return _REGISTERED[name]
+    if name in _BUILTIN:
+        module, cls = _BUILTIN[name]
+        return getattr(importlib.import_module(f".{module}", __name__), cls)  # type: ignore[no-any-return]
+    raise ValueError(f"unknown backend {name!r}; registered: "
+                     f"{', '.join(registered_backends())}")
+
+
+def build_backend(device: str | torch.device, backend: str | TransferBackend | None = None,
+                  **options: Any) -> TransferBackend:
+    """The backend for ``device``: an instance passed in, a registered name, or the
+    device's default.
+
+    Raises:
+        ValueError: an unknown device or backend name, an option the backend does not
+            take, options given with an instance, or a device this machine lacks.
+        TypeError: ``backend`` is neither a name nor a TransferBackend.
+    """
+    if isinstance(backend, TransferBackend):
+        if options:
+            raise ValueError("backend_options configure a backend built by name; pass "
+                             "them to your backend instance's constructor instead")
+        return backend
+    if backend is not None and not isinstance(backend, str):
+        raise TypeError(f"backend must be a registered name or a TransferBackend, got "
+                        f"{type(backend).__name__}")
     try:
         dev = torch.device(device)
     except (RuntimeError, TypeError) as exc:
         raise ValueError(f"unknown device {device!r}; supported: cpu, cuda[:N], mps, xpu, "
                          "or any device type torch knows") from exc
-    name = backend or {"cpu": "cpu", "cuda": "cuda"}.get(dev.type, "accel")
-    if name not in BACKENDS:
-        raise ValueError(f"unknown backend {name!r}; supported: {', '.join(BACKENDS)}")
-    if name == "cpu":
-        from .cpu import CpuBackend
-        return CpuBackend(dev, **options)  # type: ignore[arg-type]
-    if name == "cuda":
-        from .cuda import CudaBackend
-        return CudaBackend(dev, **options)  # type: ignore[arg-type]
-    if name == "emulated":
-        from .emulated import EmulatedBackend
-        return EmulatedBackend(dev, **options)  # type: ignore[arg-type]
-    if name == "manual":
-        from .manual import ManualBackend
-        return ManualBackend(dev, **options)  # type: ignore[arg-type]
-    from .accel import AcceleratorBackend
-    module = getattr(torch, dev.type, None)
-    if module is None or not getattr(module, "is_available", lambda: False)():
-        raise ValueError(f"device {str(dev)!r} is not available on this machine; "
-                         "supported here: cpu" + (", cuda" if torch.cuda.is_available()
-                                                  else ""))
-    return AcceleratorBackend(dev)
+    name = backend or default_backend(dev)
+    factory = factory_of(name)
+    try:
+        inspect.signature(factory).bind(dev, **options)
+    except TypeError as exc:
+        raise ValueError(f"backend {name!r} does not take the options "
+                         f"{sorted(options)}: {exc}; its signature: "
+                         f"{inspect.signature(factory)}") from exc
+    except ValueError:  # no signature to check (a builtin callable): let it decide
+        pass
+    return factory(dev, **options)
 
 
-__all__ = ["BACKENDS", "TransferBackend", "build_backend"]
+__all__ = ["TransferBackend", "build_backend", "default_backend", "factory_of",
+           "register_backend", "registered_backends", "unregister_backend"]

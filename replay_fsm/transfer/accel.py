@@ -1,6 +1,7 @@
 """Portable accelerators torch knows (mps, xpu, ...): a torch copy plus a device
-synchronize. On MPS the copy is issued from the learner thread, because Metal
-asserts on copies issued from a background thread (the seed learned this)."""
+synchronize. On MPS the copy is issued from the learner thread, inside ``pump``,
+because Metal asserts on copies issued from a background thread (the seed learned
+this)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import threading
 import torch
 
 from ..wire import CopyOrder
-from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
+from .base import TransferBackend
 
 
 def synchronize(device: torch.device) -> None:
@@ -20,28 +21,24 @@ def synchronize(device: torch.device) -> None:
         getattr(torch, device.type).synchronize()
 
 
-class AcceleratorBackend(HostBackedSlots):
+class AcceleratorBackend(TransferBackend):
     name = "accel"
-    host_memory_kind = "shared"
-    host_pinned = False
-    supports_async_submit = False
-    supports_timing_events = False
 
     def __init__(self, device: torch.device | str) -> None:
+        """Raises:
+            ValueError: the device type is not available on this machine."""
         self.device = torch.device(device)
-        self.device_family = self.device.type
-        self.h2d_submitter = "learner_thread" if self.device.type == "mps" else (
-            "transfer_thread")
+        module = getattr(torch, self.device.type, None)
+        if module is None or not getattr(module, "is_available", lambda: False)():
+            raise ValueError(f"device {str(self.device)!r} is not available on this "
+                             "machine; supported here: cpu" + (
+                                 ", cuda" if torch.cuda.is_available() else ""))
+        self.on_learner_thread = self.device.type == "mps"
         self._deferred: list[CopyOrder] = []
         self._lock = threading.Lock()
 
-    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
-        self.host = host_slots
-        self.on_complete = on_complete
-        self.device_slots = allocate_like(host_slots, self.device)
-
     def submit(self, order: CopyOrder) -> None:
-        if self.h2d_submitter == "learner_thread":
+        if self.on_learner_thread:
             with self._lock:
                 self._deferred.append(order)
             return
@@ -56,12 +53,9 @@ class AcceleratorBackend(HostBackedSlots):
 
     def _copy(self, order: CopyOrder) -> None:
         # Synchronous device: the previous reads of G[slot] ended at release.
-        self.device_slots[order.slot].copy_(self.host[order.slot])
+        self.copy_now(order.slot)
         synchronize(self.device)
         self.on_complete(order.slot)
-
-    def before_read(self, slot: int) -> None:
-        pass
 
     def after_read(self, slot: int) -> None:
         synchronize(self.device)  # reads of G[slot] are done before it can be rewritten

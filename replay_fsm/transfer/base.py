@@ -1,59 +1,36 @@
-"""The one protocol every transfer backend implements.
+"""The one protocol every transfer backend implements, with its defaults.
 
-A backend owns the device slots G[i] and the ordering primitives of its device:
-it copies H[i] to G[i] when given a CopyOrder (after the order's release
-dependency, INV-DEVICE-WAR), reports completion through ``on_complete``, makes
-the learner's reads wait for the copy (INV-RAW) and marks the end of the
-learner's reads at release.
+A backend owns the device slots G[i] and the ordering primitives of its device: it
+copies H[i] to G[i] when given a CopyOrder (after the order's release dependency,
+INV-DEVICE-WAR), reports completion through ``on_complete`` and failures of its
+own threads through ``on_error``, makes the learner's reads wait for the copy
+(INV-RAW) and marks the end of the learner's reads at release. Everything the
+pipeline calls on a backend is declared here; a backend overrides what its device
+needs. Pass an instance as ``Pipeline(backend=...)``, or give it a name with
+``replay_fsm.transfer.register_backend``.
 """
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from typing import ClassVar, Protocol
 
 import torch
 
 from ..wire import CopyOrder
 
-OnComplete = Callable[[int], None]
-
-
-@runtime_checkable
-class TransferBackend(Protocol):
-    name: str
-    device: torch.device
-    device_family: str
-    host_memory_kind: str
-    host_pinned: bool
-    supports_async_submit: bool
-    supports_timing_events: bool
-    # Where copies are issued: "transfer_thread" or "learner_thread" (MPS).
-    h2d_submitter: str
-
-    def setup(self, host_slots: torch.Tensor | Sequence[torch.Tensor],
-              on_complete: OnComplete) -> None:
-        """Allocate G[0..n) like ``host_slots`` ([n, rows, width] or n tensors);
-        page-lock H if the device needs it."""
-
-    def device_slot(self, slot: int) -> torch.Tensor:
-        """G[slot]: what the learner's batch views."""
-
-    def submit(self, order: CopyOrder) -> None:
-        """Copy H[slot] -> G[slot] once ``order.after_release`` has drained; call
-        ``on_complete(slot)`` when the copy is done (from any thread)."""
-
-    def before_read(self, slot: int) -> None:
-        """At acquire, on the learner thread: its reads of G[slot] wait for the copy."""
-
-    def after_read(self, slot: int) -> None:
-        """At release, on the learner thread: mark the end of its reads of G[slot]."""
-
-    def close(self) -> None:
-        """Drain in-flight copies and free what setup took. Idempotent."""
-
-
 HostSlots = torch.Tensor | Sequence[torch.Tensor]
+OnComplete = Callable[[int], None]
+OnError = Callable[[BaseException], None]
+
+
+class CopyMonitor(Protocol):
+    """Checked mode's view of the copy engine: when a copy reads H[i] and writes G[i]."""
+
+    def copy_started(self, slot: int) -> None: ...
+
+    def copy_finished(self, slot: int) -> None: ...
 
 
 def allocate_like(host_slots: HostSlots, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -63,12 +40,86 @@ def allocate_like(host_slots: HostSlots, device: torch.device | str = "cpu") -> 
     return torch.empty((len(host_slots), *first.shape), dtype=first.dtype, device=device)
 
 
-class HostBackedSlots:
-    """Shared bookkeeping for backends whose G[i] are plain tensors."""
+class TransferBackend(abc.ABC):
+    """Base of every backend. Only ``submit`` must be written; the rest defaults to
+    what a synchronous device with plain tensor slots needs."""
 
+    name: ClassVar[str] = "custom"
+    device: torch.device
     host: HostSlots
     device_slots: HostSlots  # a tensor [n, rows, width]; the host slots when zero-copy
     on_complete: OnComplete
+    on_error: OnError
+    monitor: CopyMonitor | None = None
+
+    # -- set-up and slots ----------------------------------------------------
+
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete,
+              on_error: OnError) -> None:
+        """Allocate G[0..n) like ``host_slots`` ([n, rows, width] or n tensors) and
+        keep the callbacks. ``on_complete(slot)`` reports a finished copy,
+        ``on_error(exc)`` an exception on a thread of the backend's own."""
+        self.host = host_slots
+        self.on_complete = on_complete
+        self.on_error = on_error
+        self.device_slots = self.allocate(host_slots)
+
+    def allocate(self, host_slots: HostSlots) -> HostSlots:
+        """G[0..n): by default a tensor on ``self.device`` shaped like the host slots."""
+        return allocate_like(host_slots, self.device)
 
     def device_slot(self, slot: int) -> torch.Tensor:
+        """G[slot]: what the learner's batch views."""
         return self.device_slots[slot]
+
+    # -- the copy --------------------------------------------------------------
+
+    @abc.abstractmethod
+    def submit(self, order: CopyOrder) -> None:
+        """Transfer worker: copy H[slot] -> G[slot] once ``order.after_release`` has
+        drained; call ``on_complete(slot)`` when the copy is done (from any thread)."""
+
+    def copy_now(self, slot: int) -> None:
+        """Copy H[slot] into G[slot] synchronously, telling checked mode's monitor."""
+        if self.monitor is not None:
+            self.monitor.copy_started(slot)
+        self.device_slots[slot].copy_(self.host[slot])
+        if self.monitor is not None:
+            self.monitor.copy_finished(slot)
+
+    def pump(self) -> None:
+        """Learner thread, while it waits for a batch: issue work that must run on it
+        (MPS copies). Default: nothing."""
+
+    # -- the learner's reads ---------------------------------------------------
+
+    def before_read(self, slot: int) -> None:
+        """At acquire, on the learner thread: its reads of G[slot] wait for the copy.
+        Default: nothing (the copy finished before the slot became READY)."""
+
+    def after_read(self, slot: int) -> None:
+        """At release, on the learner thread: mark the end of its reads of G[slot].
+        Default: nothing (reads are synchronous and over at release)."""
+
+    def reads_pending(self, slot: int) -> bool:
+        """Whether reads of G[slot] from its last HOT period may still run (checked
+        mode asks before a copy into it). Default: False."""
+        return False
+
+    # -- observability and liveness --------------------------------------------
+
+    def watch_copies(self, monitor: CopyMonitor | None) -> None:
+        """Checked mode: report each copy's start and end to ``monitor``."""
+        self.monitor = monitor
+
+    def trace(self, enabled: bool) -> None:
+        """Tracing is on: record device-side timings (CUDA events, NVTX). Called
+        before ``setup``. Default: nothing to record."""
+
+    def check_alive(self) -> str | None:
+        """None while the copy engine can still complete copies, else why it cannot
+        (its thread died). Asked while a slot is SUBMITTED (INV-LIVE)."""
+        return None
+
+    def close(self) -> None:
+        """Drain in-flight copies and free what setup took. Idempotent."""

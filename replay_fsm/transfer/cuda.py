@@ -13,18 +13,13 @@ from __future__ import annotations
 import torch
 
 from ..wire import CopyOrder
-from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
+from .base import HostSlots, OnComplete, OnError, TransferBackend, allocate_like
 
 CUDA_HOST_REGISTER_PORTABLE = 1
 
 
-class CudaBackend(HostBackedSlots):
+class CudaBackend(TransferBackend):
     name = "cuda"
-    device_family = "cuda"
-    host_memory_kind = "shared_registered"
-    supports_async_submit = True
-    supports_timing_events = True
-    h2d_submitter = "transfer_thread"
 
     def __init__(self, device: torch.device | str = "cuda", *, timing: bool = False) -> None:
         """``timing``: CUDA-event copy timings (``last_copy_ms``) and NVTX ranges
@@ -41,9 +36,11 @@ class CudaBackend(HostBackedSlots):
         self._registered: list[int] = []
         self._closed = False
 
-    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete,
+              on_error: OnError) -> None:
         self.host = host_slots
         self.on_complete = on_complete
+        self.on_error = on_error
         regions = [host_slots] if isinstance(host_slots, torch.Tensor) else list(host_slots)
         for region in regions:
             if region.is_pinned():
@@ -75,14 +72,21 @@ class CudaBackend(HostBackedSlots):
                 self.stream.wait_event(self.released[order.after_release.slot])
             if self.timing:
                 self.started[slot].record(self.stream)
+            if self.monitor is not None:
+                self.monitor.copy_started(slot)
             self.device_slots[slot].copy_(self.host[slot], non_blocking=True)
             self.ready[slot].record(self.stream)
         if self.timing:
             torch.cuda.nvtx.range_pop()
         self.ready[slot].synchronize()
+        if self.monitor is not None:
+            self.monitor.copy_finished(slot)
         if self.timing:
             self.last_copy_ms[slot] = self.started[slot].elapsed_time(self.ready[slot])
         self.on_complete(slot)
+
+    def trace(self, enabled: bool) -> None:
+        self.timing = self.timing or enabled
 
     def before_read(self, slot: int) -> None:
         torch.cuda.current_stream(self.device).wait_event(self.ready[slot])

@@ -3,7 +3,9 @@
 A copy-engine thread executes copy orders after a configurable or random delay;
 emulated events stand for CUDA's: a slot's release event completes only after
 the learner's (emulated) reads drain, a random time after release, and the
-engine waits on it before overwriting G[i], as the CUDA copy stream does.
+engine waits on it before overwriting G[i], as the CUDA copy stream does. An
+exception on the engine thread reaches the pipeline through ``on_error`` and ends
+the thread; ``check_alive`` then says so.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 import torch
 
 from ..wire import CopyOrder
-from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
+from .base import HostSlots, OnComplete, OnError, TransferBackend
 
 Delay = float | tuple[float, float]
 
@@ -39,14 +41,8 @@ class EmulatedEvent:
             time.sleep(remaining)  # the emulated device is busy until then
 
 
-class EmulatedBackend(HostBackedSlots):
+class EmulatedBackend(TransferBackend):
     name = "emulated"
-    device_family = "emulated"
-    host_memory_kind = "shared"
-    host_pinned = False
-    supports_async_submit = True
-    supports_timing_events = False
-    h2d_submitter = "transfer_thread"
 
     def __init__(self, device: torch.device | str = "cpu", *, copy_delay: Delay = (0.0, 0.002),
                  read_delay: Delay = (0.0, 0.002), seed: int = 0) -> None:
@@ -55,17 +51,15 @@ class EmulatedBackend(HostBackedSlots):
         self._rng = random.Random(seed)
         self._orders: queue.Queue[CopyOrder | None] = queue.Queue()
         self._engine: threading.Thread | None = None
-        self.monitor = None  # checked mode's sanitizer, when on
+        self._died: BaseException | None = None
 
     def _delay(self, spec: Delay) -> float:
         return spec if isinstance(spec, (int, float)) else self._rng.uniform(*spec)
 
-    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
-        self.host = host_slots
-        self.on_complete = on_complete
-        self.device_slots = allocate_like(host_slots)
-        n = len(host_slots)
-        self.released = [EmulatedEvent() for _ in range(n)]
+    def setup(self, host_slots: HostSlots, on_complete: OnComplete,
+              on_error: OnError) -> None:
+        super().setup(host_slots, on_complete, on_error)
+        self.released = [EmulatedEvent() for _ in range(len(host_slots))]
         self._engine = threading.Thread(target=self._run, name="replay_fsm-copy-engine",
                                         daemon=True)
         self._engine.start()
@@ -76,26 +70,25 @@ class EmulatedBackend(HostBackedSlots):
     def reads_pending(self, slot: int) -> bool:
         return not self.released[slot].query()
 
+    def check_alive(self) -> str | None:
+        if self._engine is not None and not self._engine.is_alive():
+            return f"the emulated copy engine thread exited ({self._died!r})"
+        return None
+
     def _run(self) -> None:
-        while (order := self._orders.get()) is not None:
-            try:
+        try:
+            while (order := self._orders.get()) is not None:
                 self._copy(order)
-            except AssertionError:
-                continue  # checked mode reported it: the pipeline is failed already
+        except BaseException as exc:  # noqa: BLE001 - the pipeline gets it, chained
+            self._died = exc
+            self.on_error(exc)
 
     def _copy(self, order: CopyOrder) -> None:
         if order.after_release is not None:
             self.released[order.after_release.slot].synchronize()  # INV-DEVICE-WAR
-        if self.monitor is not None:
-            self.monitor.copy_started(order.slot)
         time.sleep(self._delay(self.copy_delay))  # the DMA takes a while
-        self.device_slots[order.slot].copy_(self.host[order.slot])
-        if self.monitor is not None:
-            self.monitor.copy_finished(order.slot)
+        self.copy_now(order.slot)
         self.on_complete(order.slot)
-
-    def before_read(self, slot: int) -> None:
-        pass  # on_complete ran after the copy: READY implies the data is there
 
     def after_read(self, slot: int) -> None:
         self.released[slot].record(self._delay(self.read_delay))

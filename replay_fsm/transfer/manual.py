@@ -8,17 +8,11 @@ import threading
 import torch
 
 from ..wire import CopyOrder
-from .base import HostBackedSlots, HostSlots, OnComplete, allocate_like
+from .base import TransferBackend
 
 
-class ManualBackend(HostBackedSlots):
+class ManualBackend(TransferBackend):
     name = "manual"
-    device_family = "manual"
-    host_memory_kind = "shared"
-    host_pinned = False
-    supports_async_submit = True
-    supports_timing_events = False
-    h2d_submitter = "transfer_thread"
 
     def __init__(self, device: torch.device | str = "cpu", *, hold_reads: bool = False
                  ) -> None:
@@ -29,12 +23,6 @@ class ManualBackend(HostBackedSlots):
         self._submitted: dict[int, CopyOrder] = {}
         self._reading: set[int] = set()
         self._cv = threading.Condition()
-        self.monitor = None
-
-    def setup(self, host_slots: HostSlots, on_complete: OnComplete) -> None:
-        self.host = host_slots
-        self.on_complete = on_complete
-        self.device_slots = allocate_like(host_slots)
 
     def submit(self, order: CopyOrder) -> None:
         with self._cv:
@@ -69,11 +57,7 @@ class ManualBackend(HostBackedSlots):
                 raise RuntimeError(f"copy into slot {slot} must wait for the release of "
                                    f"tick {dep.tick}")
             del self._submitted[slot]
-        if self.monitor is not None:
-            self.monitor.copy_started(slot)
-        self.device_slots[slot].copy_(self.host[slot])
-        if self.monitor is not None:
-            self.monitor.copy_finished(slot)
+        self.copy_now(slot)
         self.on_complete(slot)
 
     def before_read(self, slot: int) -> None:

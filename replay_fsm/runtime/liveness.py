@@ -1,0 +1,48 @@
+"""The watchdog: INV-LIVE for every state a learner can wait on.
+
+While the learner waits on a slot, each slice of the wait asks:
+- REQUESTED: is the collector alive and serving (the link's answer), and is the
+  transfer worker there to take its pack-done message?
+- SUBMITTED: can the backend's copy engine still complete copies, and has the copy
+  completed within ``timeout`` of the start of this wait?
+The first "no" becomes the pipeline's failure: ``CollectorDied`` for the collector
+side, ``TransferFailed`` for the copy side.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ..errors import CollectorDied, PipelineFailed, TransferFailed
+from ..spec import SlotState
+from ..transfer.base import TransferBackend
+from .links import CollectorLink
+
+
+class Watchdog:
+    def __init__(self, timeout: float, link: CollectorLink, backend: TransferBackend,
+                 worker_alive: Callable[[], bool]) -> None:
+        self.timeout = timeout
+        self._link, self._backend, self._worker_alive = link, backend, worker_alive
+
+    def verdict(self, tick: int, slot: int, state: SlotState, waited_s: float
+                ) -> PipelineFailed | None:
+        """The failure that ends the learner's wait for ``tick`` in ``slot`` (now in
+        ``state``, waited on for ``waited_s``), or None to keep waiting."""
+        if state is SlotState.REQUESTED:
+            gone = self._link.liveness(True, self.timeout)
+            if gone is not None:
+                died = CollectorDied(f"tick {tick}: {gone.reason}")
+                died.__cause__ = gone.cause
+                return died
+            if not self._worker_alive():
+                return TransferFailed(f"tick {tick}: the transfer worker thread exited")
+        elif state is SlotState.SUBMITTED:
+            why = self._backend.check_alive()
+            if why is not None:
+                return TransferFailed(f"tick {tick}: {why}")
+            if waited_s > self.timeout:
+                return TransferFailed(
+                    f"tick {tick}: the copy into slot {slot} did not complete within "
+                    f"{self.timeout:g} s (liveness_timeout)")
+        return None

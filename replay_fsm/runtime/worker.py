@@ -1,0 +1,59 @@
+"""The transfer worker: a thread that turns pack-done messages into copy orders.
+
+It receives from the collector link, asks the pipeline to fire ``submit`` on the
+core (which returns the copy order, or None when the pipeline has stopped), and
+hands the order to the backend. Any exception it meets fails the pipeline, chained.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ..data.channel import ChannelClosed
+from ..wire import CopyOrder, PackDone
+
+POLL_S = 0.1
+
+
+class TransferWorker:
+    def __init__(self, receive: Callable[[float], PackDone | None],
+                 on_done: Callable[[PackDone], CopyOrder | None],
+                 submit: Callable[[CopyOrder], None],
+                 fail: Callable[[BaseException], None]) -> None:
+        self._receive, self._on_done, self._submit, self._fail = receive, on_done, submit, fail
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="replay_fsm-transfer",
+                                        daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def is_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def stop(self, timeout: float) -> list[str]:
+        """Stop and join within ``timeout``; returns what was left running."""
+        self._stop.set()
+        if self._thread is not threading.current_thread() and self._thread.ident:
+            self._thread.join(timeout)
+            if self._thread.is_alive():
+                return [f"the transfer worker did not stop within {timeout:.0f} s (a "
+                        "backend submit that never returns); it is a daemon thread and "
+                        "is left behind"]
+        return []
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                try:
+                    done = self._receive(POLL_S)
+                except ChannelClosed:
+                    return
+                if done is None:
+                    continue
+                order = self._on_done(done)
+                if order is not None:
+                    self._submit(order)
+        except BaseException as exc:  # noqa: BLE001 - reported to the learner
+            self._fail(exc)
