@@ -13,25 +13,20 @@ from replay_fsm import CollectorDied, PackerError, Pipeline, PipelineFailed, Rep
 from replay_fsm.errors import IllegalTransition, PipelineClosed, ProtocolError
 from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.spec import SlotState
+from replay_fsm.transfer import registered_backends
 from replay_fsm.transfer.manual import ManualBackend
 
+from .backends import CONTRACT, contract_params
 from .collectors import fill_and_serve
 from .drive import complete_copies_for, packed, reference, run_ticks
 
-HAS_CUDA = torch.cuda.is_available()
-HAS_MPS = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+BACKENDS = contract_params()  # every registered backend (tests/backends.py)
 
-BACKENDS = [
-    pytest.param(("cpu", None, {}), id="cpu"),
-    pytest.param(("cpu", None, {"copy": True}), id="cpu-copy"),
-    pytest.param(("cpu", "emulated", {"copy_delay": (0, 0.001), "read_delay": (0, 0.001)}),
-                 id="emulated"),
-    pytest.param(("cpu", "manual", {}), id="manual"),
-    pytest.param(("cuda", None, {}), id="cuda",
-                 marks=pytest.mark.skipif(not HAS_CUDA, reason="no CUDA device")),
-    pytest.param(("mps", None, {}), id="mps",
-                 marks=pytest.mark.skipif(not HAS_MPS, reason="no MPS device")),
-]
+
+def test_every_registered_backend_has_a_contract_config() -> None:
+    """A backend registered without a configuration in tests/backends.py would go
+    untested by the contract; this fails first."""
+    assert set(registered_backends()) <= set(CONTRACT)
 
 
 def buffer(rows: int = 300, capacity: int = 512) -> ReplayBuffer:

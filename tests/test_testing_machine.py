@@ -3,25 +3,31 @@
 from __future__ import annotations
 
 import pytest
-import torch
 from hypothesis import settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from replay_fsm.testing import pipeline_machine
 
-CONFIGS = [
-    pytest.param({"backend": "manual", "ring_depth": 2}, id="manual-2"),
-    pytest.param({"backend": "manual", "ring_depth": 3, "critic_dim": 2}, id="manual-3"),
-    pytest.param({"device": "cpu", "ring_depth": 2}, id="cpu-2"),
-    pytest.param({"device": "cpu", "ring_depth": 3, "backend_options": {"copy": True}},
-                 id="cpu-copy-3"),
-    pytest.param({"backend": "emulated", "ring_depth": 3,
-                  "backend_options": {"copy_delay": (0, 0.0005),
-                                      "read_delay": (0, 0.0005)}}, id="emulated-3"),
-    pytest.param({"device": "cuda", "ring_depth": 2}, id="cuda-2",
-                 marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                          reason="no CUDA device")),
-]
+from .backends import contract_params
+
+
+def configs() -> list:
+    """Every registered backend's contract configurations (tests/backends.py), at ring
+    depth 2 and 3 in turn; manual also with critic columns."""
+    out = []
+    for k, param in enumerate(contract_params()):
+        device, name, options = param.values[0]
+        config = {"device": device, "backend": name, "backend_options": options,
+                  "ring_depth": 2 + k % 2}
+        out.append(pytest.param(config, id=f"{param.id}-{config['ring_depth']}",
+                                marks=param.marks))
+        if name == "manual":
+            out.append(pytest.param({**config, "ring_depth": 3, "critic_dim": 2},
+                                    id="manual-3-critic"))
+    return out
+
+
+CONFIGS = configs()
 
 
 @pytest.mark.parametrize("config", CONFIGS)

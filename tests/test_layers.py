@@ -1,0 +1,152 @@
+"""The package's shape: the protocol layer imports no torch, top-level names load
+lazily, old import paths still work, no module imports one that imports it back,
+and no module reads another's private names."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import replay_fsm
+
+PACKAGE = Path(replay_fsm.__file__).resolve().parent
+
+# Private names of other libraries we read, each with its reason.
+ALLOWED_PRIVATE = {
+    ("data/channel.py", "_semlock"): "multiprocessing exposes a semaphore's name only there",
+}
+
+
+def modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).with_suffix("")
+        parts = [p for p in rel.parts if p != "__init__"]
+        out[".".join(["replay_fsm", *parts])] = ast.parse(path.read_text())
+    return out
+
+
+def _is_package(name: str) -> bool:
+    return (PACKAGE / Path(*name.split(".")[1:]) / "__init__.py").exists() or name == (
+        "replay_fsm")
+
+
+def imports_of(name: str, tree: ast.Module) -> set[str]:
+    """Package modules ``name`` imports anywhere (functions too), except under
+    ``if TYPE_CHECKING:``."""
+    base = name if _is_package(name) else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            return
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base.split(".")
+                anchor = anchor[:len(anchor) - node.level + 1]
+                target = ".".join([*anchor, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            if target.startswith("replay_fsm"):
+                for alias in node.names:  # "from . import diagram" names a module
+                    sub = f"{target}.{alias.name}"
+                    found.add(sub if sub in ALL else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("replay_fsm"))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    found.discard(name)
+    return found
+
+
+ALL = modules()
+
+
+def test_spec_core_and_wire_import_without_torch() -> None:
+    """The sans-IO core is importable alone, in a fresh interpreter."""
+    code = ("import sys, replay_fsm, replay_fsm.spec, replay_fsm.core, replay_fsm.wire, "
+            "replay_fsm.errors; bad = [m for m in ('torch', 'numpy', 'threading_', "
+            "'multiprocessing') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_top_level_names_load_lazily_and_all_resolve() -> None:
+    assert set(replay_fsm.__all__) == set(replay_fsm._EXPORTS)
+    for name in replay_fsm.__all__:
+        assert getattr(replay_fsm, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        replay_fsm.Nope  # noqa: B018
+
+
+@pytest.mark.parametrize("old,new", [
+    ("replay_fsm.sampling", "replay_fsm.data.sampling"),
+    ("replay_fsm.explore", "replay_fsm.verify.explore"),
+    ("replay_fsm.conformance", "replay_fsm.verify.conformance"),
+    ("replay_fsm.diagram", "replay_fsm.verify.diagram"),
+])
+def test_old_import_paths_are_the_moved_modules(old: str, new: str) -> None:
+    assert importlib.import_module(old) is importlib.import_module(new)
+
+
+def test_no_module_imports_one_that_imports_it_back() -> None:
+    graph = {name: imports_of(name, tree) & set(ALL) for name, tree in ALL.items()}
+    # The package's own __init__ and the old-path aliases are entry points, not layers.
+    entry = {"replay_fsm"} | {n for n, t in ALL.items()
+                              if "sys.modules[__name__]" in ast.unparse(t)}
+    graph = {n: deps - entry for n, deps in graph.items() if n not in entry}
+    cycles = []
+    for start in graph:
+        stack, seen = [(start, [start])], set()
+        while stack:
+            node, path = stack.pop()
+            for dep in graph.get(node, ()):
+                if dep == start:
+                    cycles.append(" -> ".join([*path, dep]))
+                elif dep not in seen:
+                    seen.add(dep)
+                    stack.append((dep, [*path, dep]))
+    assert not cycles, "\n".join(sorted(set(cycles)))
+
+
+def test_no_module_reads_another_modules_private_names() -> None:
+    offenders = []
+    for name, tree in ALL.items():
+        rel = str(Path(*name.split(".")[1:])) + ".py"
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                offenders += [f"{rel}:{node.lineno} imports {a.name}" for a in node.names
+                              if a.name.startswith("_") and not a.name.startswith("__")]
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name)
+                             and node.value.id in ("self", "cls"))
+                    and (rel, node.attr) not in ALLOWED_PRIVATE):
+                offenders.append(f"{rel}:{node.lineno} reads {ast.unparse(node)}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_layers_import_only_downwards() -> None:
+    """protocol <- data <- transfer <- runtime <- verify/entry points: a lower layer
+    never imports a higher one."""
+    rank = {"replay_fsm.spec": 0, "replay_fsm.errors": 0, "replay_fsm.wire": 0,
+            "replay_fsm.core": 0, "replay_fsm.data": 1, "replay_fsm.transfer": 2,
+            "replay_fsm.runtime": 3}
+
+    def layer(module: str) -> int:
+        for prefix, r in rank.items():
+            if module == prefix or module.startswith(prefix + "."):
+                return r
+        return 9  # verify, demo, compat, testing, cli, distributed: the top
+
+    upward = [f"{n} -> {d}" for n, t in ALL.items() for d in imports_of(n, t)
+              if d in ALL and n != "replay_fsm" and layer(d) > layer(n)]
+    assert not upward, "\n".join(upward)

@@ -1,0 +1,121 @@
+"""INV-LIVE at every state a learner can wait on: REQUESTED (a collector that died,
+hangs inside a pack, or never attaches) and SUBMITTED (a copy that never completes,
+a copy engine that dies). Each wait raises a named error, chained to the cause when
+there is one; none hangs. Bounds are liveness_timeout plus a wide margin."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from replay_fsm import CollectorDied, Pipeline, PipelineFailed, ReplayBuffer
+from replay_fsm.errors import TransferFailed
+from replay_fsm.runtime.links import ThreadCollector
+from replay_fsm.transfer.emulated import EmulatedBackend
+
+MARGIN_S = 30.0  # a loaded CI machine is slow, never this slow
+
+
+def buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(256, 4, 2)
+    rb.add_packed(torch.randn(100, rb.width))
+    return rb
+
+
+def test_a_copy_that_never_completes_raises_transfer_failed() -> None:
+    with Pipeline(buffer(), sample_count=8, backend="manual", liveness_timeout=0.3) as pipe:
+        pipe.start_prepare(0, 8)
+        t0 = time.monotonic()
+        with pytest.raises(TransferFailed, match="copy into slot 0 did not complete"):
+            pipe.wait_until_ready(0, 8)  # no timeout: the watchdog ends it
+        assert time.monotonic() - t0 < MARGIN_S
+        with pytest.raises(TransferFailed):  # sticky
+            pipe.sample_large_batch(0, 8)
+
+
+def test_a_copy_engine_that_raises_fails_the_learner_chained() -> None:
+    boom = RuntimeError("DMA engine on fire")
+
+    class Burning(EmulatedBackend):
+        def _copy(self, order: object) -> None:
+            raise boom
+
+    with Pipeline(buffer(), sample_count=8, backend=Burning(), liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(PipelineFailed) as info:
+            pipe.sample_large_batch(0, 8)
+        assert info.value.__cause__ is boom
+
+
+def test_a_copy_engine_thread_that_is_gone_is_noticed() -> None:
+    class Vanished(EmulatedBackend):
+        def _run(self) -> None:
+            return  # the engine thread ends at once, reporting nothing
+
+    with Pipeline(buffer(), sample_count=8, backend=Vanished(), liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(TransferFailed, match="copy engine thread exited"):
+            pipe.wait_until_ready(0, 8)
+
+
+def test_a_transfer_worker_that_meets_an_exception_fails_the_learner() -> None:
+    boom = OSError("ready queue broken")
+
+    class BrokenReceive(ThreadCollector):
+        def receive(self, timeout: float) -> None:
+            raise boom
+
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector=BrokenReceive(rb, 2, 8),
+                  liveness_timeout=60) as pipe:
+        with pytest.raises(PipelineFailed) as info:
+            pipe.start_prepare(0, 8)  # the worker may have failed the pipeline already
+            pipe.wait_until_ready(0, 8)
+        assert info.value.__cause__ is boom
+
+
+class StuckBuffer(ReplayBuffer):
+    """A gather that blocks until released: a packer alive but hung inside a pack."""
+
+    release = threading.Event()
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.release.wait(MARGIN_S)
+        return super().gather(indices, out)
+
+
+def test_a_packer_thread_hung_inside_a_pack_raises_collector_died() -> None:
+    rb = StuckBuffer(256, 4, 2)
+    rb.add_packed(torch.randn(100, rb.width))
+    StuckBuffer.release.clear()
+    pipe = Pipeline(rb, sample_count=8, collector="thread", liveness_timeout=0.5)
+    try:
+        pipe.start_prepare(0, 8)
+        t0 = time.monotonic()
+        with pytest.raises(CollectorDied, match="no heartbeat from the packer thread"):
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
+        assert time.monotonic() - t0 < MARGIN_S
+    finally:
+        StuckBuffer.release.set()  # let the thread finish its pack so close joins it
+        pipe.close()
+    assert pipe.forced == []
+
+
+def test_an_external_collector_that_never_attaches_raises() -> None:
+    with Pipeline(buffer(), sample_count=8, collector="external", attach_timeout=0.3,
+                  liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(CollectorDied, match="no collector called Packer.attach"):
+            pipe.sample_large_batch(0, 8)
+
+
+def test_a_slow_collector_that_still_beats_is_not_declared_dead() -> None:
+    """Waiting for data (min_snapshot_ptr) is not death: the packer keeps beating, so
+    the wait runs to its own timeout and returns False."""
+    with Pipeline(buffer(), sample_count=8, collector="thread", liveness_timeout=0.2) as pipe:
+        pipe.start_prepare(0, 8, min_snapshot_ptr=10**9)  # data that never comes
+        assert pipe.wait_until_ready(0, 8, timeout=1.0) is False
+        assert not pipe.closed and pipe.statistics().stalls == 1
