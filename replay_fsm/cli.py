@@ -10,12 +10,14 @@ from .spec import SlotState
 
 
 def _demo(args: argparse.Namespace) -> int:
+    from .demo import DemoConfig
+    config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
+                        collector=args.collector, out=args.out, checked=args.checked,
+                        sample_count=args.sample_count, progress=not args.no_progress,
+                        learner_threads=args.learner_threads or None)
     if args.nproc > 1:
         from .distributed import launch
-        results = launch(args.nproc, {
-            "ticks": args.ticks, "device": args.device, "ring_depth": args.ring_depth,
-            "out": args.out,
-            "sample_count": args.sample_count})
+        results = launch(args.nproc, config)
         for rank, summary in sorted(results.items()):
             print(f"rank {rank}: {summary['ticks']} ticks, {summary['tick_ms']:.2f} ms/tick, "
                   f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}")
@@ -23,10 +25,7 @@ def _demo(args: argparse.Namespace) -> int:
               "(summary-rank<k>.json, trace.json)")
         return 0
     from .demo import format_summary, run
-    summary = run(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
-                  collector=args.collector, out=args.out, checked=args.checked,
-                  sample_count=args.sample_count, progress=not args.no_progress,
-                  learner_threads=args.learner_threads or None)
+    summary = run(config)
     print(format_summary(summary, args.out))
     if summary["interrupted"]:
         return 130  # the shell's code for Ctrl-C

@@ -21,6 +21,7 @@ node, feeding its ranks through ``collector="external"`` handles).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import uuid
@@ -28,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from .demo.config import DemoConfig
 
 RANK_SEED_STRIDE = 1 << 24
 
@@ -58,31 +61,26 @@ def _all_reduce_mean(tensors: list[torch.Tensor]) -> None:
         t.div_(world)
 
 
-def rank_main(options: dict[str, Any]) -> dict[str, Any]:
-    """The body of one rank: its collector, its pipeline, all-reduced gradients."""
+def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any]:
+    """The body of one rank: ``config`` as this rank (its seeds and device), its
+    collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``
+    applies only to ``kill_rank`` (fault injection for tests)."""
     import torch.distributed as dist
 
     from .demo import run
     from .errors import ReplayFSMError
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = local_device(local_rank, options.get("device", "auto"))
+    device = local_device(local_rank, config.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
-    out = Path(options["out"])
+    mine = config.for_rank(rank, rank_seed(config.seed, rank), str(device))
+    if rank != kill_rank:
+        mine = dataclasses.replace(mine, kill_collector_at=None)
+    out = Path(mine.out)
     try:
-        kill = options.get("kill_collector_at") if rank == options.get("kill_rank") else None
-        summary = run(ticks=options["ticks"], device=str(device),
-                      ring_depth=options.get("ring_depth", 2), collector="process",
-                      out=out, sample_count=options.get("sample_count", 2048),
-                      capacity=options.get("capacity", 50_000), envs=options.get("envs", 64),
-                      seed=options.get("seed", 0) + rank, progress=False,
-                      base_seed=rank_seed(options.get("seed", 0), rank), rank=rank,
-                      all_reduce=_all_reduce_mean,
-                      collect_steps=options.get("collect_steps"),
-                      verify_data=options.get("verify_data", False),
-                      kill_collector_at=kill)
+        summary = run(mine, all_reduce=_all_reduce_mean)
     except ReplayFSMError as exc:
         (out / f"summary-rank{rank}.json").write_text(json.dumps(
             {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
@@ -105,20 +103,22 @@ def merge_traces(out: Path, nproc: int) -> Path:
     return merged
 
 
-def launch(nproc: int, options: dict[str, Any]) -> dict[int, Any]:
-    """Start ``nproc`` ranks on this node with torch's elastic launcher; returns each
-    rank's summary. If one rank fails, the launcher stops the others and raises."""
+def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
+           ) -> dict[int, Any]:
+    """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
+    launcher; returns each rank's summary. If one rank fails, the launcher stops the
+    others and raises."""
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
-    out = Path(options["out"])
+    out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
+    launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"replay_fsm-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
                           max_restarts=0, monitor_interval=0.1, start_method="spawn")
     try:
-        results = elastic_launch(config, rank_main)(options)
+        results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     finally:
         merge_traces(out, nproc)
     return dict(results)
@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--sample-count", type=int, default=2048)
     args = ap.parse_args(argv)
-    rank_main({"ticks": args.ticks, "device": args.device, "out": args.out,
-               "sample_count": args.sample_count})
+    rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
+                         sample_count=args.sample_count, capacity=50_000, envs=64))
     return 0
 
 

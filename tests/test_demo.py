@@ -7,15 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from replay_fsm.demo import format_summary, run
+from replay_fsm.demo import DemoConfig, format_summary, run
 from replay_fsm.verify.conformance import check, load
 
 
 @pytest.mark.parametrize("collector", [
     "thread", pytest.param("process", marks=pytest.mark.slow)])
 def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> None:
-    summary = run(ticks=25, collector=collector, out=tmp_path, checked=True,
-                  sample_count=512, capacity=20_000, envs=64, progress=False)
+    summary = run(DemoConfig(ticks=25, collector=collector, out=tmp_path, checked=True,
+                             sample_count=512, capacity=20_000, envs=64, progress=False))
     assert summary["ticks"] == 25 and summary["trace_conforms"]
     assert summary["checked_mode_checks"] > 0 and summary["bytes_moved"] > 0
     for name in ("trace.json", "transitions.jsonl", "slot.mmd", "summary.json"):
@@ -27,20 +27,20 @@ def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> Non
 
 def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from replay_fsm.demo import trainer as demo
+    from replay_fsm.demo import Learner
 
-    real_step = demo.Learner.step
+    real_step = Learner.step
     calls = {"n": 0}
 
-    def step(self: demo.Learner, batch: dict, all_reduce: object = None) -> float:
+    def step(self: Learner, batch: dict, all_reduce: object = None) -> float:
         calls["n"] += 1
         if calls["n"] == 6:
             raise KeyboardInterrupt  # what Ctrl-C raises in the learner's thread
         return real_step(self, batch, all_reduce)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(demo.Learner, "step", step)
-    summary = run(ticks=50, collector="thread", out=tmp_path, sample_count=256,
-                  capacity=10_000, envs=32, progress=False)
+    monkeypatch.setattr(Learner, "step", step)
+    summary = run(DemoConfig(ticks=50, collector="thread", out=tmp_path, sample_count=256,
+                             capacity=10_000, envs=32, progress=False))
     assert summary["interrupted"] and summary["ticks"] == 5
     assert summary["trace_conforms"]
     for name in ("trace.json", "transitions.jsonl", "summary.json"):

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from replay_fsm.demo import DemoConfig
 from replay_fsm.distributed import RANK_SEED_STRIDE, launch, local_device, rank_seed
 
 
@@ -22,10 +23,10 @@ def test_rank_seed_formula_and_device_choice() -> None:
             local_device(0, "cuda")
 
 
-def options(out: Path, **extra: object) -> dict:
-    return {"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
-            "capacity": 20_000, "envs": 32, "collect_steps": 40, "verify_data": True,
-            "seed": 5, **extra}
+def options(out: Path, **extra: object) -> DemoConfig:
+    return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
+                         "capacity": 20_000, "envs": 32, "collect_steps": 40,
+                         "verify_data": True, "seed": 5, **extra})  # type: ignore[arg-type]
 
 
 @pytest.mark.slow
@@ -50,8 +51,8 @@ def test_two_ranks_draw_different_reproducible_batches(tmp_path: Path) -> None:
 def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(Exception) as info:
-        launch(2, options(tmp_path, ticks=40, kill_rank=1, kill_collector_at=3,
-                          verify_data=False))
+        launch(2, options(tmp_path, ticks=40, kill_collector_at=3, verify_data=False),
+               kill_rank=1)
     assert "ChildFailedError" in type(info.value).__name__
     assert time.monotonic() - t0 < 120  # the other rank did not hang
     failed = json.loads((tmp_path / "summary-rank1.json").read_text())

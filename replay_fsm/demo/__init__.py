@@ -1,5 +1,14 @@
-"""``replay-fsm demo``: a small off-policy trainer on an embedded default."""
+"""``replay-fsm demo``: a small off-policy trainer on an embedded default.
 
-from .trainer import Critic, Learner, PointMass, collect, format_summary, run
+``run(DemoConfig(...))`` runs it; the pieces (environment, collector, learner) are
+modules of their own so tests and the distributed launcher can reuse them.
+"""
 
-__all__ = ["Critic", "Learner", "PointMass", "collect", "format_summary", "run"]
+from .collector import collect
+from .config import DemoConfig
+from .env import PointMass
+from .learner import Critic, Learner
+from .runner import format_summary, run
+
+__all__ = ["Critic", "DemoConfig", "Learner", "PointMass", "collect", "format_summary",
+           "run"]

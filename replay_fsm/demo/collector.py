@@ -1,0 +1,45 @@
+"""The demo's collector: step, add, serve pack requests between steps (the seed's
+pattern), in a spawned process or a thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..data.buffer import ReplayBuffer
+from ..data.packer import Packer, PackerHandle
+from .env import ACT, OBS, PointMass
+
+
+def collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
+            stop: Any = None, steps: int | None = None) -> None:
+    """The collector: step, add, serve pack requests between steps, until closed.
+
+    ``steps``: stop stepping after that many steps and only serve (tests use it to
+    keep the storage still, so every batch can be checked bit for bit)."""
+    try:
+        _collect(rb, handle, envs, seed, stop, steps)
+    except KeyboardInterrupt:
+        pass  # Ctrl-C reaches the whole process group; the learner side cleans up
+
+
+def _collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int, stop: Any,
+             steps: int | None) -> None:
+    env = PointMass(envs, seed)
+    packer = Packer.attach(handle, rb)
+    policy = np.random.default_rng(seed + 1).standard_normal((OBS, ACT)).astype(np.float32)
+    taken = 0
+    while not packer.closed and not (stop is not None and stop.is_set()):
+        if steps is not None and taken >= steps:
+            packer.service(timeout=0.05)
+            continue
+        action = -env.observe(env.state) @ policy * 0.5 + env.rng.normal(0, 0.3,
+                                                                           (envs, ACT))
+        obs, rew, nxt, done, trunc, reset, terminal = env.step(action.astype(np.float32))
+        rb.add(obs, action, rew, nxt, done, trunc, terminal_mask=reset,
+               terminal_next_obs=terminal)
+        taken += 1
+        packer.service(timeout=0.0)
+        if rb.size == rb.capacity:
+            packer.service(timeout=0.002)  # a full buffer: favour serving the learner

@@ -1,0 +1,76 @@
+"""What a demo run is: one frozen, picklable record for the CLI, the tests and the
+distributed launcher (which derives each rank's copy with ``for_rank``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class DemoConfig:
+    """A demo run.
+
+    The run: ``ticks``, ``device``, ``ring_depth``, ``collector`` ("process" or
+    "thread"), ``out`` (the output folder), ``checked`` (checked mode),
+    ``sample_count``, ``capacity`` (replay rows), ``envs`` (parallel environments),
+    ``seed`` (environment and network seeds), ``progress`` (a tqdm bar),
+    ``learner_threads`` (torch threads of the learner; 1 leaves the collector a core
+    on a small machine, None keeps torch's default).
+
+    One rank of a multi-rank run: ``rank`` (None: a single-process run) and
+    ``base_seed`` (the batches' seed, default ``seed``; see
+    ``replay_fsm.distributed.rank_seed``).
+
+    Checks and fault injection, for tests: ``collect_steps`` stops the collector
+    stepping after that many steps (the storage then holds still) and
+    ``verify_data`` checks every batch bit for bit (INV-DATA);
+    ``kill_collector_at`` SIGKILLs the collector process at that tick.
+
+    Raises:
+        ValueError: a field out of range (named, with the value).
+    """
+
+    ticks: int = 300
+    device: str = "cpu"
+    ring_depth: int = 2
+    collector: str = "process"
+    out: str | Path = "demo-out"
+    checked: bool = False
+    sample_count: int = 8192
+    capacity: int = 200_000
+    envs: int = 128
+    seed: int = 0
+    progress: bool = True
+    learner_threads: int | None = 1
+    rank: int | None = None
+    base_seed: int | None = None
+    collect_steps: int | None = None
+    verify_data: bool = False
+    kill_collector_at: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ticks", "sample_count", "capacity", "envs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.collector not in ("process", "thread"):
+            raise ValueError(f"collector must be 'process' or 'thread', got "
+                             f"{self.collector!r}")
+
+    @property
+    def batch_seed(self) -> int:
+        """The base seed of the batches (INV-DATA)."""
+        return self.seed if self.base_seed is None else self.base_seed
+
+    @property
+    def suffix(self) -> str:
+        """The file-name suffix of this rank's outputs ("" for a single run)."""
+        return "" if self.rank is None else f"-rank{self.rank}"
+
+    def for_rank(self, rank: int, base_seed: int, device: str) -> DemoConfig:
+        """This run as rank ``rank`` of a multi-rank job: its own seeds and device."""
+        return dataclasses.replace(self, rank=rank, base_seed=base_seed,
+                                   seed=self.seed + rank, device=device, progress=False,
+                                   collector="process")
