@@ -1,7 +1,9 @@
 """INV-LIVE at every state a learner can wait on: REQUESTED (a collector that died,
 hangs inside a pack, or never attaches) and SUBMITTED (a copy that never completes,
 a copy engine that dies). Each wait raises a named error, chained to the cause when
-there is one; none hangs. Bounds are liveness_timeout plus a wide margin."""
+there is one; none hangs. Bounds are liveness_timeout plus a wide margin. Every wait
+carries a timeout of that margin, so a pipeline without its watchdog fails these tests
+(the wait returns False) instead of hanging them."""
 
 from __future__ import annotations
 
@@ -30,7 +32,7 @@ def test_a_copy_that_never_completes_raises_transfer_failed() -> None:
         pipe.start_prepare(0, 8)
         t0 = time.monotonic()
         with pytest.raises(TransferFailed, match="copy into slot 0 did not complete"):
-            pipe.wait_until_ready(0, 8)  # no timeout: the watchdog ends it
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)  # the watchdog ends it first
         assert time.monotonic() - t0 < MARGIN_S
         with pytest.raises(TransferFailed):  # sticky
             pipe.sample_large_batch(0, 8)
@@ -58,7 +60,7 @@ def test_a_copy_engine_thread_that_is_gone_is_noticed() -> None:
     with Pipeline(buffer(), sample_count=8, backend=Vanished(), liveness_timeout=60) as pipe:
         pipe.start_prepare(0, 8)
         with pytest.raises(TransferFailed, match="copy engine thread exited"):
-            pipe.wait_until_ready(0, 8)
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
 
 
 def test_a_transfer_worker_that_meets_an_exception_fails_the_learner() -> None:
@@ -73,7 +75,7 @@ def test_a_transfer_worker_that_meets_an_exception_fails_the_learner() -> None:
                   liveness_timeout=60) as pipe:
         with pytest.raises(PipelineFailed) as info:
             pipe.start_prepare(0, 8)  # the worker may have failed the pipeline already
-            pipe.wait_until_ready(0, 8)
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
         assert info.value.__cause__ is boom
 
 
@@ -109,7 +111,7 @@ def test_an_external_collector_that_never_attaches_raises() -> None:
                   liveness_timeout=60) as pipe:
         pipe.start_prepare(0, 8)
         with pytest.raises(CollectorDied, match="no collector called Packer.attach"):
-            pipe.sample_large_batch(0, 8)
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
 
 
 def test_a_slow_collector_that_still_beats_is_not_declared_dead() -> None:
