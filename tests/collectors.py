@@ -47,3 +47,46 @@ def seed_style_collector(rb: ReplayBuffer, requests, ready, slots) -> None:  # t
             "sample_seed": req["sample_seed"], "sample_count": req["sample_count"],
             "shared_slot": req["shared_slot"], "target_gpu_slot": req["target_gpu_slot"],
         })
+
+
+def external_loop(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """The README's external collector loop: step (here: add rows), serve, until the
+    packer is closed: by the learner's close(), or because the learner died."""
+    packer = Packer.attach(handle, rb)
+    first = 10**6
+    while not packer.closed:
+        rb.add_packed(constant_rows(rb, first, 4))
+        first += 4
+        packer.service(timeout=0.01)
+
+
+LEARNER = """
+import json, multiprocessing as mp, signal, sys, time
+import torch
+from replay_fsm import Pipeline, ReplayBuffer
+from tests.collectors import external_loop
+
+if __name__ == "__main__":
+    mode = sys.argv[1]
+    rb = ReplayBuffer(4096, 4, 2)
+    rb.add_packed(torch.randn(1000, rb.width))
+    pipe = Pipeline(rb, sample_count=64, liveness_timeout=60,
+                    collector="external" if mode == "external" else mode)
+    other = pipe.collector_process
+    if mode == "external":
+        other = mp.get_context("spawn").Process(target=external_loop,
+                                                args=(pipe.packer_handle(), rb))
+        other.start()
+        pipe.watch(other)
+    for tick in range(5):
+        pipe.start_prepare(tick, 64)
+        pipe.sample_large_batch(tick, 64)
+        pipe.after_tick()
+    names = list(pipe.packer_handle().semaphore_names + rb.semaphore_names)
+    print(json.dumps({"other": other.pid, "names": names}), flush=True)
+    try:
+        time.sleep(600)  # until the test kills or interrupts us
+    except KeyboardInterrupt:
+        pipe.close()
+        sys.exit(130)
+"""

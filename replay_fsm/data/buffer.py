@@ -12,9 +12,11 @@ acquire points are library calls on other architectures too).
 
 from __future__ import annotations
 
+import _multiprocessing
 import multiprocessing as mp
 import time
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
@@ -117,6 +119,22 @@ class ReplayBuffer:
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
         self._seq = torch.zeros(n_regions, dtype=torch.int64).share_memory_()
         self._write_lock = mp.get_context("spawn").Lock()
+
+    @property
+    def semaphore_names(self) -> tuple[str, ...]:
+        """The /dev/shm name of the write lock's semaphore (to check none is left)."""
+        return (f"sem.{self._write_lock._semlock.name.lstrip('/')}",)  # type: ignore[attr-defined]
+
+    def unlink(self) -> None:
+        """Remove the write lock's semaphore name from the system and from the
+        resource tracker, from any process holding the buffer (for when its creator
+        died and cannot). The buffer keeps working in the processes that hold it."""
+        name = self._write_lock._semlock.name  # type: ignore[attr-defined]
+        try:
+            _multiprocessing.sem_unlink(name)
+        except FileNotFoundError:
+            return  # already gone
+        resource_tracker.unregister(name, "semaphore")
 
     @property
     def width(self) -> int:

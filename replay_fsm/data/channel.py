@@ -9,8 +9,10 @@ is a shared tensor and the semaphores are the spawn context's. Cheaper than an
 
 from __future__ import annotations
 
+import _multiprocessing
 import multiprocessing as mp
 from collections.abc import Sequence
+from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
@@ -106,6 +108,18 @@ class Channel:
         self._idx_np[0] += 1
         self._spaces.release()
         return row[: self.width], text
+
+    def unlink(self) -> None:
+        """Remove the semaphores' names from the system and from the resource
+        tracker, from any process holding the channel (for when its creator died and
+        cannot). Handles already open keep working."""
+        for sem in (self._items, self._spaces):
+            name = sem._semlock.name  # type: ignore[attr-defined]
+            try:
+                _multiprocessing.sem_unlink(name)
+            except FileNotFoundError:
+                continue  # already gone
+            resource_tracker.unregister(name, "semaphore")
 
     def close(self) -> None:
         """Wake every waiter; later puts and gets raise ChannelClosed."""

@@ -9,6 +9,7 @@ environment steps, where the seed's collector serviced its queue.
 from __future__ import annotations
 
 import os
+import signal
 import time
 import traceback
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from .channel import Channel, ChannelClosed
 from .sampling import sample_indices
 
 ERROR_TEXT_BYTES = 16384
+LEARNER_CHECK_S = 0.25  # how often a packer looks whether its learner still lives
 
 
 @dataclass
@@ -33,16 +35,19 @@ class PackerHandle:
     requests: Channel
     done: Channel
     host_slots: torch.Tensor  # [ring_depth, sample_count, width], shared
-    # [pid, heartbeat monotonic ns] of the attached packer, shared; pid 0: none yet.
+    # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), and the
+    # pid of the learner that created the handle; shared.
     packer_state: torch.Tensor
 
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int) -> PackerHandle:
+        state = torch.zeros(3, dtype=torch.int64).share_memory_()
+        state[2] = os.getpid()
         return cls(
             requests=Channel(ring_depth, REQUEST_FIELDS),
             done=Channel(ring_depth, DONE_FIELDS, text_bytes=ERROR_TEXT_BYTES),
             host_slots=torch.zeros(ring_depth, sample_count, width).share_memory_(),
-            packer_state=torch.zeros(2, dtype=torch.int64).share_memory_(),
+            packer_state=state,
         )
 
     @property
@@ -54,6 +59,10 @@ class PackerHandle:
         return int(self.packer_state[1])
 
     @property
+    def learner_pid(self) -> int:
+        return int(self.packer_state[2])
+
+    @property
     def semaphore_names(self) -> tuple[str, ...]:
         """The /dev/shm names of the channels' semaphores (to check none is left)."""
         return self.requests.semaphore_names + self.done.semaphore_names
@@ -62,9 +71,21 @@ class PackerHandle:
         self.requests.close()
         self.done.close()
 
+    def unlink(self) -> None:
+        """Remove the channels' semaphores from the system now, from any process
+        that holds the handle: its creator is gone and cannot do it at exit."""
+        self.requests.unlink()
+        self.done.unlink()
+
 
 class Packer:
-    """Serves pack requests for one pipeline from ``replay_buffer``."""
+    """Serves pack requests for one pipeline from ``replay_buffer``.
+
+    If the learner that created the handle dies, the packer notices within
+    ``LEARNER_CHECK_S`` of a ``service`` call, closes the channels (``closed`` turns
+    True, so a collector's ``while not packer.closed`` loop ends) and removes the
+    shared names the dead learner can no longer remove.
+    """
 
     def __init__(self, handle: PackerHandle, replay_buffer: ReplayBuffer) -> None:
         depth, n, width = handle.host_slots.shape
@@ -77,7 +98,12 @@ class Packer:
         # Reused every tick: no allocation in steady state.
         self._indices = torch.empty(n, dtype=torch.int64)
         self._generator = torch.Generator()
-        self._beat = handle.packer_state[1:].numpy()  # heartbeat cell, written per call
+        self._beat = handle.packer_state[1:2].numpy()  # heartbeat cell, written per call
+        self._learner_pid = handle.learner_pid
+        # A packer the learner spawned is orphaned the moment the learner exits, even
+        # while the learner lingers as a zombie nobody has reaped yet.
+        self._learner_is_parent = os.getppid() == self._learner_pid
+        self._next_learner_check_ns = 0
         self.packed_count = 0
 
     @classmethod
@@ -100,7 +126,12 @@ class Packer:
         request was served: its pack-done message posted, or, when packing raised,
         that tick's failure with the traceback text.
         """
-        self._beat[0] = time.monotonic_ns()
+        now = self._beat[0] = time.monotonic_ns()
+        if now >= self._next_learner_check_ns:
+            self._next_learner_check_ns = now + int(LEARNER_CHECK_S * 1e9)
+            if not self._learner_alive():
+                self._orphaned()
+                return False
         try:
             if self._pending is None:
                 got = self.handle.requests.get(timeout=timeout)
@@ -117,6 +148,32 @@ class Packer:
             return True
         except ChannelClosed:
             return False
+
+    def _learner_alive(self) -> bool:
+        pid = self._learner_pid
+        if pid in (0, os.getpid()):
+            return True  # a packer thread in the learner's own process
+        if self._learner_is_parent:
+            return os.getppid() == pid
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True  # alive, but another user's
+        try:  # a zombie answers kill(0) but is dead (Linux tells which)
+            with open(f"/proc/{pid}/stat") as f:
+                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+        except (OSError, IndexError):
+            return True
+
+    def _orphaned(self) -> None:
+        """The learner is gone: stop serving and leave no named object behind."""
+        if self.handle.requests.closed:
+            return
+        self.handle.close()
+        self.handle.unlink()
+        self.replay_buffer.unlink()
 
     def _pack(self, request: PackRequest) -> None:
         start = time.monotonic_ns()  # system-wide clock: comparable across processes
@@ -146,6 +203,9 @@ def serve_forever(handle: PackerHandle, replay_buffer: ReplayBuffer,
 
     ``threads``: torch intra-op threads for the gather (None: torch's default).
     """
+    # Ctrl-C reaches the whole process group; the learner decides what happens (it
+    # closes the channels, and this loop ends), so the packer prints no traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if threads is not None:
         torch.set_num_threads(threads)
     packer = Packer.attach(handle, replay_buffer)

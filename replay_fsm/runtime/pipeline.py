@@ -41,7 +41,18 @@ from .observers import Observer, Statistics, StatisticsObserver
 from .tracer import Tracer
 from .worker import TransferWorker
 
-STOP_TIMEOUT_S = 10.0
+# close() waits at most about this long for each side to stop on its own, then forces.
+STOP_TIMEOUT_S = 4.0
+
+
+def _count(name: str, value: object) -> int:
+    """An int >= 0 (numpy integers too; never bool or float)."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+    number = int(value)  # type: ignore[call-overload]
+    if number < 0:
+        raise ValueError(f"{name} must be >= 0, got {number}")
+    return number
 
 
 class Pipeline:
@@ -181,18 +192,25 @@ class Pipeline:
         already requested or hot, True when this call started new work.
 
         Raises:
-            ValueError: ``sample_count`` differs from the allocated one, or a bad tick.
+            ValueError, TypeError: ``sample_count`` differs from the allocated one, or
+                a bad tick or ``min_snapshot_ptr``.
             IllegalTransition: out of order, or the ring is full.
             PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
-        with self._profiled("start_prepare"), self._cv:
+        if min_snapshot_ptr is not None:
+            min_snapshot_ptr = _count("min_snapshot_ptr", min_snapshot_ptr)
+        with self._profiled("start_prepare"):
+            return self._interruptible(self._request, tick_id, min_snapshot_ptr)
+
+    def _request(self, tick_id: int, min_snapshot_ptr: int | None) -> bool:
+        with self._cv:
             self._raise_if_unusable()
             if self._core.slot_of(tick_id) is not None:
                 return False
             ptr = self.replay_buffer.ptr
             request = self._core.request(
-                tick_id, ptr if min_snapshot_ptr is None else int(min_snapshot_ptr))
+                tick_id, ptr if min_snapshot_ptr is None else min_snapshot_ptr)
             hot = self._core.hot_slot
             try:
                 self._link.send(request, snapshot=(ptr, self.replay_buffer.size),
@@ -209,6 +227,9 @@ class Pipeline:
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
         """Whether ``tick_id`` can be sampled without waiting. Never blocks."""
         self._validate(sample_count)
+        return self._interruptible(self._ready, tick_id)
+
+    def _ready(self, tick_id: int) -> bool:
         with self._cv:
             self._pump_locked()
             self._raise_if_unusable()
@@ -227,6 +248,10 @@ class Pipeline:
             CollectorDied, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
+        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
+                timeout, (int, float)) or not 0 <= timeout < float("inf")):
+            raise ValueError(f"timeout must be None or a finite number of seconds >= 0, "
+                             f"got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._profiled("wait_until_ready"):
             return self._interruptible(self._wait, tick_id, deadline)
@@ -247,7 +272,11 @@ class Pipeline:
 
     def after_tick(self) -> None:
         """Release the hot batch (no-op when none is hot); its slot can be reused."""
-        with self._profiled("after_tick"), self._cv:
+        with self._profiled("after_tick"):
+            self._interruptible(self._release)
+
+    def _release(self) -> None:
+        with self._cv:
             self._raise_if_unusable()
             slot = self._core.hot_slot
             if slot is None:
@@ -257,14 +286,19 @@ class Pipeline:
             self.backend.after_read(slot)  # the end of this HOT period's reads
             self._core.release()
 
-    def ticks(self, start: int, stop: int) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+    def ticks(self, start: int, stop: int, *, min_snapshot_ptr: int | None = None
+              ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
         """Yield (tick, batch) for ticks in [start, stop), prefetching up to
-        ring_depth - 1 ticks ahead; each batch is released when the loop moves on."""
+        ring_depth - 1 ticks ahead; each batch is released when the loop moves on.
+
+        ``min_snapshot_ptr``: every request waits until the buffer has seen that many
+        rows (as in ``start_prepare``), e.g. to start before the collector has data.
+        """
         try:
             for tick in range(start, stop):
                 self.after_tick()
                 for ahead in range(tick, min(tick + self.ring_depth - 1, stop - 1) + 1):
-                    self.start_prepare(ahead, self.sample_count)
+                    self.start_prepare(ahead, self.sample_count, min_snapshot_ptr)
                 yield tick, self.sample_large_batch(tick, self.sample_count)
         finally:
             with contextlib.suppress(ReplayFSMError):
@@ -284,6 +318,12 @@ class Pipeline:
             self._observers.append(observer)
 
     # -- read-only views ------------------------------------------------------
+
+    def check_invariants(self) -> None:
+        """Assert the core's structural invariants (INV-HOT, INV-ORDER, the slots'
+        ticks); a failure is a library bug."""
+        with self._cv:
+            self._core.check_invariants()
 
     def statistics(self) -> Statistics:
         with self._cv:
@@ -319,8 +359,10 @@ class Pipeline:
 
         Raises:
             ProtocolError: the tick's batch is not READY or HOT.
+            PipelineFailed, PipelineClosed.
         """
         with self._cv:
+            self._raise_if_unusable()
             slot = self._core.slot_of(tick_id)
             done = None if slot is None else self._packs[slot]
             if slot is None or done is None or self._core.state(slot) not in AVAILABLE:
@@ -334,15 +376,21 @@ class Pipeline:
     def close(self) -> None:
         """Stop everything: stop the collector link and the transfer worker, drain
         copies, unregister page-locked memory. Idempotent (INV-CLOSE)."""
+        interrupted: BaseException | None = None
         with self._cv:
             if self._closed:
                 return
             self._closed = True
-            self._core.close()
+            try:
+                self._core.close()
+            except BaseException as exc:  # noqa: BLE001 - an observer's; re-raised below
+                interrupted = exc  # the core is closed; the rest of close still runs
             self._cv.notify_all()
         self.forced = self._link.stop(STOP_TIMEOUT_S) + self._worker.stop(STOP_TIMEOUT_S)
         self.backend.close()
         self._views = []  # drop our views of device memory so it is freed now
+        if interrupted is not None:
+            raise interrupted
 
     def __enter__(self) -> Pipeline:
         return self
@@ -359,6 +407,9 @@ class Pipeline:
         return torch.profiler.record_function(f"replay_fsm/{name}")
 
     def _interruptible(self, fn: Any, *args: Any) -> Any:
+        """Run a learner call; a KeyboardInterrupt anywhere in it closes the pipeline,
+        so no step is left half done (a request taken but never sent, say) and no
+        thread or process is left waiting on a learner that has stopped."""
         try:
             return fn(*args)
         except KeyboardInterrupt:
@@ -494,10 +545,25 @@ class Pipeline:
 
     def _observe(self, record: TransitionRecord) -> None:
         now = time.monotonic_ns()
-        for observer in self._observers:
-            observer.transition(record, now)
+        for observer in tuple(self._observers):
+            try:
+                observer.transition(record, now)
+            except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
+                self._observer_failed(observer, exc)
 
     def _span(self, name: str, actor: Actor, start_ns: int, end_ns: int, **args: Any
               ) -> None:
-        for observer in self._observers:
-            observer.span(name, actor, start_ns, end_ns, **args)
+        for observer in tuple(self._observers):
+            try:
+                observer.span(name, actor, start_ns, end_ns, **args)
+            except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
+                self._observer_failed(observer, exc)
+
+    def _observer_failed(self, observer: Observer, error: Exception) -> None:
+        """An observer raised: drop it and fail the pipeline, chained to its error.
+        The step it watched is complete; failing (not re-raising into the middle of
+        a learner call) keeps the rest of that call from being skipped."""
+        with self._cv:
+            if observer in self._observers:
+                self._observers.remove(observer)
+            self._fail_locked(error)

@@ -1,0 +1,119 @@
+"""Fault injection (slow tier): the learner killed or interrupted, the collector
+stopped or hung, a hung copy. Whatever the other side does, nothing hangs, close()
+is bounded and says what it forced, and nothing is left behind: no process, no
+semaphore, no resource-tracker complaint, no traceback from the packer.
+
+Waits here are bounded by a wide margin; the real figures are a second or two.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.transfer.manual import ManualBackend
+
+from .collectors import LEARNER
+
+ROOT = Path(__file__).resolve().parent.parent
+MARGIN_S = 60.0
+pytestmark = pytest.mark.slow
+
+
+def start_learner(mode: str, **kw: object) -> tuple[subprocess.Popen[str], dict]:
+    proc = subprocess.Popen([sys.executable, "-c", LEARNER, mode], cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **kw)  # type: ignore[call-overload]
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"the learner did not start: {proc.communicate(timeout=MARGIN_S)}"
+    return proc, json.loads(line)
+
+
+def gone(pid: int) -> bool:
+    """The process exited (a zombie that nobody has reaped yet counts as gone)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("mode", ["process", "external"])
+def test_a_killed_learner_leaves_nothing_behind(mode: str) -> None:
+    """SIGKILL the learner: the packer (or the README's external collector loop)
+    notices, exits on its own, and removes the names the learner cannot."""
+    proc, info = start_learner(mode)
+    proc.kill()
+    # communicate() returns once every holder of the learner's pipes has exited: the
+    # learner, its packer or collector, and the resource tracker.
+    out, err = proc.communicate(timeout=MARGIN_S)
+    assert gone(info["other"]), "the collector side outlived its learner"
+    assert not set(info["names"]) & set(os.listdir("/dev/shm")), "semaphores left"
+    assert "leaked" not in err and "Traceback" not in err, err
+
+
+def test_ctrl_c_to_the_process_group_prints_no_packer_traceback() -> None:
+    proc, info = start_learner("process", start_new_session=True)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+    out, err = proc.communicate(timeout=MARGIN_S)
+    assert proc.returncode == 130
+    assert gone(info["other"])
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert not set(info["names"]) & set(os.listdir("/dev/shm"))
+
+
+def buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(256, 4, 2)
+    rb.add_packed(torch.randn(100, rb.width))
+    return rb
+
+
+def test_close_with_a_stopped_packer_process_is_bounded_and_says_so() -> None:
+    pipe = Pipeline(buffer(), sample_count=8, collector="process", liveness_timeout=60)
+    for _tick, _ in pipe.ticks(0, 3):
+        pass
+    proc = pipe.collector_process
+    os.kill(proc.pid, signal.SIGSTOP)
+    t0 = time.monotonic()
+    pipe.close()
+    assert time.monotonic() - t0 < MARGIN_S
+    assert any("kill the packer process" in f for f in pipe.forced), pipe.forced
+    assert not proc.is_alive()
+
+
+def test_close_with_a_hung_copy_is_bounded_and_says_so() -> None:
+    release = threading.Event()
+
+    class Hung(ManualBackend):
+        def submit(self, order: object) -> None:
+            release.wait(MARGIN_S)  # a submit that does not return
+
+    pipe = Pipeline(buffer(), sample_count=8, backend=Hung(), liveness_timeout=60)
+    try:
+        pipe.start_prepare(0, 8)
+        assert pipe.wait_until_ready(0, 8, timeout=0.2) is False
+        t0 = time.monotonic()
+        pipe.close()
+        assert time.monotonic() - t0 < MARGIN_S
+        assert any("transfer worker" in f for f in pipe.forced), pipe.forced
+    finally:
+        release.set()
+
+
+def test_a_clean_close_forces_nothing() -> None:
+    for collector in ("thread", "process"):
+        with Pipeline(buffer(), sample_count=8, collector=collector,
+                      liveness_timeout=60) as pipe:
+            for _tick, _ in pipe.ticks(0, 3):
+                pass
+        assert pipe.forced == [], (collector, pipe.forced)
