@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -99,7 +100,15 @@ def main(argv: list[str] | None = None) -> int:
     exp.set_defaults(fn=_explore)
 
     args = ap.parse_args(argv)
-    return int(args.fn(args))
+    try:
+        return int(args.fn(args))
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
+        if os.environ.get("REPLAY_FSM_DEBUG"):
+            raise
+        print(f"replay-fsm {args.command}: error: {exc}".splitlines()[0], file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -154,8 +154,13 @@ def _next_to_acquire(core: Core, slot: _Slot, step: Step) -> str | None:
     return None
 
 
-def _as_tick(tick: object) -> int:
-    """An integral tick (numpy integers too; never bool or float)."""
+def as_tick(tick: object) -> int:
+    """``tick`` as an int >= 0 (numpy integers too; never bool or float).
+
+    Raises:
+        TypeError: not an integer.
+        ValueError: negative.
+    """
     if isinstance(tick, bool) or not hasattr(tick, "__index__"):
         raise TypeError(f"tick must be an int, got {tick!r} ({type(tick).__name__})")
     value = int(tick)  # type: ignore[call-overload]
@@ -301,7 +306,7 @@ class Core:
             TypeError, ValueError: ``tick`` is not an int >= 0, or its seed
                 ``base_seed + tick`` leaves the 63-bit range; nothing changed.
         """
-        tick = _as_tick(tick)
+        tick = as_tick(tick)
         if self.base_seed + tick > MAX_SEED:
             raise ValueError(f"tick {tick}: its seed base_seed + tick = "
                              f"{self.base_seed + tick} must be < 2**63")
@@ -320,7 +325,7 @@ class Core:
 
     def acquire(self, tick: int, *, actor: Actor | None = None) -> int:
         """Learner: make the READY slot of ``tick`` HOT; returns the slot index."""
-        slot = self._admit(Step(Event.ACQUIRE, tick=_as_tick(tick)), actor)
+        slot = self._admit(Step(Event.ACQUIRE, tick=as_tick(tick)), actor)
         self._transition(slot, Event.ACQUIRE, actor)
         self._pending.popleft()
         self._hot = slot.index

@@ -34,9 +34,15 @@ class TransferFailed(PipelineFailed):
 
 
 class PackerError(ReplayFSMError):
-    """An exception raised while packing, carried over from the packer's side."""
+    """An exception raised while packing, carried over from the packer's side.
+
+    The message is the packer's exception in one line; ``traceback_text`` holds its
+    whole traceback, as the packer's process printed it.
+    """
 
     def __init__(self, tick: int, traceback_text: str) -> None:
-        super().__init__(f"packing tick {tick} failed:\n{traceback_text}")
+        lines = [line for line in traceback_text.strip().splitlines() if line.strip()]
+        cause = lines[-1].strip() if lines else "unknown error"
+        super().__init__(f"packing tick {tick} failed: {cause}")
         self.tick = tick
         self.traceback_text = traceback_text

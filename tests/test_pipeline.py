@@ -257,3 +257,67 @@ def test_a_request_that_cannot_be_sent_fails_the_pipeline() -> None:
         with pytest.raises(PipelineFailed) as info:
             pipe.start_prepare(0, 8)
         assert info.value.__cause__ is boom
+
+
+@pytest.mark.parametrize("kwargs,error,match", [
+    ({"sample_count": True}, ValueError, "sample_count"),
+    ({"sample_count": 8.0}, ValueError, "sample_count"),
+    ({"sample_count": 8, "liveness_timeout": float("nan")}, ValueError, "liveness_timeout"),
+    ({"sample_count": 8, "liveness_timeout": float("inf")}, ValueError, "liveness_timeout"),
+    ({"sample_count": 8, "attach_timeout": 0}, ValueError, "attach_timeout"),
+    ({"sample_count": 8, "base_seed": 2**63}, ValueError, "base_seed"),
+    ({"sample_count": 8, "base_seed": -1}, ValueError, "base_seed"),
+    ({"sample_count": 8, "ring_depth": 2.0}, ValueError, "ring_depth"),
+    ({"sample_count": 8, "trace_capacity": 0}, ValueError, "trace_capacity"),
+    ({"sample_count": 8, "packer_threads": 0}, ValueError, "packer_threads"),
+    ({"sample_count": 8, "backend_options": {"copyy": True}}, ValueError, "copyy"),
+])
+def test_constructor_arguments_are_checked_up_front(kwargs: dict, error: type, match: str
+                                                    ) -> None:
+    threads = set(threading.enumerate())
+    with pytest.raises(error, match=match):
+        Pipeline(buffer(), **kwargs)
+    assert set(threading.enumerate()) <= threads  # nothing was started
+
+
+def test_numpy_integers_are_counts_and_ticks() -> None:
+    np = pytest.importorskip("numpy")
+    with Pipeline(buffer(), sample_count=np.int64(16), ring_depth=np.int32(2),
+                  base_seed=np.int64(3)) as pipe:
+        assert pipe.start_prepare(np.int64(0), np.int64(16))
+        batch = pipe.sample_large_batch(np.int64(0), 16)
+        assert torch.equal(packed(batch, pipe), reference(pipe, 0))
+
+
+@pytest.mark.parametrize("call", ["start_prepare", "sample_large_batch", "wait_until_ready"])
+@pytest.mark.parametrize("tick,error", [(1.7, TypeError), ("3", TypeError),
+                                        (True, TypeError), (-1, ValueError),
+                                        (2**63, ValueError)])
+def test_bad_ticks_are_refused_and_change_nothing(call: str, tick: object,
+                                                  error: type) -> None:
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        if call != "start_prepare":
+            pipe.start_prepare(0, 8)
+        before = pipe.pending
+        if call != "start_prepare" and tick == 2**63:
+            error = ProtocolError  # an int, just never requested
+        with pytest.raises(error):
+            getattr(pipe, call)(tick, 8)
+        assert pipe.pending == before and not pipe.closed
+        assert pipe.start_prepare(len(before), 8)  # still usable
+
+
+def test_a_replay_buffer_of_the_wrong_kind_is_named() -> None:
+    with pytest.raises(TypeError, match="replay_buffer must be a replay_fsm.ReplayBuffer"):
+        Pipeline(object(), sample_count=8)  # type: ignore[arg-type]
+
+
+def test_min_snapshot_ptr_and_timeout_are_checked() -> None:
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        with pytest.raises(TypeError, match="min_snapshot_ptr"):
+            pipe.start_prepare(0, 8, min_snapshot_ptr=1.5)  # type: ignore[arg-type]
+        pipe.start_prepare(0, 8)
+        with pytest.raises(ValueError, match="timeout"):
+            pipe.wait_until_ready(0, 8, timeout=float("nan"))
+        with pytest.raises(ValueError, match="timeout"):
+            pipe.wait_until_ready(0, 8, timeout=-1)

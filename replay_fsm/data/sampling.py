@@ -18,7 +18,8 @@ def sample_indices(snapshot_size: int, sample_count: int, seed: int, *,
     """
     if snapshot_size <= 0:
         raise ValueError("cannot sample from an empty replay buffer (size 0): add "
-                         "transitions first, or pass min_snapshot_ptr to wait for them")
+                         "transitions first, or pass min_snapshot_ptr (to start_prepare "
+                         "or ticks) to wait for them")
     if sample_count <= 0:
         raise ValueError(f"sample_count must be positive, got {sample_count}")
     gen = torch.Generator() if generator is None else generator

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
 from ..runtime.pipeline import Pipeline
@@ -39,16 +40,9 @@ def run(config: DemoConfig | None = None,
     averages gradients across ranks.
 
     Raises:
-        ImportError: tqdm is missing.
         CollectorDied, PipelineFailed: the collector or the pipeline failed.
     """
     config = DemoConfig() if config is None else config
-    try:
-        from tqdm import tqdm
-    except ImportError as exc:  # tqdm is the demo extra, not a library dependency
-        raise ImportError("replay-fsm demo needs tqdm: pip install 'replay-fsm[demo]'"
-                          ) from exc
-
     if config.learner_threads is not None:
         torch.set_num_threads(config.learner_threads)
     out_dir = Path(config.out)

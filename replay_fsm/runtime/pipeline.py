@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core import Core
+from ..core import Core, as_tick
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -99,9 +99,20 @@ class Pipeline:
             raise ValueError(f"sample_count must be a positive int, got {sample_count!r}")
         for name, value in (("liveness_timeout", liveness_timeout),
                             ("attach_timeout", attach_timeout)):
-            if not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+                    0 < value < float("inf")):
                 raise ValueError(f"{name} must be a finite number of seconds > 0, got "
                                  f"{value!r}")
+        missing = [a for a in ("layout", "width", "ptr", "size", "gather")
+                   if not hasattr(replay_buffer, a)]
+        if missing:
+            raise TypeError(f"replay_buffer must be a replay_fsm.ReplayBuffer (or offer "
+                            f"its interface); {type(replay_buffer).__name__} lacks "
+                            f"{', '.join(missing)}")
+        if _count("trace_capacity", trace_capacity) < 1:
+            raise ValueError(f"trace_capacity must be >= 1, got {trace_capacity}")
+        if packer_threads is not None and _count("packer_threads", packer_threads) < 1:
+            raise ValueError(f"packer_threads must be >= 1 or None, got {packer_threads}")
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
@@ -201,7 +212,7 @@ class Pipeline:
         if min_snapshot_ptr is not None:
             min_snapshot_ptr = _count("min_snapshot_ptr", min_snapshot_ptr)
         with self._profiled("start_prepare"):
-            return self._interruptible(self._request, tick_id, min_snapshot_ptr)
+            return self._interruptible(self._request, as_tick(tick_id), min_snapshot_ptr)
 
     def _request(self, tick_id: int, min_snapshot_ptr: int | None) -> bool:
         with self._cv:
@@ -227,7 +238,7 @@ class Pipeline:
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
         """Whether ``tick_id`` can be sampled without waiting. Never blocks."""
         self._validate(sample_count)
-        return self._interruptible(self._ready, tick_id)
+        return self._interruptible(self._ready, as_tick(tick_id))
 
     def _ready(self, tick_id: int) -> bool:
         with self._cv:
@@ -254,7 +265,7 @@ class Pipeline:
                              f"got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._profiled("wait_until_ready"):
-            return self._interruptible(self._wait, tick_id, deadline)
+            return self._interruptible(self._wait, as_tick(tick_id), deadline)
 
     def sample_large_batch(self, tick_id: int, sample_count: int) -> dict[str, torch.Tensor]:
         """The batch of ``tick_id``, waiting for it if needed; the slot becomes HOT.
@@ -268,7 +279,7 @@ class Pipeline:
         """
         self._validate(sample_count)
         with self._profiled("sample_large_batch"):
-            return self._interruptible(self._acquire, tick_id)
+            return self._interruptible(self._acquire, as_tick(tick_id))
 
     def after_tick(self) -> None:
         """Release the hot batch (no-op when none is hot); its slot can be reused."""

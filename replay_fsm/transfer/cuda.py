@@ -25,8 +25,8 @@ class CudaBackend(TransferBackend):
         """``timing``: CUDA-event copy timings (``last_copy_ms``) and NVTX ranges
         around each copy submission (on when the pipeline traces)."""
         if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' requested but torch.cuda.is_available() is "
-                             "False")
+            raise ValueError("device 'cuda' is not available on this machine "
+                             "(torch.cuda.is_available() is False); supported here: cpu")
         self.device = torch.device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
