@@ -83,8 +83,8 @@ if __name__ == "__main__":
         pipe.sample_large_batch(tick, 64)
         pipe.after_tick()
     names = list(pipe.packer_handle().semaphore_names + rb.semaphore_names)
-    print(json.dumps({"other": other.pid, "names": names}), flush=True)
-    try:
+    try:  # the test interrupts us as soon as it reads the line
+        print(json.dumps({"other": other.pid, "names": names}), flush=True)
         time.sleep(600)  # until the test kills or interrupts us
     except KeyboardInterrupt:
         pipe.close()

@@ -117,3 +117,47 @@ def test_a_clean_close_forces_nothing() -> None:
             for _tick, _ in pipe.ticks(0, 3):
                 pass
         assert pipe.forced == [], (collector, pipe.forced)
+
+
+def test_a_stopped_packer_process_makes_the_waiting_learner_raise() -> None:
+    """SIGSTOP: alive, but silent. The heartbeat stops and the wait ends in
+    CollectorDied within the liveness bound; close() then has to kill it."""
+    from replay_fsm import CollectorDied
+    pipe = Pipeline(buffer(), sample_count=8, collector="process", liveness_timeout=1.0)
+    try:
+        for _tick, _ in pipe.ticks(0, 2):
+            pass
+        proc = pipe.collector_process
+        pipe.start_prepare(2, 8, min_snapshot_ptr=10**9)  # pends until data that never comes
+        os.kill(proc.pid, signal.SIGSTOP)
+        with pytest.raises(CollectorDied, match="no heartbeat"):
+            pipe.wait_until_ready(2, 8, timeout=MARGIN_S)
+    finally:
+        pipe.close()
+    assert not proc.is_alive()
+
+
+def test_a_killed_external_collector_makes_the_waiting_learner_raise() -> None:
+    """The pid in the handle: an external collector nobody watch()ed is noticed too."""
+    import multiprocessing as mp
+
+    from replay_fsm import CollectorDied
+
+    from .collectors import external_loop
+
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=8, collector="external", liveness_timeout=60)
+    proc = mp.get_context("spawn").Process(target=external_loop,
+                                           args=(pipe.packer_handle(), rb))
+    proc.start()
+    try:
+        pipe.start_prepare(0, 8)
+        pipe.sample_large_batch(0, 8)
+        pipe.after_tick()
+        pipe.start_prepare(1, 8, min_snapshot_ptr=10**9)
+        proc.kill()  # not joined: a zombie until the end, and still noticed
+        with pytest.raises(CollectorDied, match=f"collector process \\(pid {proc.pid}\\)"):
+            pipe.wait_until_ready(1, 8, timeout=MARGIN_S)
+    finally:
+        pipe.close()
+        proc.join(MARGIN_S)

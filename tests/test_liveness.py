@@ -121,3 +121,30 @@ def test_a_slow_collector_that_still_beats_is_not_declared_dead() -> None:
         pipe.start_prepare(0, 8, min_snapshot_ptr=10**9)  # data that never comes
         assert pipe.wait_until_ready(0, 8, timeout=1.0) is False
         assert not pipe.closed and pipe.statistics().stalls == 1
+
+
+def test_a_silent_collector_whose_pack_is_done_is_not_blamed() -> None:
+    """A slot stays REQUESTED after the packer posted its pack-done message until the
+    transfer worker takes it (say it is blocked in a long submit). The collector then
+    owes nothing, so its silence must not be read as death (found by the SPIN model)."""
+    from replay_fsm.data.packer import Packer
+    from replay_fsm.transfer.manual import ManualBackend
+
+    slow_submit = threading.Event()
+
+    class SlowSubmit(ManualBackend):
+        def submit(self, order: object) -> None:
+            slow_submit.wait(MARGIN_S)  # the worker is stuck here for a while
+            super().submit(order)  # type: ignore[arg-type]
+
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector="external", backend=SlowSubmit(),
+                  liveness_timeout=0.3) as pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)
+        pipe.start_prepare(0, 8)
+        pipe.start_prepare(1, 8)
+        assert packer.service(timeout=MARGIN_S) and packer.service(timeout=MARGIN_S)
+        # The worker took tick 0's message and blocks in its submit; tick 1's message
+        # waits in the channel. The collector goes silent for good.
+        assert pipe.wait_until_ready(1, 8, timeout=1.5) is False  # no CollectorDied
+        slow_submit.set()

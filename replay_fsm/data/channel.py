@@ -60,6 +60,11 @@ class Channel:
                      for s in (self._items, self._spaces))
 
     @property
+    def backlog(self) -> int:
+        """Records put and not yet taken (a snapshot; either side may move it)."""
+        return int(self._idx_np[1] - self._idx_np[0])
+
+    @property
     def closed(self) -> bool:
         return bool(self._idx_np[2])
 

@@ -25,6 +25,22 @@ ERROR_TEXT_BYTES = 16384
 LEARNER_CHECK_S = 0.25  # how often a packer looks whether its learner still lives
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs; an exited process nobody has reaped yet (a
+    zombie) answers ``kill(pid, 0)`` but counts as gone (Linux's /proc tells)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # alive, but another user's
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True  # no /proc here: kill(0) is all we know
+
+
 @dataclass
 class PackerHandle:
     """What the learner side gives a packer: channels, host slots, a pid cell.
@@ -155,17 +171,7 @@ class Packer:
             return True  # a packer thread in the learner's own process
         if self._learner_is_parent:
             return os.getppid() == pid
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True  # alive, but another user's
-        try:  # a zombie answers kill(0) but is dead (Linux tells which)
-            with open(f"/proc/{pid}/stat") as f:
-                return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-        except (OSError, IndexError):
-            return True
+        return process_alive(pid)
 
     def _orphaned(self) -> None:
         """The learner is gone: stop serving and leave no named object behind."""

@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
-from ..data.packer import Packer, PackerHandle, serve_forever
+from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
 
@@ -40,16 +40,6 @@ class Gone:
 
     reason: str
     cause: BaseException | None = None
-
-
-def pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class CollectorLink(abc.ABC):
@@ -138,6 +128,10 @@ class ChannelLink(CollectorLink):
 
     def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
         if self._handle is None:
+            return None
+        if self._handle.done.backlog:
+            # A pack-done message waits for the transfer worker (busy in a submit):
+            # the packer served its requests and owes nothing; its silence is no sign.
             return None
         beat = self._handle.heartbeat_ns
         if waiting and beat:
@@ -273,7 +267,7 @@ class ExternalCollector(ChannelLink):
                                 f"rb) within {self.attach_timeout:.0f} s of the first "
                                 "request")
             return None
-        if pid != os.getpid() and not pid_alive(pid):
+        if pid != os.getpid() and not process_alive(pid):
             return Gone(f"the collector process (pid {pid}) is gone")
         return self._silence(f"the collector (pid {pid})", waiting, timeout)
 
