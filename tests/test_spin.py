@@ -14,7 +14,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import pytest
 
-from replay_fsm.spec import TRANSITIONS, Event, SlotState
+from replay_fsm.spec import INVARIANTS, TRANSITIONS, Event, SlotState
 from replay_fsm.verify.promela import slot_table
 from replay_fsm.verify.refinement import SPECS, Pan, PanResult
 
@@ -32,7 +32,7 @@ FAULTS = [(), ("FAULTS",), ("PACKER_FAULTS",)]
 DEADLOCK_DEFINES = ("FAULTS", "PACKER_FAULTS", "NOCLAIMS")
 
 # Each claim, the invariant it checks, and the witnesses that show its situation is
-# reachable.
+# reachable. specs/INVARIANTS.md lists the same; a test below keeps them in step.
 CLAIMS: dict[str, str] = {
     "inv_hot": "INV-HOT",
     "inv_order_consecutive": "INV-ORDER",
@@ -52,6 +52,7 @@ CLAIMS: dict[str, str] = {
     "inv_sticky_raises": "INV-STICKY",
     "inv_close": "INV-CLOSE",
 }
+NOT_ORDERING = {"INV-DATA", "INV-ROW"}  # data properties, tested on the runtime
 
 
 def expected_claims(backend: str | None, faults: tuple[str, ...]) -> set[str]:
@@ -145,6 +146,17 @@ def test_model_changes_slot_states_only_through_the_table() -> None:
         "st[] assigned outside fire()")
     assert set(re.findall(r"\b(IDLE|REQUESTED|SUBMITTED|READY|HOT|FAILED|CLOSED)\b",
                           model)) <= {s.name for s in SlotState}
+
+
+def test_every_ordering_invariant_has_claims_listed_in_the_catalogue() -> None:
+    assert set(CLAIMS.values()) == set(INVARIANTS) - NOT_ORDERING
+    catalogue = (SPECS / "INVARIANTS.md").read_text()
+    claims = (SPECS / "claims.pml").read_text()
+    declared = set(re.findall(r"^ltl (\w+)", claims, re.M))
+    witnesses = set().union(*(expected_witnesses(b, f) for b in BACKENDS for f in FAULTS))
+    assert declared == set(CLAIMS) | witnesses
+    for name in declared:
+        assert f"`{name}`" in catalogue, f"{name} is not in specs/INVARIANTS.md"
 
 
 @needs_spin
