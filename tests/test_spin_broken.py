@@ -6,7 +6,6 @@ and the counterexample ends in the state the bug produces."""
 from __future__ import annotations
 
 import re
-import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,9 +14,10 @@ import pytest
 
 from replay_fsm.verify.refinement import Pan
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("spin") is None or shutil.which("gcc") is None,
-    reason="spin or gcc not installed (make sysdeps)")
+from .test_spin import needs_spin
+
+# Skips without spin, and fails to import where CI requires it (as test_spin.py).
+pytestmark = needs_spin
 
 Final = dict[str, str]  # the trail's last value of each global, as spin prints it
 

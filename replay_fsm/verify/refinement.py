@@ -17,8 +17,11 @@ equals pan's "states, stored"). The learner's request, acquire and release steps
 also write their pre- and post-state, which gives the model's successor for each
 learner step. The probe never blocks, so that build checks neither claims nor
 deadlocks; tests/test_spin.py does both on the plain model. A never claim calling
-C from ``c_expr`` was the other option; the probe is used because a claim cannot
-evaluate the learner's location (``learner@head``) and guards alongside it.
+C from ``c_expr`` was the other option, but C sees only the state vector: the
+guards are Promela expressions (with a remote reference, ``learner@head``), which
+the probe evaluates in Promela and hands to C as one number. The model keeps its
+pending ticks as two counters (``next_acq``, ``acq_slot`` up to ``next_req``); the
+projection expands them into the core's list of (tick, slot).
 
 The core's side is a breadth-first search over ``replay_fsm.verify.explore``'s
 worlds (``World.initial``, ``enabled``, ``apply``) on the real ``Core``, plus the
@@ -146,7 +149,8 @@ class Pan:
         out = self._run(["./pan", "-w19", "-m100000", *args], check=False)
         errors = re.search(r"errors: (\d+)", out)
         stored = re.search(r"(\d+) states, stored", out)
-        if errors is None or stored is None:
+        if errors is None or stored is None or "max search depth too small" in out:
+            # a truncated search would prove nothing: fail rather than pass
             raise RuntimeError(f"./pan {' '.join(args)} did not finish:\n{out}")
         return PanResult(int(errors.group(1)), int(stored.group(1)), out,
                          time.perf_counter() - started)
