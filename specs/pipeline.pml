@@ -212,6 +212,10 @@ inline close_pipeline() {
 #ifndef CLOSE_DRAINS
 #define CLOSE_DRAINS ALL(DRAINED);
 #endif
+/* Once a call raised (failed or closed), the learner leaves its loop raising. */
+#ifndef LEARNER_RAISES
+#define LEARNER_RAISES :: d_step { !LIVE -> learner_raised = true; close_pipeline() }; break
+#endif
 
 active proctype learner() {
 head:
@@ -225,7 +229,7 @@ head:
   /* Pipeline.close(), after a call raised or after the last tick: the Core first,
      at once; then it joins the packer and transfer threads and drains the copies
      (INV-CLOSE). */
-  :: d_step { !LIVE -> learner_raised = true; close_pipeline() }; break
+  LEARNER_RAISES
   :: d_step { LIVE && next_acq == T && hot == NONE -> close_pipeline() }; break
   od;
   CLOSE_DRAINS

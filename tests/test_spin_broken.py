@@ -14,7 +14,7 @@ import pytest
 
 from replay_fsm.verify.refinement import Pan
 
-from .test_spin import needs_spin
+from .test_spin import CLAIMS, needs_spin
 
 # Skips without spin, and fails to import where CI requires it (as test_spin.py).
 pytestmark = needs_spin
@@ -40,6 +40,7 @@ class Broken:
     still_holds: tuple[str, ...] = field(default=())
 
 
+DEPTH, TICKS = 2, 5
 BROKEN = {
     # INV-DEVICE-WAR: the seed's copy does not wait for the release of G[i].
     "seed_ordering": Broken(
@@ -82,9 +83,15 @@ BROKEN = {
         "broken/close_without_drain.pml", ("inv_close",),
         lambda f, d: f["learner_done"] == "1" and _some_slot(
             f, d, lambda s: "1" in (s("copying"), s("ordered"), s("hwrite")))),
-    # INV-LIVE second half: without the watchdog a dead packer hangs the learner.
+    "swallow_failure": Broken(
+        "broken/swallow_failure.pml", ("inv_sticky_raises",),
+        lambda f, d: "1" in (f["failed"], f["closed"]) and f["learner_raised"] == "0"
+        and int(f["nrel"]) < TICKS),
+    # INV-LIVE second half: without the watchdog a dead packer hangs the learner, and
+    # its unserved request never becomes READY.
     "no_watchdog": Broken(
-        "broken/no_watchdog.pml", ("inv_live_watchdog", "inv_live"),
+        "broken/no_watchdog.pml",
+        ("inv_live_watchdog", "inv_live", "inv_live_ready", "inv_order_every"),
         lambda f, d: f["learner_raised"] == "0" and "1" in (f["packer_dead"],
                                                              f["packer_silent"])),
     # Backends: each way one could break its ordering.
@@ -104,9 +111,6 @@ BROKEN = {
         "broken/mps_release_without_sync.pml", ("inv_device_war",),
         lambda f, d: _some_slot(f, d, lambda s: s("copying") == "1" and s("reading") == "1")),
 }
-DEPTH, TICKS = 2, 5
-
-
 def final_globals(trail: str) -> Final:
     return dict(re.findall(r"^\s+(\w+(?:\[\d+\])?) = (\S+)$", trail, re.M))
 
@@ -136,3 +140,8 @@ def test_every_broken_model_is_exercised() -> None:
     specs = Path(__file__).resolve().parent.parent / "specs"
     on_disk = {f"broken/{p.name}" for p in (specs / "broken").glob("*.pml")}
     assert on_disk | {"pipeline_broken.pml"} == {b.model for b in BROKEN.values()}
+
+
+def test_every_claim_is_refuted_by_some_broken_model() -> None:
+    refuted = {claim for broken in BROKEN.values() for claim in broken.refutes}
+    assert refuted == set(CLAIMS)
