@@ -31,8 +31,9 @@ FAULTS = [(), ("FAULTS",), ("PACKER_FAULTS",)]
 # every run without them (the fault process may skip, the packer may live).
 DEADLOCK_DEFINES = ("FAULTS", "PACKER_FAULTS", "NOCLAIMS")
 
-# Each claim, the invariant it checks, and the witnesses that show its situation is
-# reachable. specs/INVARIANTS.md lists the same; a test below keeps them in step.
+# Each claim and the invariant it checks; expected_witnesses() lists the witnesses
+# that show the claims' situations are reachable. specs/INVARIANTS.md lists the
+# same; a test below keeps them in step.
 CLAIMS: dict[str, str] = {
     "inv_hot": "INV-HOT",
     "inv_order_consecutive": "INV-ORDER",
