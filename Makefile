@@ -38,8 +38,11 @@ test: install sysdeps
 demo: install
 	$(VENV)/bin/replay-fsm demo
 
+# The model checks: every SPIN claim, witness and broken model, and the refinement
+# check against the real core, slow tier included.
 verify: install sysdeps
-	$(PY) -m pytest -m "" tests/test_spin.py
+	REPLAY_FSM_SLOW=1 $(PY) -m pytest tests/test_spin.py tests/test_spin_broken.py \
+	  tests/test_refinement.py
 
 bench: install
 	$(PY) -m pip install -q torchrl || echo "torchrl unavailable: its rows will say so"
