@@ -66,17 +66,29 @@ class PackerHandle:
             packer_state=state,
         )
 
+    def __post_init__(self) -> None:
+        self._state_np = self.packer_state.numpy()  # reads cost ns, not a torch call
+
+    def __getstate__(self) -> dict[str, object]:
+        state = self.__dict__.copy()
+        state.pop("_state_np")
+        return state
+
+    def __setstate__(self, state: dict[str, object]) -> None:
+        self.__dict__.update(state)
+        self.__post_init__()
+
     @property
     def packer_pid(self) -> int:
-        return int(self.packer_state[0])
+        return int(self._state_np[0])
 
     @property
     def heartbeat_ns(self) -> int:
-        return int(self.packer_state[1])
+        return int(self._state_np[1])
 
     @property
     def learner_pid(self) -> int:
-        return int(self.packer_state[2])
+        return int(self._state_np[2])
 
     @property
     def semaphore_names(self) -> tuple[str, ...]:

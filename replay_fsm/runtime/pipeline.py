@@ -146,6 +146,9 @@ class Pipeline:
                              f"of {expected}")
         self.host_slots = host_slots
         self._slot_bytes = int(host_slots[0].numel() * host_slots[0].element_size())
+        # Only a backend that overrides pump needs the learner thread (and the lock
+        # released around it) while the learner waits.
+        self._pumps = type(self.backend).pump is not TransferBackend.pump
         self.backend.trace(trace)
         self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
         self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
@@ -495,6 +498,8 @@ class Pipeline:
             raise PipelineClosed("the pipeline is closed")
 
     def _pump_locked(self) -> None:
+        if not self._pumps:
+            return  # the backend has nothing to run on the learner thread
         self._cv.release()  # the backend may call back (on_complete) while it pumps
         try:
             self.backend.pump()
