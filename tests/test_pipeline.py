@@ -321,3 +321,23 @@ def test_min_snapshot_ptr_and_timeout_are_checked() -> None:
             pipe.wait_until_ready(0, 8, timeout=float("nan"))
         with pytest.raises(ValueError, match="timeout"):
             pipe.wait_until_ready(0, 8, timeout=-1)
+
+
+@pytest.mark.parametrize("config", BACKENDS)
+def test_filling_one_slot_leaves_the_hot_batch_differentiable(config: tuple) -> None:
+    """A layer that saves the hot batch's view for backward (nn.Linear on obs) still
+    runs backward after the next slot was packed and copied: slots are separate
+    tensors, so a write into one does not bump the version counter of another."""
+    device, backend, options = config
+    rb = buffer()
+    with Pipeline(rb, device=device, backend=backend, backend_options=options,
+                  sample_count=16, ring_depth=2) as pipe:
+        layer = torch.nn.Linear(5, 1).to(pipe.device)
+        pipe.start_prepare(0, 16)
+        complete_copies_for(pipe, 0)
+        loss = layer(pipe.sample_large_batch(0, 16)["obs"]).pow(2).sum()
+        pipe.start_prepare(1, 16)
+        complete_copies_for(pipe, 1)
+        assert pipe.wait_until_ready(1, 16, timeout=60)
+        loss.backward()  # raised "modified by an inplace operation" with one tensor
+        assert layer.weight.grad is not None

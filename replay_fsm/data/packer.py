@@ -50,7 +50,10 @@ class PackerHandle:
 
     requests: Channel
     done: Channel
-    host_slots: torch.Tensor  # [ring_depth, sample_count, width], shared
+    # ring_depth tensors [sample_count, width] in shared memory. Separate tensors, not
+    # views of one: a write into one slot must not bump the autograd version counter
+    # of the batch views the learner holds on another.
+    host_slots: list[torch.Tensor]
     # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), and the
     # pid of the learner that created the handle; shared.
     packer_state: torch.Tensor
@@ -62,7 +65,8 @@ class PackerHandle:
         return cls(
             requests=Channel(ring_depth, REQUEST_FIELDS),
             done=Channel(ring_depth, DONE_FIELDS, text_bytes=ERROR_TEXT_BYTES),
-            host_slots=torch.zeros(ring_depth, sample_count, width).share_memory_(),
+            host_slots=[torch.zeros(sample_count, width).share_memory_()
+                        for _ in range(ring_depth)],
             packer_state=state,
         )
 
@@ -116,7 +120,7 @@ class Packer:
     """
 
     def __init__(self, handle: PackerHandle, replay_buffer: ReplayBuffer) -> None:
-        depth, n, width = handle.host_slots.shape
+        n, width = handle.host_slots[0].shape
         if width != replay_buffer.width:
             raise ValueError(f"host slots are {width} columns wide but the replay buffer "
                              f"rows are {replay_buffer.width}")

@@ -186,7 +186,9 @@ class Pipeline:
         return self._link.handle
 
     def watch(self, process: Any, what: str = "the collector process") -> None:
-        """Fail fast with CollectorDied when ``process`` (``is_alive()``) dies."""
+        """Fail fast with CollectorDied when ``process`` dies: a
+        ``multiprocessing.Process``, or anything with ``is_alive()``, ``pid`` and
+        ``exitcode`` (the error names them)."""
         with self._cv:
             self._link.watch(process, what)
 

@@ -33,11 +33,14 @@ class CopyMonitor(Protocol):
     def copy_finished(self, slot: int) -> None: ...
 
 
-def allocate_like(host_slots: HostSlots, device: torch.device | str = "cpu") -> torch.Tensor:
-    """One [n, rows, width] tensor on ``device`` for host slots given as a tensor or a
-    list of [rows, width] tensors (the seed's collectors pass lists)."""
-    first = host_slots[0]
-    return torch.empty((len(host_slots), *first.shape), dtype=first.dtype, device=device)
+def allocate_like(host_slots: HostSlots, device: torch.device | str = "cpu"
+                  ) -> list[torch.Tensor]:
+    """G[0..n) on ``device``, one tensor per slot, shaped like the host slots (given
+    as one [n, rows, width] tensor or n tensors [rows, width]). Separate tensors, not
+    views of one: a copy into one slot must not bump the autograd version counter of
+    the batch views the learner holds on another (a saved view would then fail
+    ``backward()``)."""
+    return [torch.empty(s.shape, dtype=s.dtype, device=device) for s in host_slots]
 
 
 class TransferBackend(abc.ABC):
@@ -47,7 +50,7 @@ class TransferBackend(abc.ABC):
     name: ClassVar[str] = "custom"
     device: torch.device
     host: HostSlots
-    device_slots: HostSlots  # a tensor [n, rows, width]; the host slots when zero-copy
+    device_slots: HostSlots  # one tensor per slot; the host slots when zero-copy
     on_complete: OnComplete
     on_error: OnError
     monitor: CopyMonitor | None = None
