@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.buffer import ReplayBuffer
-from ..data.packer import Packer, PackerHandle
+from replay_fsm import Packer, PackerHandle, ReplayBuffer  # the public API only
+
 from .sac import Actor
 from .shared import EpisodeLog, WeightRing
 

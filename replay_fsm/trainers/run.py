@@ -47,10 +47,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.buffer import ReplayBuffer
-from ..data.sampling import expected_batch
-from ..errors import CollectorDied
-from ..runtime.pipeline import Pipeline
+from replay_fsm import CollectorDied, Pipeline, ReplayBuffer  # the public API only
+from replay_fsm.sampling import expected_batch
+
 from .collector import CollectorSpec, collect, env_dims
 from .sac import SAC
 from .shared import EpisodeLog, WeightRing
