@@ -67,3 +67,17 @@ def test_snapshot_schedule() -> None:
 def test_bad_options_are_refused_early(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         train(replace(SMALL, **change))
+
+
+def test_compare_interleaves_both_trainers_and_times_each_on_its_own_clock() -> None:
+    from replay_fsm.trainers.run import compare
+
+    # 32 warm-up + 30 ticks x 6 vector steps: Pendulum's 200-step episodes end.
+    result = compare(replace(SMALL, ticks=30, env_steps_per_tick=6, collector="thread"),
+                     block=10)
+    assert result["bit_identical"]
+    assert len(result["round_ratios"]) == 3 and result["speedup_vs_sync"] > 0
+    for run in result["runs"].values():
+        assert run["ticks"] == 30 and run["blocks"] == 3
+        assert len(run["episodes"]) == 2
+        assert all(0 <= e["wall_s"] <= run["loop_s"] for e in run["episodes"])

@@ -12,14 +12,18 @@ is served, so no request sees rows of a later phase (the snapshots are pinned; s
 
 from __future__ import annotations
 
+import multiprocessing as mp
+import os
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from replay_fsm import Packer, PackerHandle, ReplayBuffer  # the public API only
+from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
 
 from .sac import Actor
 from .shared import EpisodeLog, WeightRing
@@ -104,6 +108,8 @@ class _Collector:
                  episodes: EpisodeLog, handle: PackerHandle | None, stop: Any) -> None:
         self.spec, self.rb, self.weights, self.episodes, self.stop = (
             spec, rb, weights, episodes, stop)
+        # A collector process outlives a killed learner unless it watches it.
+        self.parent = mp.parent_process()
         self.envs = make_env(spec.env_id, spec.num_envs)
         space = self.envs.single_action_space
         self.low = space.low.astype(np.float32)
@@ -122,7 +128,8 @@ class _Collector:
 
     @property
     def stopped(self) -> bool:
-        return self.stop.is_set() or (self.packer is not None and self.packer.closed)
+        return (self.stop.is_set() or (self.packer is not None and self.packer.closed)
+                or (self.parent is not None and not self.parent.is_alive()))
 
     def run(self) -> None:
         n, a = self.spec.num_envs, self.rb.action_dim
@@ -186,3 +193,71 @@ class _Collector:
         self.obs = nxt
         if self.packer is not None:
             self.packer.service()
+
+
+class ThreadProcess:
+    """A collector thread seen as a process by ``Pipeline.watch`` (``is_alive``,
+    ``pid``, ``exitcode``), keeping the exception that ended it in ``error``."""
+
+    def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
+        self.error: BaseException | None = None
+        self.pid = os.getpid()
+        self._target, self._args = target, args
+        self.thread = threading.Thread(target=self._run, name="sac-collector", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            self._target(*self._args)
+        except BaseException as exc:  # noqa: BLE001 - reported to the learner
+            self.error = exc
+
+    @property
+    def exitcode(self) -> str | None:
+        return None if self.error is None else f"an exception ({self.error!r})"
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def is_alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float | None = None) -> None:
+        self.thread.join(timeout)
+
+
+def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes: EpisodeLog,
+                    pipe: Pipeline | None) -> tuple[Any, Any]:
+    """Start the collector of ``config`` (a ``SACConfig``) in a spawned process or a
+    thread; the pipeline, if any, watches it. Returns (worker, stop event)."""
+    spec = CollectorSpec(config.env, config.num_envs, config.seed,
+                         config.warmup_vector_steps, config.env_steps_per_tick, config.hidden)
+    ctx = mp.get_context("spawn")
+    stop = ctx.Event()
+    handle = None if pipe is None else pipe.packer_handle()
+    worker: Any
+    if config.collector == "process":
+        worker = ctx.Process(target=collect,
+                             args=(spec, rb, weights, episodes, handle, stop, True),
+                             name="sac-collector", daemon=True)
+    else:
+        worker = ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
+    worker.start()
+    if pipe is not None:
+        pipe.watch(worker, f"the SAC collector {config.collector}")
+    return worker, stop
+
+
+def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
+    """The synchronous trainer's wait for the collector to have written ``ptr`` rows.
+
+    Raises:
+        CollectorDied: the collector exited, or the rows did not come within ``timeout`` s.
+    """
+    deadline = time.monotonic() + timeout
+    while rb.ptr < ptr:
+        if not worker.is_alive():
+            raise CollectorDied(f"the SAC collector exited with {worker.exitcode} while "
+                                f"the learner waited for {ptr} rows")
+        if time.monotonic() > deadline:
+            raise CollectorDied(f"no {ptr} rows after {timeout} s (ptr {rb.ptr})")
+        time.sleep(0.0005)  # rows usually exist already; this runs only on a stall

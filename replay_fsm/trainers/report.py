@@ -9,8 +9,8 @@ import numpy as np
 
 
 def curve(episodes: list[dict[str, Any]], window: int) -> dict[str, list[float]]:
-    """Env steps, wall seconds and the mean return of the last ``window`` episodes,
-    one point per finished episode in the order they finished."""
+    """Env steps, wall seconds and the mean return of the last ``window`` episodes, at
+    each env-step count where episodes finished."""
     ordered = sorted(episodes, key=lambda e: (e["env_steps"], e["wall_s"]))
     if not ordered:
         return {"env_steps": [], "wall_s": [], "mean_return": []}
@@ -18,9 +18,13 @@ def curve(episodes: list[dict[str, Any]], window: int) -> dict[str, list[float]]
     kernel = np.ones(max(1, window))
     sums = np.convolve(returns, kernel)[: len(returns)]
     counts = np.convolve(np.ones_like(returns), kernel)[: len(returns)]
-    return {"env_steps": [e["env_steps"] for e in ordered],
-            "wall_s": [e["wall_s"] for e in ordered],
-            "mean_return": (sums / np.maximum(counts, 1)).tolist()}
+    means = sums / np.maximum(counts, 1)
+    # Episodes of several envs often end on the same step: one point per step count.
+    last = [i for i in range(len(ordered))
+            if i + 1 == len(ordered) or ordered[i + 1]["env_steps"] != ordered[i]["env_steps"]]
+    return {"env_steps": [ordered[i]["env_steps"] for i in last],
+            "wall_s": [ordered[i]["wall_s"] for i in last],
+            "mean_return": [float(means[i]) for i in last]}
 
 
 def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> Path:
@@ -43,8 +47,9 @@ def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> 
         color, dash = styles.get(name, (None, "-"))
         label = {"pipeline": "pipeline", "sync": "synchronous sampling"}.get(name, name)
         c = curve(run["episodes"], run["config"]["num_envs"])
-        by_steps.plot(c["env_steps"], c["mean_return"], dash, color=color, label=label)
-        by_time.plot(c["wall_s"], c["mean_return"], dash, color=color,
+        by_steps.plot(c["env_steps"], c["mean_return"], dash, color=color, marker=".",
+                      label=label)
+        by_time.plot(c["wall_s"], c["mean_return"], dash, color=color, marker=".",
                      label=f"{label} ({run['loop_s']:.0f} s for {run['updates']} updates)")
     by_steps.set_xlabel("environment steps")
     window = next(iter(runs.values()))["config"]["num_envs"]
@@ -52,7 +57,7 @@ def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> 
     by_time.set_xlabel("wall-clock seconds since the first tick")
     for ax in (by_steps, by_time):
         ax.grid(alpha=0.3)
-        ax.legend(loc="lower right", fontsize=8)
+        ax.legend(loc="best", fontsize=8)
     if title:
         fig.suptitle(title, fontsize=10)
     fig.tight_layout()

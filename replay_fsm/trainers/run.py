@@ -35,10 +35,8 @@ Why the pipelined run is bit-identical to the synchronous one (``compare``):
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
 import os
 import platform
-import threading
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -50,7 +48,7 @@ import torch
 from replay_fsm import CollectorDied, Pipeline, ReplayBuffer  # the public API only
 from replay_fsm.sampling import expected_batch
 
-from .collector import CollectorSpec, collect, env_dims
+from .collector import env_dims, start_collector, wait_rows
 from .sac import SAC
 from .shared import EpisodeLog, WeightRing
 
@@ -119,139 +117,140 @@ class SACConfig:
                              "capacity or lower ticks")
 
 
-class _ThreadProcess:
-    """A collector thread seen as a process by ``Pipeline.watch`` (is_alive, pid,
-    exitcode), keeping the exception that ended it."""
+class Trainer:
+    """One SAC run that can advance a number of ticks at a time (``compare`` interleaves
+    two). Its clock counts only the time spent inside ``run``.
 
-    def __init__(self, target: Any, args: tuple[Any, ...]) -> None:
-        self.error: BaseException | None = None
-        self.pid = os.getpid()
-        self._target, self._args = target, args
-        self.thread = threading.Thread(target=self._run, name="sac-collector", daemon=True)
+    Raises:
+        ValueError: a bad option (``SACConfig.validate``), or the env is not SAC's.
+    """
 
-    def _run(self) -> None:
-        try:
-            self._target(*self._args)
-        except BaseException as exc:  # noqa: BLE001 - reported to the learner
-            self.error = exc
+    def __init__(self, config: SACConfig, bar_position: int = 0) -> None:
+        config.validate()
+        if config.learner_threads is not None:
+            torch.set_num_threads(config.learner_threads)
+        self.config = config
+        obs_dim, action_dim = env_dims(config.env)
+        self.device = torch.device(config.device)
+        self.rb = ReplayBuffer(config.capacity, obs_dim, action_dim)
+        self.sac = SAC(obs_dim, action_dim, hidden=config.hidden, lr=config.lr,
+                       gamma=config.gamma, tau=config.tau, device=self.device,
+                       seed=config.seed)
+        self.weights = WeightRing(self.sac.actor_vector().numel(),
+                                  slots=config.ring_depth + 1)
+        self.episodes = EpisodeLog()
+        self.pipe: Pipeline | None = None
+        if config.sampling == "pipeline":
+            self.pipe = Pipeline(self.rb, device=self.device,
+                                 sample_count=config.sample_count, base_seed=config.seed,
+                                 ring_depth=config.ring_depth, collector="external",
+                                 liveness_timeout=config.liveness_timeout)
+        self.worker: Any = None
+        self.stop: Any = None
+        self.tick = 0
+        self.tick_s: list[float] = []
+        self.blocks: list[tuple[float, float]] = []  # monotonic (start, end) of each run
+        self.load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+        self._bar = _progress(config, bar_position)
 
     @property
-    def exitcode(self) -> str | None:
-        return None if self.error is None else f"an exception ({self.error!r})"
+    def own_s(self) -> float:
+        """Seconds spent inside ``run`` so far."""
+        return sum(end - start for start, end in self.blocks)
 
-    def start(self) -> None:
-        self.thread.start()
+    def run(self, ticks: int) -> None:
+        """Advance ``ticks`` ticks (fewer at the end of the run).
 
-    def is_alive(self) -> bool:
-        return self.thread.is_alive()
+        Raises:
+            CollectorDied: the collector died or fell silent.
+            KeyboardInterrupt: after everything is stopped and joined.
+        """
+        config, pipe, n = self.config, self.pipe, self.config.sample_count
+        start = time.monotonic()
+        if self.worker is None:  # the collector's start-up belongs to this trainer's time
+            self.worker, self.stop = start_collector(config, self.rb, self.weights,
+                                                     self.episodes, pipe)
+        stop_at = min(self.tick + ticks, config.ticks)
+        try:
+            for t in range(self.tick, stop_at):
+                t0 = time.perf_counter()
+                if pipe is not None:
+                    for ahead in range(t, min(t + config.ring_depth, config.ticks)):
+                        pipe.start_prepare(ahead, n, min_snapshot_ptr=config.snapshot_ptr(ahead))
+                    batch = pipe.sample_large_batch(t, n)
+                else:
+                    ptr = config.snapshot_ptr(t)
+                    wait_rows(self.rb, ptr, self.worker, config.liveness_timeout)
+                    packed = expected_batch(self.rb.storage, min(ptr, self.rb.capacity), n,
+                                            config.seed + t)
+                    batch = self.rb.layout.views(packed.to(self.device))
+                self.sac.train_tick(batch, config.updates_per_tick, config.batch_size)
+                if pipe is not None:
+                    pipe.after_tick()
+                self.weights.publish(t + 1, self.sac.actor_vector())
+                self.tick_s.append(time.perf_counter() - t0)
+                self.tick = t + 1
+                if self._bar is not None:
+                    _show(self._bar, t, self)
+        except BaseException:
+            self.close()
+            error = getattr(self.worker, "error", None)
+            if error is not None:
+                raise CollectorDied(f"the SAC collector thread failed: {error!r}") from error
+            raise
+        finally:
+            self.blocks.append((start, time.monotonic()))
 
-    def join(self, timeout: float | None = None) -> None:
-        self.thread.join(timeout)
+    def result(self) -> dict[str, Any]:
+        """The run's figures, episodes and learner digest (call before ``close``)."""
+        stats = self.pipe.statistics() if self.pipe is not None else None
+        result = _result(self, stats)
+        result["machine"]["loadavg_start"] = self.load_start  # other users of the cores
+        return result
 
+    def close(self) -> None:
+        """Stop the collector and the pipeline; idempotent."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.stop is not None:
+            self.stop.set()
+        if self.pipe is not None:
+            self.pipe.close()
+        if self.worker is not None:
+            self.worker.join(timeout=30)
 
-def _start_collector(config: SACConfig, rb: ReplayBuffer, weights: WeightRing,
-                     episodes: EpisodeLog, pipe: Pipeline | None) -> tuple[Any, Any]:
-    spec = CollectorSpec(config.env, config.num_envs, config.seed,
-                         config.warmup_vector_steps, config.env_steps_per_tick, config.hidden)
-    ctx = mp.get_context("spawn")
-    stop = ctx.Event()
-    handle = None if pipe is None else pipe.packer_handle()
-    worker: Any
-    if config.collector == "process":
-        worker = ctx.Process(target=collect,
-                             args=(spec, rb, weights, episodes, handle, stop, True),
-                             name="sac-collector", daemon=True)
-    else:
-        worker = _ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
-    worker.start()
-    if pipe is not None:
-        pipe.watch(worker, f"the SAC collector {config.collector}")
-    return worker, stop
+    def __enter__(self) -> Trainer:
+        return self
 
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-def _wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
-    """The synchronous trainer's wait for the collector to have written ``ptr`` rows."""
-    deadline = time.monotonic() + timeout
-    while rb.ptr < ptr:
-        if not worker.is_alive():
-            raise CollectorDied(f"the SAC collector exited with {worker.exitcode} while "
-                                f"the learner waited for {ptr} rows")
-        if time.monotonic() > deadline:
-            raise CollectorDied(f"no {ptr} rows after {timeout} s (ptr {rb.ptr})")
-        time.sleep(0.0005)  # rows usually exist already; this runs only on a stall
+    def own_time(self, monotonic_s: float) -> float:
+        """A monotonic instant as this trainer's clock: its time inside ``run`` before
+        that instant (an instant between runs counts as the end of the previous one)."""
+        own = 0.0
+        for start, end in self.blocks:
+            if monotonic_s <= start:
+                break
+            own += min(monotonic_s, end) - start
+        return own
 
 
 def train(config: SACConfig) -> dict[str, Any]:
-    """Run SAC as configured; returns the result (episodes, timings, learner digest).
+    """Run SAC as configured, start to end; returns ``Trainer.result()``.
 
     Raises:
         ValueError: a bad option (``SACConfig.validate``), or the env is not SAC's.
         CollectorDied: the collector died or fell silent.
         KeyboardInterrupt: after everything is stopped and joined.
     """
-    config.validate()
-    if config.learner_threads is not None:
-        torch.set_num_threads(config.learner_threads)
-    obs_dim, action_dim = env_dims(config.env)
-    device = torch.device(config.device)
-    rb = ReplayBuffer(config.capacity, obs_dim, action_dim)
-    sac = SAC(obs_dim, action_dim, hidden=config.hidden, lr=config.lr, gamma=config.gamma,
-              tau=config.tau, device=device, seed=config.seed)
-    lag = config.ring_depth - 1
-    weights = WeightRing(sac.actor_vector().numel(), slots=lag + 2)
-    episodes = EpisodeLog()
-    n = config.sample_count
-    pipe = None
-    if config.sampling == "pipeline":
-        pipe = Pipeline(rb, device=device, sample_count=n, base_seed=config.seed,
-                        ring_depth=config.ring_depth, collector="external",
-                        liveness_timeout=config.liveness_timeout)
-    t_start = time.monotonic()
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    worker, stop = _start_collector(config, rb, weights, episodes, pipe)
-    tick_s: list[float] = []
-    bar = _progress(config)
-    t_loop = time.monotonic()
-    try:
-        for t in range(config.ticks):
-            t0 = time.perf_counter()
-            if pipe is not None:
-                for ahead in range(t, min(t + config.ring_depth, config.ticks)):
-                    pipe.start_prepare(ahead, n, min_snapshot_ptr=config.snapshot_ptr(ahead))
-                batch = pipe.sample_large_batch(t, n)
-            else:
-                ptr = config.snapshot_ptr(t)
-                _wait_rows(rb, ptr, worker, config.liveness_timeout)
-                packed = expected_batch(rb.storage, min(ptr, rb.capacity), n, config.seed + t)
-                batch = rb.layout.views(packed.to(device))
-            sac.train_tick(batch, config.updates_per_tick, config.batch_size)
-            if pipe is not None:
-                pipe.after_tick()
-            weights.publish(t + 1, sac.actor_vector())
-            tick_s.append(time.perf_counter() - t0)
-            if bar is not None:
-                _show(bar, t, sac, episodes, pipe, time.monotonic() - t_loop)
-        loop_s = time.monotonic() - t_loop
-    except BaseException:
-        if isinstance(worker, _ThreadProcess) and worker.error is not None:
-            raise CollectorDied(f"the SAC collector thread failed: {worker.error!r}"
-                                ) from worker.error
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        stats = pipe.statistics() if pipe is not None else None
-        stop.set()
-        if pipe is not None:
-            pipe.close()
-        worker.join(timeout=30)
-    result = _result(config, sac, episodes, tick_s, loop_s, t_loop,
-                     time.monotonic() - t_start, stats)
-    result["machine"]["loadavg_start"] = load_start  # other users of the cores, if any
-    return result
+    with Trainer(config) as trainer:
+        trainer.run(config.ticks)
+        return trainer.result()
 
 
-def _progress(config: SACConfig) -> Any:
+def _progress(config: SACConfig, position: int) -> Any:
     if not config.progress:
         return None
     try:
@@ -259,41 +258,42 @@ def _progress(config: SACConfig) -> Any:
     except ImportError as exc:  # tqdm is the demo extra, not a library dependency
         raise ImportError("progress bars need tqdm: pip install 'replay-fsm[demo]', or "
                           "pass progress=False") from exc
-    return tqdm(total=config.ticks, unit="tick", dynamic_ncols=True,
-                desc=f"SAC {config.env} ({config.sampling})")
+    return tqdm(total=config.ticks, unit="tick", dynamic_ncols=True, position=position,
+                desc=f"SAC {config.env} ({config.sampling:8s})")
 
 
-def _show(bar: Any, tick: int, sac: SAC, episodes: EpisodeLog, pipe: Pipeline | None,
-          elapsed: float) -> None:
+def _show(bar: Any, tick: int, trainer: Trainer) -> None:
     bar.update(1)
     if tick % 50 and tick != bar.total - 1:
         return
+    episodes = trainer.episodes
     recent = [r[2] for r in episodes.rows(max(0, len(episodes) - 10))]
     post = {"return": f"{np.mean(recent):.0f}" if recent else "-",
-            "critic": f"{sac.metrics().get('critic_loss', float('nan')):.3f}"}
-    if pipe is not None and elapsed > 0:
-        post["stall"] = f"{100 * pipe.statistics().learner_wait_s / elapsed:.0f}%"
+            "critic": f"{trainer.sac.metrics().get('critic_loss', float('nan')):.3f}"}
+    if trainer.pipe is not None:
+        post["stall"] = f"{trainer.pipe.statistics().stalls} waits"
     bar.set_postfix(post)
 
 
-def _result(config: SACConfig, sac: SAC, episodes: EpisodeLog, tick_s: list[float],
-            loop_s: float, t_loop: float, total_s: float, stats: Any) -> dict[str, Any]:
-    eps = [{"env_steps": s, "wall_s": round(t - t_loop, 4), "return": r, "length": n}
-           for s, t, r, n in episodes.rows()]
-    steady = np.asarray(tick_s[len(tick_s) // 10:])  # early ticks wait for warm-up data
+def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
+    config, tick_s = trainer.config, trainer.tick_s
+    eps = [{"env_steps": s, "wall_s": round(trainer.own_time(t), 4), "return": r,
+            "length": n} for s, t, r, n in trainer.episodes.rows()]
+    steady = np.asarray(tick_s[len(tick_s) // 10:] or [float("nan")])  # skip warm-up waits
     final = [e["return"] for e in eps[-2 * config.num_envs:]]
+    loop_s = trainer.own_s
     result: dict[str, Any] = {
         "config": asdict(config), "machine": machine(),
         "ticks": len(tick_s), "updates": len(tick_s) * config.updates_per_tick,
         "env_steps": config.snapshot_ptr(len(tick_s) + config.ring_depth - 1),
-        "loop_s": loop_s, "total_s": total_s,
+        "loop_s": loop_s, "blocks": len(trainer.blocks),
         # Tick 0 waits for the collector to start and warm up: the same work in both modes.
         "startup_s": tick_s[0] if tick_s else None,
         "tick_ms": {"mean": 1e3 * float(steady.mean()), "p50": 1e3 * float(np.median(steady)),
                     "p99": 1e3 * float(np.percentile(steady, 99))},
-        "updates_per_s": len(tick_s) * config.updates_per_tick / loop_s,
+        "updates_per_s": len(tick_s) * config.updates_per_tick / loop_s if loop_s else None,
         "final_return": float(np.mean(final)) if final else None,
-        "metrics": sac.metrics(), "digest": sac.digest(), "episodes": eps,
+        "metrics": trainer.sac.metrics(), "digest": trainer.sac.digest(), "episodes": eps,
     }
     if stats is not None:
         result["pipeline"] = {"stalls": stats.stalls, "learner_wait_s": stats.learner_wait_s,
@@ -309,17 +309,29 @@ def machine() -> dict[str, Any]:
             "torch_threads": torch.get_num_threads(), "loadavg": load}
 
 
-def compare(config: SACConfig) -> dict[str, Any]:
-    """The same run through the pipeline and sampled synchronously, one after the other
-    on this machine: wall-clock speed-up at the same number of updates, and whether the
-    two learners ended bit-identical."""
-    runs = {mode: train(replace(config, sampling=mode)) for mode in SAMPLING}
-    pipe, sync = runs["pipeline"], runs["sync"]
-    return {"runs": runs, "bit_identical": pipe["digest"] == sync["digest"],
-            "speedup_vs_sync": sync["loop_s"] / pipe["loop_s"],
-            "speedup_after_startup": ((sync["loop_s"] - sync["startup_s"])
-                                      / (pipe["loop_s"] - pipe["startup_s"])),
-            "tick_mean_ratio": sync["tick_ms"]["mean"] / pipe["tick_ms"]["mean"]}
+def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
+    """The same run through the pipeline and sampled synchronously, interleaved in blocks
+    of ``block`` ticks on this machine (so that load from elsewhere hits both alike):
+    the wall-clock speed-up at the same number of updates, the per-round ratios, and
+    whether the two learners ended bit-identical."""
+    with Trainer(replace(config, sampling="pipeline"), 0) as pipe, \
+            Trainer(replace(config, sampling="sync"), 1) as sync:
+        rounds = []
+        for i, _ in enumerate(range(0, config.ticks, block)):
+            order = (pipe, sync) if i % 2 == 0 else (sync, pipe)  # ABBA: no order bias
+            took = {}
+            for trainer in order:
+                before = trainer.own_s
+                trainer.run(block)
+                took[trainer.config.sampling] = trainer.own_s - before
+            rounds.append(took["sync"] / took["pipeline"])
+        runs = {"pipeline": pipe.result(), "sync": sync.result()}
+    p, s = runs["pipeline"], runs["sync"]
+    return {"runs": runs, "bit_identical": p["digest"] == s["digest"], "block_ticks": block,
+            "speedup_vs_sync": s["loop_s"] / p["loop_s"],
+            "speedup_after_startup": ((s["loop_s"] - s["startup_s"])
+                                      / (p["loop_s"] - p["startup_s"])),
+            "round_ratios": rounds, "round_ratio_median": float(np.median(rounds))}
 
 
 def write(result: dict[str, Any], out: str | Path) -> Path:
