@@ -12,8 +12,9 @@ The schedule, which makes runs reproducible: the batch of gradient step k is
 the first ``ring_depth - 1`` steps after the pipeline starts, the size at the first
 sample). ``add`` waits, if it must, until the prefetched batches are packed, so a
 batch never sees a transition added after it was asked for. With SB3's usual
-schedule (collect, then some gradient steps) only the first gradient step of each
-``train()`` is one rollout behind what SB3's own buffer would sample from.
+schedule (collect, then some gradient steps) the first ``ring_depth - 1`` gradient
+steps of each ``train()`` sample the buffer as it was before the latest rollout; the
+others sample what SB3's own buffer would.
 
     from stable_baselines3 import SAC
     from replay_fsm.integrations.sb3 import PipelineReplayBuffer

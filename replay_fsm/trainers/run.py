@@ -7,10 +7,12 @@ the warm-up; phase k >= 1 uses actor weights version k, which the learner publis
 after tick k - 1. With ``lag = ring_depth - 1``, the batch of tick t is drawn from
 the buffer as it stood after phase ``max(0, t - lag)``, i.e. at
 
-    P(t) = (warmup_steps + max(0, t - lag) * env_steps_per_tick) * num_envs rows,
+    P(t) = (warmup_vector_steps + max(0, t - lag) * env_steps_per_tick) * num_envs
 
-so collection of phase t runs while the learner trains on tick t. Each tick makes
-``updates_per_tick`` SAC updates on consecutive ``batch_size`` slices of its batch.
+rows ever written, so collection of phase t runs while the learner trains on tick
+t. Each tick makes ``updates_per_tick`` SAC updates on consecutive ``batch_size``
+slices of its batch. ``train`` runs one configuration; ``compare`` runs it through
+the pipeline and synchronously, interleaved in blocks of ticks on the same machine.
 
 Why the pipelined run is bit-identical to the synchronous one (``compare``):
 
