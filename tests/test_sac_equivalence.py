@@ -81,3 +81,24 @@ def test_compare_interleaves_both_trainers_and_times_each_on_its_own_clock() -> 
         assert run["ticks"] == 30 and run["blocks"] == 3
         assert len(run["episodes"]) == 2
         assert all(0 <= e["wall_s"] <= run["loop_s"] for e in run["episodes"])
+
+
+@pytest.mark.parametrize("sampling", ["pipeline", "sync"])
+def test_a_collector_that_fails_stops_the_learner_with_collector_died(
+        sampling: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replay_fsm import CollectorDied
+    from replay_fsm.trainers import collector
+
+    real_step = collector._Collector.step
+    calls = {"n": 0}
+
+    def step(self: collector._Collector, action: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 50:  # after warm-up (32 steps): mid-run
+            raise RuntimeError("the simulator crashed")
+        real_step(self, action)
+
+    monkeypatch.setattr(collector._Collector, "step", step)
+    with pytest.raises(CollectorDied) as info:
+        train(replace(SMALL, sampling=sampling, collector="thread"))
+    assert "the simulator crashed" in repr(info.value) + repr(info.value.__cause__)
