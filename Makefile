@@ -15,7 +15,7 @@ $(PY):
 	$(PY) -m pip install -q --upgrade pip
 
 install: $(PY)
-	$(PY) -m pip install -q $(if $(TORCH),"$(TORCH)") -e ".[test]"
+	$(PY) -m pip install -q $(if $(TORCH),"$(TORCH)") -e ".[test,mujoco,sb3]"
 
 # System packages for the SPIN checks and SVG diagrams, installed when missing.
 sysdeps:

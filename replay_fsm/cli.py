@@ -1,4 +1,4 @@
-"""The ``replay-fsm`` command: demo, diagram, check-trace, explore."""
+"""The ``replay-fsm`` command: demo, sac, diagram, check-trace, explore."""
 
 from __future__ import annotations
 
@@ -31,6 +31,11 @@ def _demo(args: argparse.Namespace) -> int:
     if summary["interrupted"]:
         return 130  # the shell's code for Ctrl-C
     return 0 if summary["trace_conforms"] else 1
+
+
+def _sac(args: argparse.Namespace) -> int:
+    from .trainers.cli import main as sac_main
+    return sac_main(args)
 
 
 def _diagram(args: argparse.Namespace) -> int:
@@ -80,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--learner-threads", type=int, default=1,
                       help="torch threads of the learner (0: torch's default)")
     demo.set_defaults(fn=_demo)
+
+    sac = sub.add_parser("sac", help="train SAC on a gymnasium task through the pipeline")
+    from .trainers.cli import add_arguments as sac_arguments  # torch-free
+    sac_arguments(sac)
+    sac.set_defaults(fn=_sac)
 
     dia = sub.add_parser("diagram", help="draw the slot state machine from the table")
     dia.add_argument("--format", choices=["mermaid", "dot", "svg", "sequence"],

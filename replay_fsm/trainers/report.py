@@ -1,0 +1,68 @@
+"""The results plot: episode return against env steps and against wall-clock time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def curve(episodes: list[dict[str, Any]], window: int) -> dict[str, list[float]]:
+    """Env steps, wall seconds and the mean return of the last ``window`` episodes, at
+    each env-step count where episodes finished."""
+    ordered = sorted(episodes, key=lambda e: (e["env_steps"], e["wall_s"]))
+    if not ordered:
+        return {"env_steps": [], "wall_s": [], "mean_return": []}
+    returns = np.asarray([e["return"] for e in ordered], dtype=np.float64)
+    kernel = np.ones(max(1, window))
+    sums = np.convolve(returns, kernel)[: len(returns)]
+    counts = np.convolve(np.ones_like(returns), kernel)[: len(returns)]
+    means = sums / np.maximum(counts, 1)
+    # Episodes of several envs often end on the same step: one point per step count.
+    last = [i for i in range(len(ordered))
+            if i + 1 == len(ordered) or ordered[i + 1]["env_steps"] != ordered[i]["env_steps"]]
+    return {"env_steps": [ordered[i]["env_steps"] for i in last],
+            "wall_s": [ordered[i]["wall_s"] for i in last],
+            "mean_return": [float(means[i]) for i in last]}
+
+
+def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> Path:
+    """Draw every run's curve in two panels and write a PNG to ``path``.
+
+    Raises:
+        ImportError: matplotlib is missing (the ``mujoco`` extra installs it).
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("the plot needs matplotlib: pip install 'replay-fsm[mujoco]'"
+                          ) from exc
+    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    styles = {"pipeline": ("tab:blue", "-"), "sync": ("tab:orange", "--")}
+    for name, run in runs.items():
+        color, dash = styles.get(name, (None, "-"))
+        label = {"pipeline": "pipeline", "sync": "synchronous sampling"}.get(name, name)
+        c = curve(run["episodes"], run["config"]["num_envs"])
+        by_steps.plot(c["env_steps"], c["mean_return"], dash, color=color, marker=".",
+                      label=label)
+        by_time.plot(c["wall_s"], c["mean_return"], dash, color=color, marker=".",
+                     label=f"{label} ({run['loop_s']:.0f} s for {run['updates']} updates)")
+    by_steps.set_xlabel("environment steps")
+    window = next(iter(runs.values()))["config"]["num_envs"]
+    by_steps.set_ylabel(f"episode return (mean of the last {window})")
+    by_time.set_xlabel("wall-clock seconds since the first tick")
+    for ax in (by_steps, by_time):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,347 @@
+"""The SAC trainer: a collector process steps a vector env, the learner takes large
+batches through the pipeline (``sampling="pipeline"``) or samples them itself
+(``sampling="sync"``, the baseline).
+
+The schedule (lock-step, as the seed's ``sync_collection``): collection phase 0 is
+the warm-up; phase k >= 1 uses actor weights version k, which the learner publishes
+after tick k - 1. With ``lag = ring_depth - 1``, the batch of tick t is drawn from
+the buffer as it stood after phase ``max(0, t - lag)``, i.e. at
+
+    P(t) = (warmup_vector_steps + max(0, t - lag) * env_steps_per_tick) * num_envs
+
+rows ever written, so collection of phase t runs while the learner trains on tick
+t. Each tick makes ``updates_per_tick`` SAC updates on consecutive ``batch_size``
+slices of its batch. ``train`` runs one configuration; ``compare`` runs it through
+the pipeline and synchronously, interleaved in blocks of ticks on the same machine.
+
+Why the pipelined run is bit-identical to the synchronous one (``compare``):
+
+- The snapshot of every tick is pinned. The learner requests tick t + lag with
+  ``min_snapshot_ptr = P(t + lag)`` at the start of tick t, before it trains on t and
+  publishes weights t + 1; the collector, before it adds the first row of phase
+  t + 1, serves every request it can, so that request is packed at exactly
+  P(t + lag) rows. The synchronous trainer samples the same snapshot size with
+  ``replay_fsm.sampling.expected_batch`` (INV-DATA makes both the same rows).
+- Collection is deterministic: phase k steps with weights version k exactly (the
+  collector waits for them), env seeds are fixed, and the collector's action noise
+  comes from its own ``torch.Generator``.
+- The learner's noise comes from its own ``torch.Generator``, never torch's global
+  one (which a collector thread shares); the networks are initialised from ``seed``.
+- Thread counts are fixed: the learner runs on ``learner_threads`` (1 by default),
+  a collector process on 1, so every kernel splits its work the same way.
+- Both trainers see batches with the same layout (views of packed rows), and the
+  synchronous one needs ``capacity`` to hold every row the run writes: it reads
+  the storage while the collector appends, which is safe only until the ring wraps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from replay_fsm import CollectorDied, Pipeline, ReplayBuffer  # the public API only
+from replay_fsm.sampling import expected_batch
+
+from .collector import env_dims, start_collector, wait_rows
+from .sac import SAC
+from .shared import EpisodeLog, WeightRing
+
+SAMPLING = ("pipeline", "sync")
+COLLECTORS = ("process", "thread")
+
+
+@dataclass(frozen=True)
+class SACConfig:
+    """One SAC run. ``ring_depth`` also sets the data schedule (see the module doc),
+    for the synchronous trainer too, so that both modes are comparable bit for bit."""
+
+    env: str = "HalfCheetah-v5"
+    num_envs: int = 8
+    batch_size: int = 256
+    updates_per_tick: int = 8
+    env_steps_per_tick: int = 1  # vector steps per collection phase
+    ticks: int = 5_000
+    warmup_steps: int = 5_000  # transitions with uniform random actions, before learning
+    capacity: int = 1_000_000
+    device: str = "cpu"
+    sampling: str = "pipeline"
+    ring_depth: int = 2
+    collector: str = "process"
+    hidden: int = 256
+    lr: float = 3e-4
+    gamma: float = 0.99
+    tau: float = 0.005
+    seed: int = 0
+    learner_threads: int | None = 1
+    liveness_timeout: float = 30.0
+    progress: bool = True
+
+    @property
+    def sample_count(self) -> int:
+        return self.batch_size * self.updates_per_tick
+
+    @property
+    def warmup_vector_steps(self) -> int:
+        return -(-self.warmup_steps // self.num_envs)
+
+    def snapshot_ptr(self, tick: int) -> int:
+        """P(tick): rows ever written when the batch of ``tick`` is drawn."""
+        phase = max(0, tick - (self.ring_depth - 1))
+        return (self.warmup_vector_steps + phase * self.env_steps_per_tick) * self.num_envs
+
+    def validate(self) -> None:
+        """Raises:
+            ValueError: an option out of range, naming it and the fix."""
+        positive = ("num_envs", "batch_size", "updates_per_tick", "env_steps_per_tick",
+                    "ticks", "warmup_steps", "capacity", "hidden")
+        for name in positive:
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sampling not in SAMPLING:
+            raise ValueError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
+        if self.collector not in COLLECTORS:
+            raise ValueError(f"collector must be one of {COLLECTORS}, got {self.collector!r}")
+        if self.ring_depth < 2:
+            raise ValueError(f"ring_depth must be >= 2, got {self.ring_depth}")
+        written = self.snapshot_ptr(self.ticks + self.ring_depth)
+        if self.sampling == "sync" and written > self.capacity:
+            raise ValueError(f"sampling='sync' reads the storage while the collector "
+                             f"appends, so the ring must not wrap: capacity "
+                             f"{self.capacity} < {written} rows this run writes; raise "
+                             "capacity or lower ticks")
+
+
+class Trainer:
+    """One SAC run that can advance a number of ticks at a time (``compare`` interleaves
+    two). Its clock counts only the time spent inside ``run``.
+
+    Raises:
+        ValueError: a bad option (``SACConfig.validate``), or the env is not SAC's.
+    """
+
+    def __init__(self, config: SACConfig, bar_position: int = 0) -> None:
+        config.validate()
+        if config.learner_threads is not None:
+            torch.set_num_threads(config.learner_threads)
+        self.config = config
+        obs_dim, action_dim = env_dims(config.env)
+        self.device = torch.device(config.device)
+        self.rb = ReplayBuffer(config.capacity, obs_dim, action_dim)
+        self.sac = SAC(obs_dim, action_dim, hidden=config.hidden, lr=config.lr,
+                       gamma=config.gamma, tau=config.tau, device=self.device,
+                       seed=config.seed)
+        self.weights = WeightRing(self.sac.actor_vector().numel(),
+                                  slots=config.ring_depth + 1)
+        self.episodes = EpisodeLog()
+        self.pipe: Pipeline | None = None
+        if config.sampling == "pipeline":
+            self.pipe = Pipeline(self.rb, device=self.device,
+                                 sample_count=config.sample_count, base_seed=config.seed,
+                                 ring_depth=config.ring_depth, collector="external",
+                                 liveness_timeout=config.liveness_timeout)
+        self.worker: Any = None
+        self.stop: Any = None
+        self.tick = 0
+        self.tick_s: list[float] = []
+        self.blocks: list[tuple[float, float]] = []  # monotonic (start, end) of each run
+        self.load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+        self._bar = _progress(config, bar_position)
+
+    @property
+    def own_s(self) -> float:
+        """Seconds spent inside ``run`` so far."""
+        return sum(end - start for start, end in self.blocks)
+
+    def run(self, ticks: int) -> None:
+        """Advance ``ticks`` ticks (fewer at the end of the run).
+
+        Raises:
+            CollectorDied: the collector died or fell silent.
+            KeyboardInterrupt: after everything is stopped and joined.
+        """
+        config, pipe, n = self.config, self.pipe, self.config.sample_count
+        start = time.monotonic()
+        if self.worker is None:  # the collector's start-up belongs to this trainer's time
+            self.worker, self.stop = start_collector(config, self.rb, self.weights,
+                                                     self.episodes, pipe)
+        stop_at = min(self.tick + ticks, config.ticks)
+        try:
+            for t in range(self.tick, stop_at):
+                t0 = time.perf_counter()
+                if pipe is not None:
+                    for ahead in range(t, min(t + config.ring_depth, config.ticks)):
+                        pipe.start_prepare(ahead, n, min_snapshot_ptr=config.snapshot_ptr(ahead))
+                    batch = pipe.sample_large_batch(t, n)
+                else:
+                    ptr = config.snapshot_ptr(t)
+                    wait_rows(self.rb, ptr, self.worker, config.liveness_timeout)
+                    packed = expected_batch(self.rb.storage, min(ptr, self.rb.capacity), n,
+                                            config.seed + t)
+                    batch = self.rb.layout.views(packed.to(self.device))
+                self.sac.train_tick(batch, config.updates_per_tick, config.batch_size)
+                if pipe is not None:
+                    pipe.after_tick()
+                self.weights.publish(t + 1, self.sac.actor_vector())
+                self.tick_s.append(time.perf_counter() - t0)
+                self.tick = t + 1
+                if self._bar is not None:
+                    _show(self._bar, t, self)
+        except BaseException:
+            self.close()
+            error = getattr(self.worker, "error", None)
+            if error is not None:
+                raise CollectorDied(f"the SAC collector thread failed: {error!r}") from error
+            raise
+        finally:
+            self.blocks.append((start, time.monotonic()))
+
+    def result(self) -> dict[str, Any]:
+        """The run's figures, episodes and learner digest (call before ``close``)."""
+        stats = self.pipe.statistics() if self.pipe is not None else None
+        result = _result(self, stats)
+        result["machine"]["loadavg_start"] = self.load_start  # other users of the cores
+        return result
+
+    def close(self) -> None:
+        """Stop the collector and the pipeline; idempotent."""
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+        if self.stop is not None:
+            self.stop.set()
+        if self.pipe is not None:
+            self.pipe.close()
+        if self.worker is not None:
+            self.worker.join(timeout=30)
+
+    def __enter__(self) -> Trainer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def own_time(self, monotonic_s: float) -> float:
+        """A monotonic instant as this trainer's clock: its time inside ``run`` before
+        that instant (an instant between runs counts as the end of the previous one)."""
+        own = 0.0
+        for start, end in self.blocks:
+            if monotonic_s <= start:
+                break
+            own += min(monotonic_s, end) - start
+        return own
+
+
+def train(config: SACConfig) -> dict[str, Any]:
+    """Run SAC as configured, start to end; returns ``Trainer.result()``.
+
+    Raises:
+        ValueError: a bad option (``SACConfig.validate``), or the env is not SAC's.
+        CollectorDied: the collector died or fell silent.
+        KeyboardInterrupt: after everything is stopped and joined.
+    """
+    with Trainer(config) as trainer:
+        trainer.run(config.ticks)
+        return trainer.result()
+
+
+def _progress(config: SACConfig, position: int) -> Any:
+    if not config.progress:
+        return None
+    try:
+        from tqdm import tqdm
+    except ImportError as exc:  # tqdm is the demo extra, not a library dependency
+        raise ImportError("progress bars need tqdm: pip install 'replay-fsm[demo]', or "
+                          "pass progress=False") from exc
+    return tqdm(total=config.ticks, unit="tick", dynamic_ncols=True, position=position,
+                desc=f"SAC {config.env} ({config.sampling:8s})")
+
+
+def _show(bar: Any, tick: int, trainer: Trainer) -> None:
+    bar.update(1)
+    if tick % 50 and tick != bar.total - 1:
+        return
+    episodes = trainer.episodes
+    recent = [r[2] for r in episodes.rows(max(0, len(episodes) - 10))]
+    post = {"return": f"{np.mean(recent):.0f}" if recent else "-",
+            "critic": f"{trainer.sac.metrics().get('critic_loss', float('nan')):.3f}"}
+    if trainer.pipe is not None:
+        post["stall"] = f"{trainer.pipe.statistics().stalls} waits"
+    bar.set_postfix(post)
+
+
+def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
+    config, tick_s = trainer.config, trainer.tick_s
+    eps = [{"env_steps": s, "wall_s": round(trainer.own_time(t), 4), "return": r,
+            "length": n} for s, t, r, n in trainer.episodes.rows()]
+    steady = np.asarray(tick_s[len(tick_s) // 10:] or [float("nan")])  # skip warm-up waits
+    final = [e["return"] for e in eps[-2 * config.num_envs:]]
+    loop_s = trainer.own_s
+    result: dict[str, Any] = {
+        "config": asdict(config), "machine": machine(),
+        "ticks": len(tick_s), "updates": len(tick_s) * config.updates_per_tick,
+        "env_steps": config.snapshot_ptr(len(tick_s) + config.ring_depth - 1),
+        "loop_s": loop_s, "blocks": len(trainer.blocks),
+        # Tick 0 waits for the collector to start and warm up: the same work in both modes.
+        "startup_s": tick_s[0] if tick_s else None,
+        "tick_ms": {"mean": 1e3 * float(steady.mean()), "p50": 1e3 * float(np.median(steady)),
+                    "p99": 1e3 * float(np.percentile(steady, 99))},
+        "updates_per_s": len(tick_s) * config.updates_per_tick / loop_s if loop_s else None,
+        "final_return": float(np.mean(final)) if final else None,
+        "metrics": trainer.sac.metrics(), "digest": trainer.sac.digest(), "episodes": eps,
+    }
+    if stats is not None:
+        result["pipeline"] = {"stalls": stats.stalls, "learner_wait_s": stats.learner_wait_s,
+                              "packs": stats.packs}
+    return result
+
+
+def machine() -> dict[str, Any]:
+    """The facts a timing needs beside it."""
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "platform": platform.platform(), "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(), "loadavg": load}
+
+
+def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
+    """The same run through the pipeline and sampled synchronously, interleaved in blocks
+    of ``block`` ticks on this machine (so that load from elsewhere hits both alike):
+    the wall-clock speed-up at the same number of updates, the per-round ratios, and
+    whether the two learners ended bit-identical."""
+    with Trainer(replace(config, sampling="pipeline"), 0) as pipe, \
+            Trainer(replace(config, sampling="sync"), 1) as sync:
+        rounds = []
+        for i, _ in enumerate(range(0, config.ticks, block)):
+            order = (pipe, sync) if i % 2 == 0 else (sync, pipe)  # ABBA: no order bias
+            took = {}
+            for trainer in order:
+                before = trainer.own_s
+                trainer.run(block)
+                took[trainer.config.sampling] = trainer.own_s - before
+            rounds.append(took["sync"] / took["pipeline"])
+        runs = {"pipeline": pipe.result(), "sync": sync.result()}
+    p, s = runs["pipeline"], runs["sync"]
+    return {"runs": runs, "bit_identical": p["digest"] == s["digest"], "block_ticks": block,
+            "speedup_vs_sync": s["loop_s"] / p["loop_s"],
+            "speedup_after_startup": ((s["loop_s"] - s["startup_s"])
+                                      / (p["loop_s"] - p["startup_s"])),
+            "round_ratios": rounds, "round_ratio_median": float(np.median(rounds))}
+
+
+def write(result: dict[str, Any], out: str | Path) -> Path:
+    """Write ``result`` as JSON to ``out`` (a directory gets ``sac.json``)."""
+    path = Path(out)
+    if path.suffix != ".json":
+        path.mkdir(parents=True, exist_ok=True)
+        path = path / "sac.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path

@@ -1,0 +1,106 @@
+"""What the SAC learner and its collector share besides the replay buffer.
+
+Both objects live in shared memory and pickle to a spawned collector without
+copying, like ``ReplayBuffer``; in a collector thread they are simply shared.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+
+import torch
+
+
+class WeightRing:
+    """Versions of the actor's flat parameters, published by the learner.
+
+    Version ``v`` lives in slot ``v % slots``; the learner writes the slot, then
+    publishes ``v``. The lock-step schedule (see ``replay_fsm.trainers.run``) keeps
+    the learner from reaching version ``v + slots - 1`` before the collector has
+    copied version ``v``, so a slot is never rewritten while it is read; ``read``
+    checks that and reports a violation as an internal error.
+    """
+
+    def __init__(self, numel: int, slots: int) -> None:
+        if numel < 1 or slots < 2:
+            raise ValueError("numel must be >= 1 and slots >= 2")
+        self.slots = slots
+        self._data = torch.zeros(slots, numel).share_memory_()
+        # Invariant: _version[0] is the newest version whose slot is fully written.
+        self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._published = mp.get_context("spawn").Event()  # set after each publish
+
+    @property
+    def version(self) -> int:
+        return int(self._version[0])
+
+    def publish(self, version: int, flat: torch.Tensor) -> None:
+        """Write ``flat`` as ``version`` (one more than the last one).
+
+        Raises:
+            ValueError: versions must increase by one.
+        """
+        if version != self.version + 1:
+            raise ValueError(f"version {version} published after {self.version}")
+        self._data[version % self.slots].copy_(flat)
+        self._version[0] = version  # after the data: a reader never sees a half slot
+        self._published.set()
+
+    def wait(self, version: int, timeout: float) -> bool:
+        """Block until ``version`` is published; False if ``timeout`` ran out first."""
+        deadline = time.monotonic() + timeout
+        while self.version < version:
+            self._published.clear()
+            if self.version >= version:  # published between the check and the clear
+                break
+            left = deadline - time.monotonic()
+            if left <= 0 or not self._published.wait(left):
+                return self.version >= version
+        return True
+
+    def read(self, version: int, out: torch.Tensor) -> torch.Tensor:
+        """Copy ``version`` (already published) into ``out``.
+
+        Raises:
+            ValueError: ``version`` is not published yet.
+            RuntimeError: the learner overtook the reader (an internal error: the
+                schedule forbids it; please report it).
+        """
+        if version > self.version:
+            raise ValueError(f"version {version} is not published (newest {self.version})")
+        out.copy_(self._data[version % self.slots])
+        if self.version >= version + self.slots - 1:
+            raise RuntimeError(f"internal error: weight version {version} may have been "
+                               f"overwritten while read (newest {self.version}); please "
+                               "report this")
+        return out
+
+
+class EpisodeLog:
+    """Finished episodes as rows (env steps so far, monotonic time, return, length)."""
+
+    def __init__(self, capacity: int = 1 << 16) -> None:
+        self._rows = torch.zeros(capacity, 4, dtype=torch.float64).share_memory_()
+        # Invariant: _count[0] rows are complete; later ones are being written or unused.
+        self._count = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def record(self, env_steps: int, returns: list[float], lengths: list[int]) -> None:
+        """Append finished episodes (the collector's call); beyond capacity, drop them."""
+        n = int(self._count[0])
+        now = time.monotonic()  # system-wide clock: comparable across processes
+        for ret, length in zip(returns, lengths, strict=True):
+            if n >= self._rows.shape[0]:
+                break
+            self._rows[n] = torch.tensor([env_steps, now, ret, length], dtype=torch.float64)
+            n += 1
+        self._count[0] = n
+
+    def rows(self, start: int = 0) -> list[tuple[int, float, float, int]]:
+        """Episodes from ``start`` on: (env_steps, monotonic_s, return, length)."""
+        n = int(self._count[0])
+        return [(int(r[0]), float(r[1]), float(r[2]), int(r[3]))
+                for r in self._rows[start:n].tolist()]
+
+    def __len__(self) -> int:
+        return int(self._count[0])

@@ -1,0 +1,51 @@
+"""The weight ring and the episode log the SAC learner shares with its collector."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replay_fsm.trainers.shared import EpisodeLog, WeightRing
+
+
+def test_versions_are_read_back_from_their_slots() -> None:
+    ring = WeightRing(4, slots=3)
+    out = torch.empty(4)
+    for v in range(1, 4):
+        ring.publish(v, torch.full((4,), float(v)))
+    assert ring.version == 3
+    assert ring.read(2, out).tolist() == [2.0] * 4
+    assert ring.read(3, out).tolist() == [3.0] * 4
+
+
+def test_versions_must_follow_each_other() -> None:
+    ring = WeightRing(2, slots=2)
+    with pytest.raises(ValueError, match="version 2 published after 0"):
+        ring.publish(2, torch.zeros(2))
+    with pytest.raises(ValueError, match="not published"):
+        ring.read(1, torch.empty(2))
+
+
+def test_a_reader_overtaken_by_the_learner_is_an_internal_error() -> None:
+    ring = WeightRing(2, slots=2)
+    ring.publish(1, torch.ones(2))
+    ring.publish(2, torch.ones(2))  # slot of version 3 = slot of version 1: next write
+    with pytest.raises(RuntimeError, match="internal error"):
+        ring.read(1, torch.empty(2))
+
+
+def test_wait_returns_once_published_and_times_out_otherwise() -> None:
+    ring = WeightRing(2, slots=2)
+    assert not ring.wait(1, timeout=0.01)
+    ring.publish(1, torch.ones(2))
+    assert ring.wait(1, timeout=0.0)
+
+
+def test_episode_log_keeps_order_and_drops_beyond_capacity() -> None:
+    log = EpisodeLog(capacity=3)
+    log.record(10, [1.5, -2.0], [5, 5])
+    log.record(20, [3.0, 4.0], [7, 7])
+    rows = log.rows()
+    assert len(log) == 3
+    assert [(s, r, n) for s, _, r, n in rows] == [(10, 1.5, 5), (10, -2.0, 5), (20, 3.0, 7)]
+    assert log.rows(2)[0][2] == 3.0

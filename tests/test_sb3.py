@@ -1,0 +1,196 @@
+"""The Stable-Baselines3 replay buffer: INV-DATA batches, SB3's semantics, and SB3's
+SAC, TD3 and DQN training with it."""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("stable_baselines3")
+
+from gymnasium import spaces  # noqa: E402
+from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer  # noqa: E402
+
+from replay_fsm.integrations.sb3 import PipelineReplayBuffer  # noqa: E402
+from replay_fsm.sampling import expected_batch  # noqa: E402
+
+OBS = spaces.Box(-1e6, 1e6, (2, 3), np.float32)  # 2-D on purpose: rows are flattened
+ACT = spaces.Box(-1, 1, (2,), np.float32)
+
+
+def step(rng: np.random.Generator, n_envs: int, done: Any = False,
+         truncated: Any = False) -> tuple[Any, ...]:
+    """One SB3 ``add`` call's arguments with unique random values."""
+    dones = np.broadcast_to(np.asarray(done), (n_envs,)).astype(bool)
+    truncs = np.broadcast_to(np.asarray(truncated), (n_envs,))
+    infos = [{"TimeLimit.truncated": bool(t)} if d else {} for d, t in zip(dones, truncs,
+                                                                          strict=True)]
+    return (rng.normal(size=(n_envs, 2, 3)).astype(np.float32),
+            rng.normal(size=(n_envs, 2, 3)).astype(np.float32),
+            rng.uniform(-1, 1, (n_envs, 2)).astype(np.float32),
+            rng.normal(size=n_envs).astype(np.float32), dones, infos)
+
+
+@pytest.mark.parametrize("depth", [2, 3])
+def test_batches_follow_inv_data(depth: int) -> None:
+    """Gradient step k samples ``storage[randint(0, size, n, seed=base_seed + k)]``, with
+    the buffer as it stood when step ``k - (depth - 1)`` sampled (first: step 0), across
+    adds between samples and past the ring's wrap."""
+    n_envs, n = 2, 16
+    buf = PipelineReplayBuffer(40, OBS, ACT, device="cpu", n_envs=n_envs, ring_depth=depth,
+                               base_seed=1234)
+    rng = np.random.default_rng(0)
+    asked: list[tuple[torch.Tensor, int]] = []  # (storage, size) at each sample call
+    got = []
+    try:
+        for round_ in range(12):
+            for _ in range(1 + round_ % 3):  # 20 rows fill the 40-row ring at round 8
+                buf.add(*step(rng, n_envs))
+            for _ in range(1 + round_ % 2):
+                asked.append((buf.replay.storage.clone(), buf.replay.size))
+                got.append(buf.sample(n))
+    finally:
+        buf.close()
+    assert buf.full and buf.replay.ptr > buf.replay.capacity  # the ring wrapped
+    lay = buf.replay.layout
+    for k, samples in enumerate(got):
+        storage, size = asked[max(0, k - (depth - 1))]
+        rows = expected_batch(storage, size, n, 1234 + k)
+        assert torch.equal(samples.observations.reshape(n, 6), rows[:, lay.obs]), k
+        assert torch.equal(samples.next_observations.reshape(n, 6), rows[:, lay.next_obs]), k
+        assert torch.equal(samples.actions, rows[:, lay.actions]), k
+        assert torch.equal(samples.rewards, rows[:, lay.rewards].reshape(n, 1)), k
+
+
+def sb3_rows(buf: SB3ReplayBuffer) -> dict[bytes, tuple[float, float, bytes]]:
+    """SB3's own buffer as obs bytes -> (done as sampled, reward, next obs bytes)."""
+    size = buf.buffer_size if buf.full else buf.pos
+    dones = buf.dones[:size] * (1 - buf.timeouts[:size])
+    return {buf.observations[i, e].tobytes(): (float(dones[i, e]), float(buf.rewards[i, e]),
+                                               buf.next_observations[i, e].tobytes())
+            for i in range(size) for e in range(buf.n_envs)}
+
+
+@pytest.mark.parametrize("handle_timeouts", [True, False])
+def test_samples_match_sb3_buffer_semantics(handle_timeouts: bool) -> None:
+    """Row for row what SB3's ReplayBuffer holds: a time-limit cut is terminal only
+    without handle_timeout_termination; shapes and dtypes are SB3's."""
+    n_envs = 2
+    ours = PipelineReplayBuffer(64, OBS, ACT, "cpu", n_envs,
+                                handle_timeout_termination=handle_timeouts, base_seed=0)
+    theirs = SB3ReplayBuffer(64, OBS, ACT, "cpu", n_envs,
+                             handle_timeout_termination=handle_timeouts)
+    rng = np.random.default_rng(1)
+    for done, trunc in [(False, False), (True, True), (True, False), ([True, False], True)]:
+        args = step(rng, n_envs, done, trunc)
+        ours.add(*args)
+        theirs.add(*args)
+    table = sb3_rows(theirs)
+    assert {d for d, _, _ in table.values()} == {0.0, 1.0}
+    try:
+        samples = ours.sample(64)
+    finally:
+        ours.close()
+    reference = theirs.sample(8)
+    for field in ("observations", "actions", "next_observations", "dones", "rewards"):
+        mine, sb3 = getattr(samples, field), getattr(reference, field)
+        assert mine.shape[1:] == sb3.shape[1:] and mine.dtype == sb3.dtype, field
+    for i in range(64):
+        done, reward, next_obs = table[samples.observations[i].numpy().tobytes()]
+        assert float(samples.dones[i, 0]) == done
+        assert float(samples.rewards[i, 0]) == reward
+        assert samples.next_observations[i].numpy().tobytes() == next_obs
+
+
+def test_discrete_actions_come_back_as_sb3_integers() -> None:
+    buf = PipelineReplayBuffer(32, spaces.Discrete(5), spaces.Discrete(3), "cpu", 2,
+                               base_seed=0)
+    for a in range(3):
+        buf.add(np.array([a, 4 - a]), np.array([1, 2]), np.array([a, 2 - a]),
+                np.zeros(2), np.zeros(2), [{}, {}])
+    try:
+        samples = buf.sample(8)
+    finally:
+        buf.close()
+    assert samples.actions.dtype == torch.int64 and samples.actions.shape == (8, 1)
+    assert samples.observations.dtype == torch.int64
+    assert set(samples.actions.flatten().tolist()) <= {0, 1, 2}
+
+
+def test_pickles_for_save_replay_buffer_keeping_the_oldest_row_first() -> None:
+    buf = PipelineReplayBuffer(6, OBS, ACT, "cpu", 2, base_seed=5)
+    rng = np.random.default_rng(2)
+    for _ in range(4):  # 8 rows into a 6-row ring: rows 0 and 1 were overwritten
+        buf.add(*step(rng, 2))
+    buf.sample(4)
+    clone = pickle.loads(pickle.dumps(buf))
+    try:
+        assert clone.size() == buf.size() and clone.replay.size == 6
+        old = buf.replay.storage
+        assert torch.equal(clone.replay.storage, torch.cat([old[2:], old[:2]]))
+        clone.add(*step(rng, 2))  # overwrites the two oldest rows
+        assert torch.equal(clone.replay.storage[2:], torch.cat([old[4:], old[:2]]))
+        assert clone.sample(4).observations.shape == (4, 2, 3)
+    finally:
+        buf.close()
+        clone.close()
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"optimize_memory_usage": True, "handle_timeout_termination": False},
+     "optimize_memory_usage"),
+    ({"ring_depth": 1}, "ring_depth"),
+])
+def test_unsupported_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        PipelineReplayBuffer(10, OBS, ACT, **kwargs)
+
+
+def test_td3_trains_with_it() -> None:
+    from stable_baselines3 import TD3
+
+    model = TD3("MlpPolicy", "Pendulum-v1", replay_buffer_class=PipelineReplayBuffer,
+                learning_starts=64, batch_size=32, policy_kwargs={"net_arch": [32, 32]},
+                seed=0, device="cpu")
+    model.learn(300)
+    buf = model.replay_buffer
+    assert isinstance(buf, PipelineReplayBuffer) and buf.size() == 300
+    assert buf._next_tick == 300 - 64  # one sample per gradient step, all through it
+    buf.close()
+
+
+@pytest.mark.slow
+def test_sb3_sac_learns_pendulum() -> None:
+    from stable_baselines3 import SAC
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    torch.set_num_threads(1)
+    model = SAC("MlpPolicy", "Pendulum-v1", replay_buffer_class=PipelineReplayBuffer,
+                learning_starts=200, learning_rate=1e-3, policy_kwargs={"net_arch": [64, 64]},
+                seed=0, device="cpu")
+    model.learn(3000)
+    mean, _ = evaluate_policy(model, model.get_env(), n_eval_episodes=5, deterministic=True)
+    model.replay_buffer.close()
+    assert mean > -500  # a random policy scores about -1200; SAC gets ~-200 here
+
+
+@pytest.mark.slow
+def test_sb3_dqn_learns_cartpole() -> None:
+    from stable_baselines3 import DQN
+    from stable_baselines3.common.evaluation import evaluate_policy
+
+    torch.set_num_threads(1)
+    # rl-zoo's CartPole settings, cut to 10k steps.
+    model = DQN("MlpPolicy", "CartPole-v1", replay_buffer_class=PipelineReplayBuffer,
+                learning_rate=2.3e-3, batch_size=64, buffer_size=100_000,
+                learning_starts=1000, target_update_interval=10, train_freq=256,
+                gradient_steps=128, exploration_fraction=0.16, exploration_final_eps=0.04,
+                policy_kwargs={"net_arch": [256, 256]}, seed=0, device="cpu")
+    model.learn(10_000)
+    mean, _ = evaluate_policy(model, model.get_env(), n_eval_episodes=5, deterministic=True)
+    model.replay_buffer.close()
+    assert mean > 100  # a random policy lasts about 20 steps
