@@ -216,9 +216,8 @@ class PipelineReplayBuffer(ReplayBuffer):
 
     def _samples(self, batch: dict[str, torch.Tensor],
                  env: VecNormalize | None) -> ReplayBufferSamples:
-        """SB3's samples as fresh tensors (the slot is released right after): SB3's own
-        buffer returns copies too, and a view kept for backward would share the ring's
-        version counter with the slots the pipeline fills next."""
+        """SB3's samples as fresh tensors: the slot is released right after, and SB3
+        keeps its samples beyond that (its own buffer returns copies too)."""
         n = batch["obs"].shape[0]
         shape = (n, *self.obs_shape)
         dones = batch["dones"]

@@ -124,11 +124,9 @@ class SAC:
         ``dones`` marks episode ends and ``truncated`` those cut by a time limit,
         which still bootstrap: only ``dones * (1 - truncated)`` is terminal.
         """
-        # The actor's first layer saves its input for backward. Batch views share one
-        # version counter with every slot of the ring, so a packer thread or copy filling
-        # the next slot meanwhile would trip autograd's in-place check: own copy.
-        obs = batch["obs"].clone()
-        act, next_obs = batch["actions"], batch["next_obs"]
+        # The batch is views of the hot slot; the layers may save them for backward: each
+        # slot is its own tensor, so the next slot filling meanwhile does not disturb them.
+        obs, act, next_obs = batch["obs"], batch["actions"], batch["next_obs"]
         terminal = batch["dones"] * (1 - batch["truncated"])
         alpha = self.log_alpha.detach().exp()
         with torch.no_grad():
