@@ -4,15 +4,23 @@ and replay_fsm with thread and process collectors at ring depth 2 and 3.
 
 Workload: a buffer of 200k rows x ~500 float32 columns, batches of 16k rows, a
 learner step of matmuls (GIL released). Two regimes: compute longer than
-pack + copy, and the reverse. Contenders are interleaved over rounds; medians.
-The learner runs one torch thread so the packer has the other core of a 2-core
-machine, as it would beside a GPU learner.
+pack + copy, and the reverse. The learner runs one torch thread so the packer has
+the other core of a 2-core machine, as it would beside a GPU learner.
+
+Throughput is the headline: the MEAN tick (wall time / ticks), which counts every
+stall; p50 and p99 of the tick and the learner's stall per tick (time blocked on
+its batch) stand beside it. Contention is a dimension: every contender runs with 0,
+1 and 2 background CPU-bound processes, and its ratio is to compute-only measured
+under the same load. Contenders are interleaved round by round (ABBA), so drift in
+the machine's load hits them alike.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +37,26 @@ except ImportError:
 
 
 FEATURES = 64  # columns the learner's first layer reads; the rest is carried along
+LOADS = (0, 1, 2)
+
+
+class BackgroundLoad:
+    """``k`` CPU-bound processes (busy Python loops) for the length of a with-block:
+    what a shared machine, or the simulator beside the learner, does to it."""
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def __enter__(self) -> BackgroundLoad:
+        self.procs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                      for _ in range(self.k)]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
 
 
 def make_compute(width: int, hidden: int, reps: int, device: torch.device
@@ -49,23 +77,13 @@ def make_compute(width: int, hidden: int, reps: int, device: torch.device
     return step
 
 
-def time_ticks(run_tick: Callable[[int], float], start: int, ticks: int
-               ) -> tuple[float, float]:
-    """Median seconds per tick and mean learner stall per tick over ``ticks``."""
-    times, stalls = [], []
-    for t in range(start, start + ticks):
-        t0 = time.perf_counter()
-        stalls.append(run_tick(t))
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), statistics.fmean(stalls)
-
-
 class Contender:
     name = ""
 
     def open(self) -> None: ...
 
     def tick(self, t: int) -> float:
+        """One learner tick; returns the seconds the learner was blocked on its batch."""
         raise NotImplementedError
 
     def close(self) -> None: ...
@@ -126,7 +144,6 @@ class ReplayFSM(Contender):
         self.name = f"replay_fsm {collector} collector, depth {depth}"
         self.rb, self.n, self.compute = rb, n, compute
         self.device, self.collector, self.depth = device, collector, depth
-        self.next = 0
 
     def open(self) -> None:
         self.pipe = Pipeline(self.rb, device=self.device, sample_count=self.n,
@@ -138,29 +155,42 @@ class ReplayFSM(Contender):
         self.requested = self.depth - 1
 
     def tick(self, t: int) -> float:
-        k = self.next
-        before = self.pipe.statistics().learner_wait_s
-        batch = self.pipe.sample_large_batch(k, self.n)
+        t0 = time.perf_counter()
+        self.pipe.sample_large_batch(self.next, self.n)  # blocks only if not ready
+        stall = time.perf_counter() - t0
         self.pipe.start_prepare(self.requested, self.n)
         self.requested += 1
-        stall = self.pipe.statistics().learner_wait_s - before
-        self.compute(self._packed(batch))
+        hot = self.pipe.hot
+        assert hot is not None
+        self.compute(self.pipe.backend.device_slot(hot[1]))  # the packed [n, width] view
         self.pipe.after_tick()
         self.next += 1
         return stall
-
-    def _packed(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        hot = self.pipe.hot
-        assert hot is not None
-        return self.pipe.backend.device_slot(hot[1])  # the packed [n, width] view
 
     def close(self) -> None:
         self.pipe.close()
 
 
+def run_ticks(c: Contender, ticks: int) -> tuple[list[float], list[float]]:
+    """Tick times and learner stalls (seconds) of ``ticks`` ticks after a warm-up."""
+    for t in range(3):
+        c.tick(t)
+    times, stalls = [], []
+    for t in range(3, 3 + ticks):
+        t0 = time.perf_counter()
+        stalls.append(c.tick(t))
+        times.append(time.perf_counter() - t0)
+    return times, stalls
+
+
+def quantile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
 def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device,
-               rounds: int, ticks: int, depths: tuple[int, ...], collectors: tuple[str, ...],
-               torchrl_note: str | None) -> dict[str, Any]:
+               rounds: int, ticks: int, loads: tuple[int, ...], depths: tuple[int, ...],
+               collectors: tuple[str, ...], torchrl_note: str | None) -> dict[str, Any]:
     contenders: list[Contender] = [ComputeOnly(rb, n, compute, device),
                                    Synchronous(rb, n, compute, device)]
     missing: dict[str, str] = {}
@@ -173,34 +203,65 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
     for collector in collectors:
         for depth in depths:
             contenders.append(ReplayFSM(rb, n, compute, device, collector, depth))
-    samples: dict[str, list[tuple[float, float]]] = {c.name: [] for c in contenders}
-    for _ in range(rounds):
-        for c in contenders:
-            c.open()
-            try:
-                time_ticks(c.tick, 0, 2)  # warm-up
-                samples[c.name].append(time_ticks(c.tick, 2, ticks))
-            finally:
-                c.close()
-    ideal = statistics.median(s[0] for s in samples[contenders[0].name])
-    rows: dict[str, Any] = {}
     nbytes = n * rb.width * 4
-    for c in contenders:
-        tick_s = statistics.median(s[0] for s in samples[c.name])
-        stall = statistics.median(s[1] for s in samples[c.name])
-        rows[c.name] = {"tick_ms": tick_s * 1e3, "tick_over_ideal": tick_s / ideal,
-                        "stall_ms": stall * 1e3, "rows_per_s": n / tick_s,
-                        "GBps": nbytes / tick_s / 1e9}
-    for label, why in missing.items():
-        rows[label] = {"missing": why}
-    return {"regime": name, "rows": rows}
+    columns: dict[str, Any] = {}
+    for load in loads:
+        means: dict[str, list[float]] = {c.name: [] for c in contenders}
+        times: dict[str, list[float]] = {c.name: [] for c in contenders}
+        stalls: dict[str, list[float]] = {c.name: [] for c in contenders}
+        with BackgroundLoad(load):
+            for r in range(rounds):
+                for c in (contenders if r % 2 == 0 else contenders[::-1]):
+                    c.open()
+                    try:
+                        t, s = run_ticks(c, ticks)
+                    finally:
+                        c.close()
+                    means[c.name].append(sum(t) / len(t))
+                    times[c.name] += t
+                    stalls[c.name] += s
+        ideal = statistics.median(means[contenders[0].name])
+        rows: dict[str, Any] = {}
+        for c in contenders:
+            mean = statistics.median(means[c.name])  # the rounds' mean ticks
+            rows[c.name] = {
+                "mean_tick_ms": mean * 1e3, "tick_over_ideal": mean / ideal,
+                "p50_ms": quantile(times[c.name], 0.5) * 1e3,
+                "p99_ms": quantile(times[c.name], 0.99) * 1e3,
+                "stall_ms": statistics.fmean(stalls[c.name]) * 1e3,
+                "rows_per_s": n / mean, "GBps": nbytes / mean / 1e9}
+        for label, why in missing.items():
+            rows[label] = {"missing": why}
+        columns[f"load{load}"] = rows
+    return {"regime": name, "loads": list(loads), "columns": columns}
+
+
+def verdicts(result: dict[str, Any]) -> dict[str, bool]:
+    """The budget's claims, checked on this run's numbers."""
+    out: dict[str, bool] = {}
+    for regime in ("compute-bound", "data-bound"):
+        for column, rows in result[regime]["columns"].items():
+            ours = {k: v for k, v in rows.items() if k.startswith("replay_fsm")}
+            sync = rows["synchronous sampling"]["mean_tick_ms"]
+            others = [v["mean_tick_ms"] for k, v in rows.items()
+                      if k.startswith("torchrl") and "missing" not in v]
+            best = min(v["mean_tick_ms"] for v in ours.values())
+            out[f"{regime} {column}: every replay_fsm row <= synchronous"] = all(
+                v["mean_tick_ms"] <= sync for v in ours.values())
+            out[f"{regime} {column}: best replay_fsm <= every other prefetcher"] = all(
+                best <= o for o in [sync, *others])
+    rows = result["compute-bound"]["columns"]["load0"]
+    out["compute-bound load0: best replay_fsm <= 1.05 x compute only"] = min(
+        v["tick_over_ideal"] for k, v in rows.items() if k.startswith("replay_fsm")) <= 1.05
+    return out
 
 
 def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     torch.set_num_threads(1)
     dev = torch.device(device)
     rows, width, n = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
-    rounds, ticks = (1, 4) if quick else (3, 15)
+    rounds, ticks = (1, 4) if quick else (4, 30)
+    loads = (0, 1) if quick else LOADS
     rb = ReplayBuffer(rows, (width - 5) // 2, 2)
     rb.add_packed(torch.randn(rows, rb.width))
     try:
@@ -231,21 +292,26 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
                                "compute_rep_ms": per_rep * 1e3}
     for name, reps in regimes.items():
         compute = make_compute(rb.width, hidden, reps, dev)
-        results[name] = run_regime(name, rb, n, compute, dev, rounds, ticks, (2, 3),
+        results[name] = run_regime(name, rb, n, compute, dev, rounds, ticks, loads, (2, 3),
                                    ("thread", "process"), torchrl_note)
         results[name]["compute_reps"] = reps
-        results[name]["compute_ms"] = results[name]["rows"]["compute only (ideal)"]["tick_ms"]
+    results["verdicts"] = verdicts(results)
     write_result("learner_loop", {"rows": rows, "width": rb.width, "batch": n,
                                   "device": device, "rounds": rounds, "ticks": ticks,
-                                  "learner_threads": 1}, results, quick=quick)
+                                  "loads": list(loads), "learner_threads": 1},
+                 results, quick=quick)
     print(f"pack (index_select) {pack_s * 1e3:.2f} ms per batch")
     for name in regimes:
-        print(table(f"learner loop, {name} ({device}; medians of {rounds} rounds)", [
-            (k, f"{v['tick_ms']:.2f}", f"{v['tick_over_ideal']:.3f}", f"{v['stall_ms']:.2f}",
-             f"{v['rows_per_s']:.0f}", f"{v['GBps']:.2f}") if "missing" not in v else
-            (k, v["missing"], "", "", "", "")
-            for k, v in results[name]["rows"].items()
-        ], ("contender", "tick ms", "x ideal", "stall ms", "rows/s", "GB/s")))
+        for column, table_rows in results[name]["columns"].items():
+            print(table(f"learner loop, {name}, {column[4:]} background processes "
+                        f"({device}; mean tick = wall / ticks, median of {rounds} rounds)", [
+                (k, f"{v['mean_tick_ms']:.2f}", f"{v['tick_over_ideal']:.3f}",
+                 f"{v['p50_ms']:.2f}", f"{v['p99_ms']:.2f}", f"{v['stall_ms']:.2f}")
+                if "missing" not in v else (k, v["missing"], "", "", "", "")
+                for k, v in table_rows.items()
+            ], ("contender", "mean ms", "x compute", "p50 ms", "p99 ms", "stall ms")))
+    for claim, ok in results["verdicts"].items():
+        print(f"{'holds ' if ok else 'MISSED'}  {claim}")
     return results
 
 

@@ -43,6 +43,7 @@ from .worker import TransferWorker
 
 # close() waits at most about this long for each side to stop on its own, then forces.
 STOP_TIMEOUT_S = 4.0
+_NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 def _count(name: str, value: object) -> int:
@@ -419,7 +420,7 @@ class Pipeline:
     def _profiled(self, name: str) -> Any:
         """A torch.profiler range named for the learner call when tracing; else nothing."""
         if self.tracer is None:
-            return contextlib.nullcontext()
+            return _NOTHING
         return torch.profiler.record_function(f"replay_fsm/{name}")
 
     def _interruptible(self, fn: Any, *args: Any) -> Any:
