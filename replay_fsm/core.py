@@ -75,7 +75,7 @@ class _TableEvent(_MachineEvent):
         if dest is None:  # the machine's rows, read once: source value -> dest value
             states = self.machine.states
             dest = self._dest = {
-                states[source].value: states[rows[0].dest].value
+                states[source].value: states[str(rows[0].dest)].value
                 for source, rows in self.transitions.items() if rows}
         attr = self.machine.model_attribute
         state = getattr(model, attr)
