@@ -13,6 +13,7 @@ acquire points are library calls on other architectures too).
 from __future__ import annotations
 
 import multiprocessing as mp
+import operator
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,17 @@ class Layout:
             batch["next_critic"] = packed[:, self.next_critic]
         return batch
 
+    def column_name(self, column: int) -> str:
+        """The field a packed column belongs to, e.g. ``"next_obs[2]"`` or ``"rewards"``."""
+        for name in ("obs", "next_obs", "actions", "critic", "next_critic"):
+            cols = getattr(self, name)
+            if cols is not None and cols.start <= column < cols.stop:
+                return f"{name}[{column - cols.start}]"
+        for name in ("rewards", "dones", "truncated"):
+            if getattr(self, name) == column:
+                return name
+        raise IndexError(f"column {column} is outside a row of width {self.width}")
+
     def pack(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The inverse of ``views``: the packed [n, width] rows of a batch, on the CPU."""
         n = next(iter(batch.values())).shape[0]
@@ -90,24 +102,45 @@ def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor
     return tensor.to(device="cpu", dtype=torch.float32)
 
 
+def _count(name: str, value: object, low: int) -> int:
+    """``value`` as a plain int >= ``low``; numpy integers pass, bools and floats do not
+    (``True`` would silently mean 1, and 2.0 usually means a computation went wrong)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int (or numpy integer) >= {low}, got "
+                        f"{value!r} of type {type(value).__name__}")
+    number = operator.index(value)
+    if number < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {number}")
+    return number
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
     Picklable to a spawned process without copying ``storage`` (it is shared).
+    ``check_finite=True`` makes ``add`` and ``add_packed`` refuse rows holding NaN or
+    infinity (off by default: it costs a pass over every added row).
 
     Raises:
-        ValueError: a non-positive capacity or dimension.
+        TypeError: a capacity, dimension or ``region_rows`` that is not an int or numpy
+            integer (bools and floats are refused).
+        ValueError: a capacity, ``obs_dim``, ``action_dim`` or ``region_rows`` below 1, or
+            a negative ``critic_dim``.
     """
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
-                 *, region_rows: int | None = None) -> None:
-        for name, value, low in (("capacity", capacity, 1), ("obs_dim", obs_dim, 1),
-                                 ("action_dim", action_dim, 1),
-                                 ("critic_dim", critic_dim, 0)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                 *, region_rows: int | None = None, check_finite: bool = False) -> None:
+        capacity = _count("capacity", capacity, 1)
+        obs_dim = _count("obs_dim", obs_dim, 1)
+        action_dim = _count("action_dim", action_dim, 1)
+        critic_dim = _count("critic_dim", critic_dim, 0)
+        if region_rows is not None:
+            region_rows = _count("region_rows", region_rows, 1)
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         self.capacity = capacity
         self.obs_dim, self.action_dim, self.critic_dim = obs_dim, action_dim, critic_dim
+        self.check_finite = check_finite
         self.layout = Layout.build(obs_dim, action_dim, critic_dim)
         self.storage = torch.zeros(capacity, self.layout.width).share_memory_()
         # Invariant: _counters = [ptr, size]; written only after the rows they cover.
@@ -183,14 +216,39 @@ class ReplayBuffer:
             raise ValueError("critic, next_critic: given, but this buffer has critic_dim=0")
         self._append(rows)
 
-    def add_packed(self, rows: torch.Tensor) -> None:
-        """Append rows already in the packed layout ([n, width] float32)."""
-        if rows.dim() != 2 or rows.shape[1] != self.width:
-            raise ValueError(f"rows: got shape {tuple(rows.shape)}, expected "
-                             f"(n, {self.width})")
-        self._append(rows.to(dtype=torch.float32, device="cpu"))
+    def add_packed(self, rows: Array) -> None:
+        """Append rows already in the packed layout: an [n, width] tensor or array of
+        real numbers, stored as float32.
+
+        Raises:
+            ValueError: ``rows`` is not [n, width], or (``check_finite``) holds NaN or
+                infinity; nothing is written.
+            TypeError: ``rows`` is not a tensor or array of real numbers.
+        """
+        if (isinstance(rows, torch.Tensor) and rows.dtype == torch.float32
+                and rows.dim() == 2 and rows.shape[1] == self.width):
+            self._append(rows.detach().cpu())  # the common case, without the general checks
+            return
+        shape = tuple(getattr(rows, "shape", ()))
+        if len(shape) != 2 or shape[1] != self.width:
+            if not isinstance(rows, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"rows must be a torch.Tensor or numpy.ndarray, got "
+                                f"{type(rows).__name__}")
+            raise ValueError(f"rows: got shape {shape}, expected (n, {self.width})")
+        self._append(_as_float32("rows", rows, (int(shape[0]), self.width)))
+
+    def _refuse_non_finite(self, rows: torch.Tensor) -> None:
+        finite = torch.isfinite(rows)
+        if bool(finite.all()):
+            return
+        row, column = (int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(f"row {row} of the batch: {self.layout.column_name(column)} is "
+                         f"{float(rows[row, column])}; this buffer has check_finite=True, "
+                         f"nothing was written")
 
     def _append(self, rows: torch.Tensor) -> None:
+        if self.check_finite:
+            self._refuse_non_finite(rows)
         n, cap = rows.shape[0], self.capacity
         with self._write_lock:
             ptr = int(self._counters[0])
