@@ -8,6 +8,12 @@ pack never waits for an ``add``; only concurrent writers serialise (one lock hel
 around the row copy). The ordering argument relies on stores and loads not being
 reordered across the separate torch calls (true on x86-64's TSO; the release and
 acquire points are library calls on other architectures too).
+
+Each step of the writer (``_begin_region_write``, ``_copy_in``, ``_end_region_write``)
+and of the reader (``_seq_snapshot``, ``_copy_out``, ``_changed_since``, ``_seq_at``,
+``_rows_at``, ``_yield_to_writer``) is a method of its own, so a test subclass can stop
+either side between any two steps and choose the interleaving
+(``tests/test_seqlock.py``). Production pays a few Python calls per add and gather.
 """
 
 from __future__ import annotations
@@ -261,29 +267,66 @@ class ReplayBuffer:
             self._counters[1] = min(cap, int(self._counters[1]) + n)
             self._counters[0] = ptr + n
 
+    # The writer's steps; the caller holds _write_lock.
     def _write_region(self, start: int, rows: torch.Tensor) -> None:
         stop = start + rows.shape[0]
         r0, r1 = start // self.region_rows, (stop - 1) // self.region_rows + 1
+        self._begin_region_write(r0, r1)
+        self._copy_in(start, rows)
+        self._end_region_write(r0, r1)
+
+    def _begin_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # odd: readers of these regions will retry
-        self.storage[start:stop] = rows
+
+    def _copy_in(self, start: int, rows: torch.Tensor) -> None:
+        self.storage[start:start + rows.shape[0]] = rows
+
+    def _end_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # even again
 
     def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out[:] = storage[indices]`` with no torn row (INV-ROW)."""
-        before = self._seq.clone()
-        torch.index_select(self.storage, 0, indices, out=out)
-        if torch.equal(before, self._seq) and not bool((before & 1).any()):
+        """``out[:] = storage[indices]`` with no torn row (INV-ROW).
+
+        Rows of regions that an ``add`` wrote during the copy are read again, one
+        region-stable row at a time, until none is being written.
+        """
+        before = self._seq_snapshot()
+        self._copy_out(indices, out)
+        changed = self._changed_since(before)
+        if changed is None:
             return out
-        changed = (before != self._seq) | ((before & 1) == 1)
         todo = changed[indices // self.region_rows].nonzero().squeeze(1)
         while todo.numel():
             rows = indices[todo]
             regions = rows // self.region_rows
-            seq1 = self._seq[regions]
-            data = self.storage[rows]
-            stable = (seq1 == self._seq[regions]) & ((seq1 & 1) == 0)
+            seq1 = self._seq_at(regions)
+            data = self._rows_at(rows)
+            stable = (seq1 == self._seq_at(regions)) & ((seq1 & 1) == 0)
             out[todo[stable]] = data[stable]
             todo = todo[~stable]
             if todo.numel():
-                time.sleep(0)  # let the writer finish its region
+                self._yield_to_writer()
         return out
+
+    # The reader's steps.
+    def _seq_snapshot(self) -> torch.Tensor:
+        return self._seq.clone()
+
+    def _copy_out(self, indices: torch.Tensor, out: torch.Tensor) -> None:
+        torch.index_select(self.storage, 0, indices, out=out)
+
+    def _changed_since(self, before: torch.Tensor) -> torch.Tensor | None:
+        """Regions written after ``before`` was read or being written then; None if none
+        (the fast path: one comparison, no allocation)."""
+        if torch.equal(before, self._seq) and not bool((before & 1).any()):
+            return None
+        return (before != self._seq) | ((before & 1) == 1)
+
+    def _seq_at(self, regions: torch.Tensor) -> torch.Tensor:
+        return self._seq[regions]
+
+    def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.storage[rows]
+
+    def _yield_to_writer(self) -> None:
+        time.sleep(0)  # let the writer finish its region
