@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import operator
+import os
 import time
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
+
+from . import checkpoint
 
 Array = Any  # torch.Tensor or np.ndarray
 
@@ -330,3 +333,41 @@ class ReplayBuffer:
 
     def _yield_to_writer(self) -> None:
         time.sleep(0)  # let the writer finish its region
+
+    def save(self, path: str | os.PathLike[str], *,
+             chunk_bytes: int = 16 << 20) -> checkpoint.Checkpoint:
+        """Write rows [0, size), ptr, size, dims, layout, ``region_rows`` and
+        ``check_finite`` to ``path``, atomically, with checksums (format in
+        ``replay_fsm.data.checkpoint``); rows are streamed ``chunk_bytes`` at a time.
+
+        Safe while ``add`` runs in other threads or processes: the file holds exactly
+        the buffer as it was after its first ``Checkpoint.ptr`` rows were added (a
+        prefix of the add history). ``add`` is blocked only for a final pass over the
+        rows added since the last lock-free catch-up pass; a saving process killed
+        during that pass leaves the write lock held, as a collector killed inside
+        ``add`` does.
+
+        Raises:
+            ValueError: ``chunk_bytes`` is not a positive int.
+            OSError: the file could not be written; ``path`` is left as it was.
+        """
+        return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, capacity: int | None = None,
+             obs_dim: int | None = None, action_dim: int | None = None,
+             critic_dim: int | None = None) -> ReplayBuffer:
+        """A new buffer, in shared memory, holding the checkpoint at ``path``: same
+        dims, rows, ptr and size, so adds continue at the same ring position and
+        batches drawn with the same seeds are the same. Each dimension given must match
+        the file's. Rows are read ``chunk_rows`` at a time straight into the new
+        storage and checked against their checksums.
+
+        Raises:
+            CheckpointError: (a ValueError) the file is not a checkpoint, is truncated
+                or corrupted, has another format version, or does not match a given
+                dimension; the message names the file and what is wrong.
+            OSError: the file cannot be read.
+        """
+        return checkpoint.load(path, cls, capacity=capacity, obs_dim=obs_dim,
+                               action_dim=action_dim, critic_dim=critic_dim)
