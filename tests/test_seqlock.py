@@ -47,6 +47,8 @@ named; ``marks`` is ``test_regions_marked_while_copying`` and ``..._for_any_writ
     read again that no add touched.
 11. end the region write (even again) before copying the rows: ``every``, a torn row;
     ``marks``.
+12. update ptr and size before writing the rows (in ``_append``): ``marks`` (the
+    counters must still describe the old rows while rows are copied).
 """
 
 from __future__ import annotations
@@ -391,32 +393,36 @@ def test_the_harness_fails_a_broken_seqlock() -> None:
 
 
 class MarkRecorder(ReplayBuffer):
-    """Records, at each row copy, the rows copied and the regions whose sequence
-    number is odd at that moment."""
+    """Records, at each row copy, the rows copied, the regions whose sequence number
+    is odd at that moment, and ptr and size then."""
 
     copies: list[tuple[list[int], set[int]]]
+    counters: list[tuple[int, int]]
 
     def _copy_in(self, start: int, rows: torch.Tensor) -> None:
         odd = {int(r) for r in (self._seq & 1).nonzero().flatten()}
         self.copies.append((list(range(start, start + rows.shape[0])), odd))
+        self.counters.append((self.ptr, self.size))
         super()._copy_in(start, rows)
 
 
 def marks_of(capacity: int, region_rows: int, ptr: int,
-             count: int) -> tuple[MarkRecorder, torch.Tensor]:
+             count: int) -> tuple[MarkRecorder, torch.Tensor, tuple[int, int]]:
     """A buffer after ``ptr`` rows and then an add of ``count`` rows, whose copies
-    were recorded, and its sequence numbers before that add."""
+    were recorded, and its sequence numbers and (ptr, size) before that add."""
     rb = MarkRecorder(capacity, 1, 1, region_rows=region_rows)
-    rb.copies = []
+    rb.copies, rb.counters = [], []
     if ptr:
         rb.add_packed(constant_rows(rb, 1, ptr))
-    rb.copies = []
+    rb.copies, rb.counters = [], []
     before = rb._seq.clone()
+    counters = (rb.ptr, rb.size)
     rb.add_packed(constant_rows(rb, 10_000, count))
-    return rb, before
+    return rb, before, counters
 
 
-def assert_marks(rb: MarkRecorder, before: torch.Tensor, pieces: list[list[int]]) -> None:
+def assert_marks(rb: MarkRecorder, before: torch.Tensor, counters: tuple[int, int],
+                 pieces: list[list[int]]) -> None:
     r = rb.region_rows
     assert [rows for rows, _ in rb.copies] == pieces
     for rows, odd in rb.copies:
@@ -426,6 +432,9 @@ def assert_marks(rb: MarkRecorder, before: torch.Tensor, pieces: list[list[int]]
     writes = [sum(any(row // r == region for row in rows) for rows, _ in rb.copies)
               for region in range(len(rb._seq))]
     assert (rb._seq - before).tolist() == [2 * n for n in writes]
+    # Invariant of _counters: ptr and size cover only rows already written (a save
+    # relies on it to know which rows an add may still be writing).
+    assert rb.counters == [counters] * len(pieces)
 
 
 @pytest.mark.parametrize("capacity,region_rows,ptr,count,pieces", [
