@@ -20,7 +20,8 @@ the rename leaves ``path`` as it was, plus a ``.NAME.*.tmp`` file that load reje
 unless the save got as far as writing its header (then it is the complete new file).
 
 Streamed: rows go from the shared storage to the file chunk by chunk, and are read
-back into a new buffer's storage the same way; no second in-memory copy is made.
+back into a new buffer's storage the same way; no second in-memory copy is made. A
+helper thread checksums each chunk while the next I/O runs (both release the GIL).
 
 Consistent under concurrent ``add`` (from threads or processes): rows are written
 without any lock while ``add`` runs, then every chunk holding a row that an ``add``
@@ -39,6 +40,7 @@ import struct
 import sys
 import tempfile
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -100,8 +102,10 @@ class _Writer:
     """Writes rows of ``rb.storage`` into the open file ``fd`` chunk by chunk and keeps
     each chunk's CRC and the extent it covers."""
 
-    def __init__(self, rb: ReplayBuffer, fd: int, chunk_rows: int) -> None:
+    def __init__(self, rb: ReplayBuffer, fd: int, chunk_rows: int,
+                 checksummer: ThreadPoolExecutor) -> None:
         self.fd = fd
+        self.checksummer = checksummer
         self.chunk_rows = chunk_rows
         self.row_bytes = rb.width * 4
         self.rows = rb.storage.numpy()
@@ -113,10 +117,12 @@ class _Writer:
 
     def write_chunk(self, k: int, size: int) -> None:
         lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
-        data = memoryview(self.rows[lo:hi]).cast("B")
-        crc = zlib.crc32(data)
+        data = self.rows[lo:hi].data.cast("B")
+        # Checksummed while written. Should an add change these rows meanwhile, the
+        # CRC may not match the bytes written; the chunk is then written again later.
+        crc = self.checksummer.submit(zlib.crc32, data)
         _pwrite_all(self.fd, data, HEADER_BYTES + lo * self.row_bytes)
-        self.crcs[k] = (hi - lo, crc)
+        self.crcs[k] = (hi - lo, crc.result())
 
     def rewrite_written(self, first: int, stop: int, capacity: int) -> None:
         """Write again every chunk holding a row that history rows [first, stop) wrote."""
@@ -159,8 +165,9 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     chunk_rows = max(1, chunk_bytes // (rb.width * 4))
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
                                suffix=".tmp")
+    checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
     try:
-        writer = _Writer(rb, fd, chunk_rows)
+        writer = _Writer(rb, fd, chunk_rows, checksummer)
         # size is min(ptr, capacity) by construction; deriving it from the one counter
         # read keeps the pair consistent while add updates both.
         done = rb.ptr
@@ -188,6 +195,8 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+    finally:
+        checksummer.shutdown()
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes)
 
 
@@ -289,6 +298,9 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
             state = "truncated" if file_bytes < meta["file_bytes"] else "has trailing bytes"
             raise CheckpointError(path, f"{state}: {file_bytes} bytes, the header says "
                                         f"{meta['file_bytes']}")
+        if hasattr(os, "posix_fadvise"):  # not on macOS
+            # The disk starts reading the rows while the shared memory is allocated.
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
         try:
             rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
                      meta["critic_dim"], region_rows=meta["region_rows"],
@@ -303,22 +315,40 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
             raise CheckpointError(path, f"ptr={ptr} and size={size} are inconsistent "
                                         f"with capacity={rb.capacity}")
         crcs = _read_table(path, f, meta)
-        row_bytes = rb.width * 4
-        rows = rb.storage.numpy()
-        f.seek(HEADER_BYTES)
-        for k, crc in enumerate(crcs):
-            lo, hi = k * chunk_rows, min((k + 1) * chunk_rows, size)
-            view = memoryview(rows[lo:hi]).cast("B")
-            if not _readinto_all(f, view):
-                raise CheckpointError(path, f"truncated while reading rows [{lo}, {hi})")
-            if zlib.crc32(view) != crc:
-                raise CheckpointError(path, f"checksum mismatch in rows [{lo}, {hi}) "
-                                            f"(bytes [{HEADER_BYTES + lo * row_bytes}, "
-                                            f"{HEADER_BYTES + hi * row_bytes})): corrupted")
+        _read_rows(path, f, rb, crcs, chunk_rows, size)
         # Counters last, as add does: the rows they cover are in place.
         rb._counters[1] = size
         rb._counters[0] = ptr
     return rb
+
+
+def _read_rows(path: str, f: Any, rb: ReplayBuffer, crcs: list[int], chunk_rows: int,
+               size: int) -> None:
+    """Read rows [0, size) into ``rb.storage`` chunk by chunk, each chunk's checksum
+    computed while the next one is read."""
+    row_bytes = rb.width * 4
+    rows = rb.storage.numpy()
+    f.seek(HEADER_BYTES)
+    pending: tuple[Future[int], int, int, int] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc") as checksummer:
+        for k, crc in enumerate(crcs):
+            lo, hi = k * chunk_rows, min((k + 1) * chunk_rows, size)
+            view = rows[lo:hi].data.cast("B")
+            if not _readinto_all(f, view):
+                raise CheckpointError(path, f"truncated while reading rows [{lo}, {hi})")
+            if pending is not None:
+                _check_chunk(path, *pending, row_bytes)
+            pending = (checksummer.submit(zlib.crc32, view), crc, lo, hi)
+        if pending is not None:
+            _check_chunk(path, *pending, row_bytes)
+
+
+def _check_chunk(path: str, computed: Future[int], crc: int, lo: int, hi: int,
+                 row_bytes: int) -> None:
+    if computed.result() != crc:
+        raise CheckpointError(path, f"checksum mismatch in rows [{lo}, {hi}) (bytes "
+                                    f"[{HEADER_BYTES + lo * row_bytes}, "
+                                    f"{HEADER_BYTES + hi * row_bytes})): corrupted")
 
 
 def _read_table(path: str, f: Any, meta: dict[str, Any]) -> list[int]:
