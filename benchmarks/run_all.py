@@ -15,8 +15,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
+import checkpoint  # noqa: E402
 import core_overhead  # noqa: E402
+import cost_model  # noqa: E402
 import cuda_copy  # noqa: E402
+import interference  # noqa: E402
 import learner_loop  # noqa: E402
 import learner_overhead  # noqa: E402
 import packing  # noqa: E402
@@ -32,6 +35,9 @@ def main() -> int:
     packing.main(args.quick)
     learner_overhead.main(args.quick)
     learner_loop.main(args.quick, args.device)
+    interference.main(args.quick)
+    cost_model.main(args.quick)
+    checkpoint.main(args.quick)
     cuda_copy.main(args.quick)
     if not args.quick:
         readme_perf.update(HERE.parent / "README.md")

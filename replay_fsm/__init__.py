@@ -33,10 +33,11 @@ _EXPORTS = {
 
     "ReplayBuffer": "data.buffer", "Packer": "data.packer", "PackerHandle": "data.packer",
     "Pipeline": "runtime.pipeline", "Statistics": "runtime.pipeline",
-    "TransferBackend": "transfer.base",
+    "TransferBackend": "transfer.base", "CheckpointError": "data.checkpoint",
 }
 __all__ = [
-    "INVARIANTS", "TRANSITIONS", "Actor", "CollectorDied", "Core", "Event",
+    "INVARIANTS", "TRANSITIONS", "Actor", "CheckpointError", "CollectorDied", "Core",
+    "Event",
     "IllegalTransition", "Packer", "PackerError", "PackerHandle", "Pipeline",
     "PipelineClosed", "PipelineFailed", "ProtocolError", "ReplayBuffer", "SlotState",
     "Statistics", "TransferBackend",
@@ -59,6 +60,7 @@ def __dir__() -> list[str]:
 if TYPE_CHECKING:
     from .core import Core
     from .data.buffer import ReplayBuffer
+    from .data.checkpoint import CheckpointError
     from .data.packer import Packer, PackerHandle
     from .errors import (
         CollectorDied,

@@ -122,9 +122,112 @@ def test_missing_critic_and_bad_types() -> None:
                f["truncated"], terminal_mask=np.ones(5), critic=np.zeros((5, 2)),
                next_critic=np.zeros((5, 2)))
     assert rb.ptr == 0
-    for bad in (0, -1, 2.5):
-        with pytest.raises(ValueError, match="capacity"):
-            ReplayBuffer(bad, 3, 2)  # type: ignore[arg-type]
+
+
+DIMS = {"capacity": 8, "obs_dim": 3, "action_dim": 2, "critic_dim": 1}
+
+
+@pytest.mark.parametrize("name", list(DIMS))
+@pytest.mark.parametrize("value", [np.int64(4), np.int32(4), np.uint8(4), 4])
+def test_dimensions_accept_ints_and_numpy_integers(name: str, value: object) -> None:
+    rb = ReplayBuffer(**{**DIMS, name: value})  # type: ignore[arg-type]
+    assert getattr(rb, name) == 4 and type(getattr(rb, name)) is int
+    assert rb.storage.shape == (rb.capacity, rb.width)
+
+
+@pytest.mark.parametrize("name,value", [
+    (name, value) for name in [*DIMS, "region_rows"]
+    for value in [True, np.bool_(True), 2.0, np.float32(2), "2"]
+] + [(name, None) for name in DIMS])  # None is region_rows' default
+def test_dimensions_refuse_bools_floats_and_others(name: str, value: object) -> None:
+    with pytest.raises(TypeError) as info:
+        ReplayBuffer(**{**DIMS, name: value})  # type: ignore[arg-type]
+    message = str(info.value)
+    assert message.startswith(name) and repr(value) in message and "int" in message
+
+
+@pytest.mark.parametrize("name,value,low", [
+    ("capacity", 0, 1), ("capacity", -1, 1), ("obs_dim", 0, 1), ("action_dim", -3, 1),
+    ("critic_dim", -1, 0), ("region_rows", 0, 1), ("capacity", np.int64(0), 1),
+])
+def test_dimensions_out_of_range_name_the_argument(name: str, value: int, low: int) -> None:
+    with pytest.raises(ValueError, match=rf"^{name} must be an int >= {low}, got {value}$"):
+        ReplayBuffer(**{**DIMS, name: value})  # type: ignore[arg-type]
+
+
+def test_check_finite_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="check_finite"):
+        ReplayBuffer(8, 3, 2, check_finite=1)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32, np.int16])
+def test_add_packed_takes_a_numpy_array(dtype: type) -> None:
+    rb = ReplayBuffer(8, 3, 2)
+    rows = np.arange(5 * rb.width).reshape(5, rb.width).astype(dtype)
+    rb.add_packed(rows)
+    assert rb.ptr == 5
+    assert torch.equal(rb.storage[:5], torch.from_numpy(rows.astype(np.float32)))
+
+
+@pytest.mark.parametrize("bad,error,expected", [
+    (np.zeros((5, 3)), ValueError, "rows: got shape (5, 3), expected (n, 11)"),
+    (torch.zeros(11), ValueError, "rows: got shape (11,), expected (n, 11)"),
+    ([[0.0] * 11], TypeError, "rows must be a torch.Tensor or numpy.ndarray, got list"),
+    (np.zeros((2, 11), dtype=np.complex64), TypeError, "rows must hold real numbers"),
+])
+def test_add_packed_refuses_bad_rows(bad: object, error: type, expected: str) -> None:
+    rb = ReplayBuffer(8, 3, 2)
+    with pytest.raises(error) as info:
+        rb.add_packed(bad)  # type: ignore[arg-type]
+    assert expected in str(info.value)
+    assert rb.ptr == 0
+
+
+@pytest.mark.parametrize("field,column,value", [
+    ("obs", 1, np.nan), ("next_obs", 2, np.inf), ("actions", 0, -np.inf),
+    ("rewards", None, np.nan), ("truncated", None, np.inf), ("critic", 1, np.nan),
+    ("next_critic", 0, np.nan),
+])
+def test_check_finite_names_the_row_and_field_and_writes_nothing(
+        field: str, column: int | None, value: float) -> None:
+    rb = ReplayBuffer(16, 3, 2, critic_dim=2, check_finite=True)
+    rb.add_packed(constant_rows(rb, 1, 4))
+    f = fields(5, 3, 2, 2, 0)
+    if column is None:
+        f[field][3] = value
+    else:
+        f[field][3, column] = value
+    with pytest.raises(ValueError) as info:
+        rb.add(f["obs"], f["actions"], f["rewards"], f["next_obs"], f["dones"],
+               f["truncated"], critic=f["critic"], next_critic=f["next_critic"])
+    name = field if column is None else f"{field}[{column}]"
+    assert str(info.value).startswith(f"row 3 of the batch: {name} is {value}")
+    assert "check_finite" in str(info.value) and "nothing was written" in str(info.value)
+    assert rb.ptr == 4 and torch.equal(rb.storage[:4], constant_rows(rb, 1, 4))
+    assert not rb.storage[4:].any()
+
+
+def test_check_finite_covers_add_packed_and_is_off_by_default() -> None:
+    rows = constant_rows(ReplayBuffer(4, 3, 2), 1, 3)
+    rows[2, 9] = float("nan")  # the done flag of the third row
+    checked = ReplayBuffer(4, 3, 2, check_finite=True)
+    with pytest.raises(ValueError, match=r"^row 2 of the batch: dones is nan"):
+        checked.add_packed(rows)
+    assert checked.ptr == 0
+    unchecked = ReplayBuffer(4, 3, 2)
+    unchecked.add_packed(rows)
+    assert unchecked.ptr == 3 and torch.isnan(unchecked.storage[2, 9])
+    checked.add_packed(rows[:2])  # finite rows still go in
+    assert checked.ptr == 2
+
+
+def test_layout_names_every_column() -> None:
+    lay = ReplayBuffer(4, 2, 1, 1).layout
+    names = [lay.column_name(c) for c in range(lay.width)]
+    assert names == ["obs[0]", "obs[1]", "next_obs[0]", "next_obs[1]", "actions[0]",
+                     "rewards", "dones", "truncated", "critic[0]", "next_critic[0]"]
+    with pytest.raises(IndexError):
+        lay.column_name(lay.width)
 
 
 def test_storage_is_shared_with_a_spawned_process() -> None:

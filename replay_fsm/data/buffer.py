@@ -8,19 +8,31 @@ pack never waits for an ``add``; only concurrent writers serialise (one lock hel
 around the row copy). The ordering argument relies on stores and loads not being
 reordered across the separate torch calls (true on x86-64's TSO; the release and
 acquire points are library calls on other architectures too).
+
+Each step of the writer (``_begin_region_write``, ``_copy_in``, ``_end_region_write``)
+and of the reader (``_seq_snapshot``, ``_copy_out``, ``_changed_since``, ``_seq_at``,
+``_rows_at``, ``_yield_to_writer``) is a method of its own, so a test subclass can stop
+either side between any two steps and choose the interleaving
+(``tests/test_seqlock.py``). Production pays a few Python calls per add and gather.
 """
 
 from __future__ import annotations
 
 import _multiprocessing
+import contextlib
 import multiprocessing as mp
+import operator
+import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
 from typing import Any
 
 import numpy as np
 import torch
+
+from . import checkpoint
 
 Array = Any  # torch.Tensor or np.ndarray
 
@@ -66,6 +78,17 @@ class Layout:
             batch["next_critic"] = packed[:, self.next_critic]
         return batch
 
+    def column_name(self, column: int) -> str:
+        """The field a packed column belongs to, e.g. ``"next_obs[2]"`` or ``"rewards"``."""
+        for name in ("obs", "next_obs", "actions", "critic", "next_critic"):
+            cols = getattr(self, name)
+            if cols is not None and cols.start <= column < cols.stop:
+                return f"{name}[{column - cols.start}]"
+        for name in ("rewards", "dones", "truncated"):
+            if getattr(self, name) == column:
+                return name
+        raise IndexError(f"column {column} is outside a row of width {self.width}")
+
     def pack(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """The inverse of ``views``: the packed [n, width] rows of a batch, on the CPU."""
         n = next(iter(batch.values())).shape[0]
@@ -92,24 +115,45 @@ def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor
     return tensor.to(device="cpu", dtype=torch.float32)
 
 
+def _count(name: str, value: object, low: int) -> int:
+    """``value`` as a plain int >= ``low``; numpy integers pass, bools and floats do not
+    (``True`` would silently mean 1, and 2.0 usually means a computation went wrong)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int (or numpy integer) >= {low}, got "
+                        f"{value!r} of type {type(value).__name__}")
+    number = operator.index(value)
+    if number < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {number}")
+    return number
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
     Picklable to a spawned process without copying ``storage`` (it is shared).
+    ``check_finite=True`` makes ``add`` and ``add_packed`` refuse rows holding NaN or
+    infinity (off by default: it costs a pass over every added row).
 
     Raises:
-        ValueError: a non-positive capacity or dimension.
+        TypeError: a capacity, dimension or ``region_rows`` that is not an int or numpy
+            integer (bools and floats are refused).
+        ValueError: a capacity, ``obs_dim``, ``action_dim`` or ``region_rows`` below 1, or
+            a negative ``critic_dim``.
     """
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
-                 *, region_rows: int | None = None) -> None:
-        for name, value, low in (("capacity", capacity, 1), ("obs_dim", obs_dim, 1),
-                                 ("action_dim", action_dim, 1),
-                                 ("critic_dim", critic_dim, 0)):
-            if not isinstance(value, int) or value < low:
-                raise ValueError(f"{name} must be an int >= {low}, got {value!r}")
+                 *, region_rows: int | None = None, check_finite: bool = False) -> None:
+        capacity = _count("capacity", capacity, 1)
+        obs_dim = _count("obs_dim", obs_dim, 1)
+        action_dim = _count("action_dim", action_dim, 1)
+        critic_dim = _count("critic_dim", critic_dim, 0)
+        if region_rows is not None:
+            region_rows = _count("region_rows", region_rows, 1)
+        if not isinstance(check_finite, bool):
+            raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         self.capacity = capacity
         self.obs_dim, self.action_dim, self.critic_dim = obs_dim, action_dim, critic_dim
+        self.check_finite = check_finite
         self.layout = Layout.build(obs_dim, action_dim, critic_dim)
         self.storage = torch.zeros(capacity, self.layout.width).share_memory_()
         # Invariant: _counters = [ptr, size]; written only after the rows they cover.
@@ -119,6 +163,27 @@ class ReplayBuffer:
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
         self._seq = torch.zeros(n_regions, dtype=torch.int64).share_memory_()
         self._write_lock = mp.get_context("spawn").Lock()
+
+    @contextlib.contextmanager
+    def adds_paused(self) -> Iterator[None]:
+        """Hold off every ``add`` (in every process) for the length of the with-block;
+        gathers go on. For a consistent copy of the rows (``save`` uses it)."""
+        with self._write_lock:
+            yield
+
+    def adopt_rows(self, ptr: int) -> None:
+        """Say that ``ptr`` rows were ever written, rows [0, min(ptr, capacity)) of
+        ``storage`` holding them: for a loader that filled ``storage`` itself. The
+        counters are written after the rows, as ``add`` does.
+
+        Raises:
+            ValueError: ``ptr`` is negative.
+        """
+        if ptr < 0:
+            raise ValueError(f"ptr must be >= 0, got {ptr}")
+        with self._write_lock:
+            self._counters[1] = min(int(ptr), self.capacity)
+            self._counters[0] = int(ptr)
 
     @property
     def semaphore_names(self) -> tuple[str, ...]:
@@ -201,14 +266,39 @@ class ReplayBuffer:
             raise ValueError("critic, next_critic: given, but this buffer has critic_dim=0")
         self._append(rows)
 
-    def add_packed(self, rows: torch.Tensor) -> None:
-        """Append rows already in the packed layout ([n, width] float32)."""
-        if rows.dim() != 2 or rows.shape[1] != self.width:
-            raise ValueError(f"rows: got shape {tuple(rows.shape)}, expected "
-                             f"(n, {self.width})")
-        self._append(rows.to(dtype=torch.float32, device="cpu"))
+    def add_packed(self, rows: Array) -> None:
+        """Append rows already in the packed layout: an [n, width] tensor or array of
+        real numbers, stored as float32.
+
+        Raises:
+            ValueError: ``rows`` is not [n, width], or (``check_finite``) holds NaN or
+                infinity; nothing is written.
+            TypeError: ``rows`` is not a tensor or array of real numbers.
+        """
+        if (isinstance(rows, torch.Tensor) and rows.dtype == torch.float32
+                and rows.dim() == 2 and rows.shape[1] == self.width):
+            self._append(rows.detach().cpu())  # the common case, without the general checks
+            return
+        shape = tuple(getattr(rows, "shape", ()))
+        if len(shape) != 2 or shape[1] != self.width:
+            if not isinstance(rows, (torch.Tensor, np.ndarray)):
+                raise TypeError(f"rows must be a torch.Tensor or numpy.ndarray, got "
+                                f"{type(rows).__name__}")
+            raise ValueError(f"rows: got shape {shape}, expected (n, {self.width})")
+        self._append(_as_float32("rows", rows, (int(shape[0]), self.width)))
+
+    def _refuse_non_finite(self, rows: torch.Tensor) -> None:
+        finite = torch.isfinite(rows)
+        if bool(finite.all()):
+            return
+        row, column = (int(i) for i in (~finite).nonzero()[0])
+        raise ValueError(f"row {row} of the batch: {self.layout.column_name(column)} is "
+                         f"{float(rows[row, column])}; this buffer has check_finite=True, "
+                         f"nothing was written")
 
     def _append(self, rows: torch.Tensor) -> None:
+        if self.check_finite:
+            self._refuse_non_finite(rows)
         n, cap = rows.shape[0], self.capacity
         with self._write_lock:
             ptr = int(self._counters[0])
@@ -221,29 +311,104 @@ class ReplayBuffer:
             self._counters[1] = min(cap, int(self._counters[1]) + n)
             self._counters[0] = ptr + n
 
+    # The writer's steps; the caller holds _write_lock.
     def _write_region(self, start: int, rows: torch.Tensor) -> None:
         stop = start + rows.shape[0]
         r0, r1 = start // self.region_rows, (stop - 1) // self.region_rows + 1
+        self._begin_region_write(r0, r1)
+        self._copy_in(start, rows)
+        self._end_region_write(r0, r1)
+
+    def _begin_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # odd: readers of these regions will retry
-        self.storage[start:stop] = rows
+
+    def _copy_in(self, start: int, rows: torch.Tensor) -> None:
+        self.storage[start:start + rows.shape[0]] = rows
+
+    def _end_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # even again
 
     def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """``out[:] = storage[indices]`` with no torn row (INV-ROW)."""
-        before = self._seq.clone()
-        torch.index_select(self.storage, 0, indices, out=out)
-        if torch.equal(before, self._seq) and not bool((before & 1).any()):
+        """``out[:] = storage[indices]`` with no torn row (INV-ROW).
+
+        Rows of regions that an ``add`` wrote during the copy are read again, one
+        region-stable row at a time, until none is being written.
+        """
+        before = self._seq_snapshot()
+        self._copy_out(indices, out)
+        changed = self._changed_since(before)
+        if changed is None:
             return out
-        changed = (before != self._seq) | ((before & 1) == 1)
         todo = changed[indices // self.region_rows].nonzero().squeeze(1)
         while todo.numel():
             rows = indices[todo]
             regions = rows // self.region_rows
-            seq1 = self._seq[regions]
-            data = self.storage[rows]
-            stable = (seq1 == self._seq[regions]) & ((seq1 & 1) == 0)
+            seq1 = self._seq_at(regions)
+            data = self._rows_at(rows)
+            stable = (seq1 == self._seq_at(regions)) & ((seq1 & 1) == 0)
             out[todo[stable]] = data[stable]
             todo = todo[~stable]
             if todo.numel():
-                time.sleep(0)  # let the writer finish its region
+                self._yield_to_writer()
         return out
+
+    # The reader's steps.
+    def _seq_snapshot(self) -> torch.Tensor:
+        return self._seq.clone()
+
+    def _copy_out(self, indices: torch.Tensor, out: torch.Tensor) -> None:
+        torch.index_select(self.storage, 0, indices, out=out)
+
+    def _changed_since(self, before: torch.Tensor) -> torch.Tensor | None:
+        """Regions written after ``before`` was read or being written then; None if none
+        (the fast path: one comparison, no allocation)."""
+        if torch.equal(before, self._seq) and not bool((before & 1).any()):
+            return None
+        return (before != self._seq) | ((before & 1) == 1)
+
+    def _seq_at(self, regions: torch.Tensor) -> torch.Tensor:
+        return self._seq[regions]
+
+    def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.storage[rows]
+
+    def _yield_to_writer(self) -> None:
+        time.sleep(0)  # let the writer finish its region
+
+    def save(self, path: str | os.PathLike[str], *,
+             chunk_bytes: int = 16 << 20) -> checkpoint.Checkpoint:
+        """Write rows [0, size), ptr, size, dims, layout, ``region_rows`` and
+        ``check_finite`` to ``path``, atomically, with checksums (format in
+        ``replay_fsm.data.checkpoint``); rows are streamed ``chunk_bytes`` at a time.
+
+        Safe while ``add`` runs in other threads or processes: the file holds exactly
+        the buffer as it was after its first ``Checkpoint.ptr`` rows were added (a
+        prefix of the add history). ``add`` is blocked only for a final pass over the
+        rows added since the last lock-free catch-up pass; a saving process killed
+        during that pass leaves the write lock held, as a collector killed inside
+        ``add`` does.
+
+        Raises:
+            ValueError: ``chunk_bytes`` is not a positive int.
+            OSError: the file could not be written; ``path`` is left as it was.
+        """
+        return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str], *, capacity: int | None = None,
+             obs_dim: int | None = None, action_dim: int | None = None,
+             critic_dim: int | None = None) -> ReplayBuffer:
+        """A new buffer, in shared memory, holding the checkpoint at ``path``: same
+        dims, rows, ptr and size, so adds continue at the same ring position and
+        batches drawn with the same seeds are the same. Each dimension given must match
+        the file's. Rows are read ``chunk_rows`` at a time straight into the new
+        storage and checked against their checksums.
+
+        Raises:
+            CheckpointError: (a ValueError) the file is not a checkpoint, is truncated
+                or corrupted, has another format version, or does not match a given
+                dimension; the message names the file and what is wrong.
+            OSError: the file cannot be read.
+        """
+        return checkpoint.load(path, cls, capacity=capacity, obs_dim=obs_dim,
+                               action_dim=action_dim, critic_dim=critic_dim)

@@ -200,7 +200,10 @@ class Packer:
     def _pack(self, request: PackRequest) -> None:
         start = time.monotonic_ns()  # system-wide clock: comparable across processes
         rb = self.replay_buffer
-        size, ptr = rb.size, rb.ptr
+        # One counter read: size is min(ptr, capacity) by construction, and two reads
+        # could give a pair that never existed together while an add runs.
+        ptr = rb.ptr
+        size = min(ptr, rb.capacity)
         error = None
         try:
             if request.sample_count != self._indices.shape[0]:

@@ -1,0 +1,373 @@
+"""Checkpoints of a ReplayBuffer: atomic, streamed, checksummed, safe under concurrent adds.
+
+File format, version 1 (integers little-endian)::
+
+    [0, 4096)        header: magic b"RFSMCKPT", u32 format version, u32 JSON length,
+                     u32 CRC-32 of these 4096 bytes with this field zeroed, UTF-8 JSON
+                     (dims, layout, ptr, size, chunk_rows, offsets, byte order), zeros
+    [4096, T)        rows [0, size) of ``storage``, float32 in the saving machine's
+                     byte order (the header names it), row-major
+    [T, T + 4k)      CRC-32 of each chunk of ``chunk_rows`` rows (the last may be short)
+    [T + 4k, + 4)    CRC-32 of that table
+    [.., + 8)        magic b"RFSMEND\\0"
+
+Every byte is under a checksum, so a flipped byte anywhere is reported, and the header
+states the file's length, so a truncated file is too.
+
+Atomic: the file is written under a temporary name in the same directory (header
+last), fsynced, renamed over ``path`` and the directory fsynced. A save killed before
+the rename leaves ``path`` as it was, plus a ``.NAME.*.tmp`` file that load rejects
+unless the save got as far as writing its header (then it is the complete new file).
+
+Streamed: rows go from the shared storage to the file chunk by chunk, and are read
+back into a new buffer's storage the same way; no second in-memory copy is made. A
+helper thread checksums each chunk while the next I/O runs (both release the GIL).
+
+Consistent under concurrent ``add`` (from threads or processes): rows are written
+without any lock while ``add`` runs, then every chunk holding a row that an ``add``
+wrote meanwhile (known from ``ptr``, since the ring is written in order) is written
+again, until few remain; the last such pass holds the buffer's write lock. The file
+then holds exactly the buffer after its first ``ptr`` rows were added: every row
+position not written during the save was stable while it was copied, and every other
+was copied again after its last write. ``add`` waits only during that last pass.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import sys
+import tempfile
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ReplayFSMError
+
+if TYPE_CHECKING:
+    from .buffer import ReplayBuffer
+
+FORMAT_VERSION = 1
+MAGIC = b"RFSMCKPT"
+END_MAGIC = b"RFSMEND\0"
+HEADER_BYTES = 4096
+_PREFIX = struct.Struct("<8sIII")  # magic, version, JSON length, header CRC
+_CRC_FIELD = slice(16, 20)
+# Lock-free catch-up passes before the locked one: enough for a collector slower than
+# the disk to be left with at most a chunk of rows to copy under the lock.
+CATCH_UP_PASSES = 4
+_HEADER_INTS = ("capacity", "obs_dim", "action_dim", "critic_dim", "width", "region_rows",
+                "ptr", "size", "chunk_rows", "n_chunks", "table_offset", "file_bytes")
+
+
+class CheckpointError(ReplayFSMError, ValueError):
+    """A checkpoint file that cannot be loaded: not a checkpoint, truncated, corrupted,
+    of another format version, or not matching the dimensions asked for."""
+
+    def __init__(self, path: str, problem: str) -> None:
+        super().__init__(f"{path}: {problem}")
+        self.path = path
+        self.problem = problem
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """What ``ReplayBuffer.save`` wrote: the buffer after its first ``ptr`` rows."""
+
+    path: str
+    ptr: int
+    size: int
+    file_bytes: int
+
+
+def _layout_record(rb: ReplayBuffer) -> dict[str, Any]:
+    record: dict[str, Any] = {}
+    for name, value in vars(rb.layout).items():
+        record[name] = [value.start, value.stop] if isinstance(value, slice) else value
+    return record
+
+
+def _ranges_written(first: int, stop: int, capacity: int) -> list[tuple[int, int]]:
+    """Row positions that the adds of history rows [first, stop) wrote."""
+    if stop - first >= capacity:
+        return [(0, capacity)]
+    lo = first % capacity
+    hi = lo + (stop - first)
+    return [(lo, min(hi, capacity))] + ([(0, hi - capacity)] if hi > capacity else [])
+
+
+class _Writer:
+    """Writes rows of ``rb.storage`` into the open file ``fd`` chunk by chunk and keeps
+    each chunk's CRC and the extent it covers."""
+
+    def __init__(self, rb: ReplayBuffer, fd: int, chunk_rows: int,
+                 checksummer: ThreadPoolExecutor) -> None:
+        self.fd = fd
+        self.checksummer = checksummer
+        self.chunk_rows = chunk_rows
+        self.row_bytes = rb.width * 4
+        self.rows = rb.storage.numpy()
+        self.crcs: dict[int, tuple[int, int]] = {}  # chunk -> (rows covered, CRC)
+
+    def write_chunks(self, chunks: range, size: int) -> None:
+        for k in chunks:
+            self.write_chunk(k, size)
+
+    def write_chunk(self, k: int, size: int) -> None:
+        lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
+        data = self.rows[lo:hi].data.cast("B")
+        # Checksummed while written. Should an add change these rows meanwhile, the
+        # CRC may not match the bytes written; the chunk is then written again later.
+        crc = self.checksummer.submit(zlib.crc32, data)
+        _pwrite_all(self.fd, data, HEADER_BYTES + lo * self.row_bytes)
+        self.crcs[k] = (hi - lo, crc.result())
+
+    def rewrite_written(self, first: int, stop: int, capacity: int) -> None:
+        """Write again every chunk holding a row that history rows [first, stop) wrote."""
+        size = min(stop, capacity)
+        for lo, hi in _ranges_written(first, stop, capacity):
+            if hi > lo:
+                self.write_chunks(range(lo // self.chunk_rows,
+                                        (hi - 1) // self.chunk_rows + 1), size)
+
+
+def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        written = os.pwrite(fd, data, offset)
+        data, offset = data[written:], offset + written
+
+
+def _fsync_directory(directory: str) -> None:
+    # The rename is durable only once the directory entry is on disk.
+    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
+    fd = os.open(directory, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
+         chunk_bytes: int = 16 << 20) -> Checkpoint:
+    """Write ``rb`` to ``path`` atomically; see the module docstring and
+    ``ReplayBuffer.save``.
+
+    Raises:
+        ValueError: ``chunk_bytes`` is not a positive int.
+        OSError: the file could not be written; ``path`` is left as it was.
+    """
+    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    chunk_rows = max(1, chunk_bytes // (rb.width * 4))
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+                               suffix=".tmp")
+    checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
+    try:
+        writer = _Writer(rb, fd, chunk_rows, checksummer)
+        # size is min(ptr, capacity) by construction; deriving it from the one counter
+        # read keeps the pair consistent while add updates both.
+        done = rb.ptr
+        writer.write_chunks(range(-(-min(done, rb.capacity) // chunk_rows)),
+                            min(done, rb.capacity))
+        for _ in range(CATCH_UP_PASSES):
+            now = rb.ptr
+            if now - done <= chunk_rows:
+                break
+            writer.rewrite_written(done, now, rb.capacity)
+            done = now
+        with rb.adds_paused():
+            ptr = rb.ptr
+            writer.rewrite_written(done, ptr, rb.capacity)
+        size = min(ptr, rb.capacity)
+        file_bytes = _write_tail(rb, fd, writer, ptr, size)
+        os.fsync(fd)
+        os.close(fd)
+        fd = -1
+        os.replace(tmp, path)
+        _fsync_directory(directory)
+    except BaseException:
+        if fd >= 0:
+            os.close(fd)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    finally:
+        checksummer.shutdown()
+    return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes)
+
+
+def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int) -> int:
+    """Write the CRC table, the end magic and then the header; return the file length."""
+    n_chunks = -(-size // writer.chunk_rows)
+    crcs = []
+    for k in range(n_chunks):
+        rows, crc = writer.crcs[k]
+        # Invariant: every chunk was last written with the extent of the final size.
+        assert rows == min(writer.chunk_rows, size - k * writer.chunk_rows), (k, rows)
+        crcs.append(crc)
+    table = struct.pack(f"<{n_chunks}I", *crcs)
+    table_offset = HEADER_BYTES + size * writer.row_bytes
+    tail = table + struct.pack("<I", zlib.crc32(table)) + END_MAGIC
+    file_bytes = table_offset + len(tail)
+    meta = {
+        "library": "replay_fsm", "capacity": rb.capacity, "obs_dim": rb.obs_dim,
+        "action_dim": rb.action_dim, "critic_dim": rb.critic_dim, "width": rb.width,
+        "layout": _layout_record(rb), "region_rows": rb.region_rows,
+        "check_finite": rb.check_finite, "dtype": "float32", "byteorder": sys.byteorder,
+        "ptr": ptr, "size": size, "chunk_rows": writer.chunk_rows, "n_chunks": n_chunks,
+        "table_offset": table_offset, "file_bytes": file_bytes,
+    }
+    text = json.dumps(meta, sort_keys=True).encode()
+    header = bytearray(HEADER_BYTES)
+    assert _PREFIX.size + len(text) <= HEADER_BYTES, f"a header of {len(text)} bytes"
+    _PREFIX.pack_into(header, 0, MAGIC, FORMAT_VERSION, len(text), 0)
+    header[_PREFIX.size:_PREFIX.size + len(text)] = text
+    header[_CRC_FIELD] = struct.pack("<I", zlib.crc32(header))
+    _pwrite_all(fd, memoryview(tail), table_offset)
+    # The header goes last: a file cut short anywhere before this has no valid magic.
+    _pwrite_all(fd, memoryview(bytes(header)), 0)
+    return file_bytes
+
+
+def _read_header(path: str, f: Any, file_bytes: int) -> dict[str, Any]:
+    block = f.read(HEADER_BYTES)
+    if not block:
+        raise CheckpointError(path, "empty file: not a replay_fsm checkpoint (a save "
+                                    "that did not finish?)")
+    if block[:len(MAGIC)] == bytes(len(MAGIC)):
+        raise CheckpointError(path, "no header (zero bytes where it belongs): not a "
+                                    "replay_fsm checkpoint (a save that did not finish?)")
+    if not block.startswith(MAGIC[:len(block)]):
+        raise CheckpointError(path, f"not a replay_fsm checkpoint (starts with "
+                                    f"{bytes(block[:8])!r}, expected {MAGIC!r})")
+    if len(block) < HEADER_BYTES:
+        raise CheckpointError(path, f"truncated: {file_bytes} bytes, shorter than the "
+                                    f"{HEADER_BYTES}-byte header")
+    _, version, text_len, crc = _PREFIX.unpack_from(block, 0)
+    if version != FORMAT_VERSION:
+        raise CheckpointError(path, f"format version {version}; this library reads "
+                                    f"version {FORMAT_VERSION}")
+    zeroed = bytearray(block)
+    zeroed[_CRC_FIELD] = bytes(4)
+    if zlib.crc32(zeroed) != crc or _PREFIX.size + text_len > HEADER_BYTES:
+        raise CheckpointError(path, "header checksum mismatch: the header is corrupted")
+    try:
+        meta = json.loads(block[_PREFIX.size:_PREFIX.size + text_len])
+    except ValueError as exc:
+        raise CheckpointError(path, f"header is not JSON: {exc}") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(path, f"header is a JSON {type(meta).__name__}, not an object")
+    missing = [k for k in _HEADER_INTS if not isinstance(meta.get(k), int)]
+    if missing:
+        raise CheckpointError(path, f"header lacks integer fields {missing}")
+    if meta["chunk_rows"] < 1:
+        raise CheckpointError(path, f"header says chunk_rows={meta['chunk_rows']}")
+    return meta
+
+
+def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
+         capacity: int | None = None, obs_dim: int | None = None,
+         action_dim: int | None = None, critic_dim: int | None = None) -> ReplayBuffer:
+    """A new ``cls`` buffer holding the checkpoint at ``path``; see ``ReplayBuffer.load``.
+
+    Raises:
+        CheckpointError: the file is not a checkpoint, is truncated or corrupted, has
+            another format version, or does not match a given dimension.
+        OSError: the file cannot be read.
+    """
+    path = os.fspath(path)
+    with open(path, "rb", buffering=0) as f:
+        file_bytes = os.fstat(f.fileno()).st_size
+        meta = _read_header(path, f, file_bytes)
+        if meta.get("byteorder") != sys.byteorder or meta.get("dtype") != "float32":
+            raise CheckpointError(path, f"holds {meta.get('byteorder')}-endian "
+                                        f"{meta.get('dtype')} rows; this machine is "
+                                        f"{sys.byteorder}-endian float32")
+        expected = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,
+                    "critic_dim": critic_dim}
+        wrong = [f"{k}={meta[k]} (expected {v})" for k, v in expected.items()
+                 if v is not None and meta[k] != v]
+        if wrong:
+            raise CheckpointError(path, "does not match the buffer asked for: "
+                                        + ", ".join(wrong))
+        if meta["file_bytes"] != file_bytes:
+            state = "truncated" if file_bytes < meta["file_bytes"] else "has trailing bytes"
+            raise CheckpointError(path, f"{state}: {file_bytes} bytes, the header says "
+                                        f"{meta['file_bytes']}")
+        if hasattr(os, "posix_fadvise"):  # not on macOS
+            # The disk starts reading the rows while the shared memory is allocated.
+            os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        try:
+            rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
+                     meta["critic_dim"], region_rows=meta["region_rows"],
+                     check_finite=meta.get("check_finite", False))
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(path, f"header describes no valid buffer: {exc}") from None
+        if _layout_record(rb) != meta["layout"] or rb.width != meta["width"]:
+            raise CheckpointError(path, f"row layout {meta['layout']} differs from this "
+                                        f"library's {_layout_record(rb)}")
+        ptr, size, chunk_rows = meta["ptr"], meta["size"], meta["chunk_rows"]
+        if size != min(ptr, rb.capacity) or ptr < 0:
+            raise CheckpointError(path, f"ptr={ptr} and size={size} are inconsistent "
+                                        f"with capacity={rb.capacity}")
+        crcs = _read_table(path, f, meta)
+        _read_rows(path, f, rb, crcs, chunk_rows, size)
+        rb.adopt_rows(ptr)  # counters last, as add does: the rows they cover are in place
+    return rb
+
+
+def _read_rows(path: str, f: Any, rb: ReplayBuffer, crcs: list[int], chunk_rows: int,
+               size: int) -> None:
+    """Read rows [0, size) into ``rb.storage`` chunk by chunk, each chunk's checksum
+    computed while the next one is read."""
+    row_bytes = rb.width * 4
+    rows = rb.storage.numpy()
+    f.seek(HEADER_BYTES)
+    pending: tuple[Future[int], int, int, int] | None = None
+    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc") as checksummer:
+        for k, crc in enumerate(crcs):
+            lo, hi = k * chunk_rows, min((k + 1) * chunk_rows, size)
+            view = rows[lo:hi].data.cast("B")
+            if not _readinto_all(f, view):
+                raise CheckpointError(path, f"truncated while reading rows [{lo}, {hi})")
+            if pending is not None:
+                _check_chunk(path, *pending, row_bytes)
+            pending = (checksummer.submit(zlib.crc32, view), crc, lo, hi)
+        if pending is not None:
+            _check_chunk(path, *pending, row_bytes)
+
+
+def _check_chunk(path: str, computed: Future[int], crc: int, lo: int, hi: int,
+                 row_bytes: int) -> None:
+    if computed.result() != crc:
+        raise CheckpointError(path, f"checksum mismatch in rows [{lo}, {hi}) (bytes "
+                                    f"[{HEADER_BYTES + lo * row_bytes}, "
+                                    f"{HEADER_BYTES + hi * row_bytes})): corrupted")
+
+
+def _read_table(path: str, f: Any, meta: dict[str, Any]) -> list[int]:
+    n_chunks = meta["n_chunks"]
+    if n_chunks != -(-meta["size"] // meta["chunk_rows"]):
+        raise CheckpointError(path, f"{n_chunks} chunks cannot hold {meta['size']} rows "
+                                    f"of {meta['chunk_rows']}")
+    f.seek(meta["table_offset"])
+    tail = f.read(4 * n_chunks + 4 + len(END_MAGIC))
+    table, (table_crc,) = tail[:4 * n_chunks], struct.unpack_from("<I", tail, 4 * n_chunks)
+    if tail[-len(END_MAGIC):] != END_MAGIC or zlib.crc32(table) != table_crc:
+        raise CheckpointError(path, "chunk checksum table is corrupted")
+    return list(struct.unpack(f"<{n_chunks}I", table))
+
+
+def _readinto_all(f: Any, view: memoryview) -> bool:
+    """Fill ``view`` from ``f``; False at an early end of file (it shrank while read)."""
+    while view:
+        got = f.readinto(view)
+        if not got:
+            return False
+        view = view[got:]
+    return True
+
