@@ -10,6 +10,12 @@ settings.register_profile(
     "ci", max_examples=300, stateful_step_count=100, deadline=None, print_blob=True,
     derandomize=True, suppress_health_check=[HealthCheck.too_slow],
 )
+# mutation: the fast profile, derandomized and without the example database, so a
+# mutant's verdict does not depend on the mutants run before it (make mutation).
+settings.register_profile(
+    "mutation", max_examples=25, stateful_step_count=30, deadline=None, print_blob=True,
+    derandomize=True, database=None,
+)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
