@@ -172,6 +172,24 @@ def test_a_step_by_the_wrong_actor_is_refused_and_changes_nothing() -> None:
     assert core.state(0) is SlotState.REQUESTED
 
 
+def test_each_actor_may_take_its_own_steps() -> None:
+    """The other half of the actor check: every step of a tick, taken by the actor
+    DESIGN.md's actor table names for it, is accepted (the learner requests,
+    acquires and releases; the transfer worker submits; the copy engine completes).
+    Kills the hand-written mutant "the transfer worker acquires" (tests/test_mutations.py),
+    a table row with another actor, which the tests driven by the rows cannot see."""
+    from replay_fsm.spec import Actor
+    core = Core(2)
+    for tick in range(3):
+        slot = core.request(tick, actor=Actor.LEARNER).slot
+        core.packed(done_for(core, slot), actor=Actor.TRANSFER)
+        core.copied(slot, actor=Actor.COPY_ENGINE)
+        assert core.acquire(tick, actor=Actor.LEARNER) == slot
+        assert core.release(actor=Actor.LEARNER).tick == tick
+    core.fail(RuntimeError("any actor may fail the pipeline"), Actor.COPY_ENGINE)
+    assert core.states == (SlotState.FAILED,) * 2
+
+
 def test_refusal_answers_without_acting() -> None:
     """Tools ask the core what it would accept instead of re-implementing guards."""
     from replay_fsm.core import Step
