@@ -30,8 +30,32 @@ def test_sampling_contract_is_torch_randint_with_a_seeded_generator(
 
 
 def test_empty_buffer_is_a_clear_error() -> None:
-    with pytest.raises(ValueError, match="empty replay buffer"):
+    """The message names the fix. Kills replay_fsm.data.sampling.x_sample_indices
+    mutants 4 and 6-9 (a piece of the message altered)."""
+    with pytest.raises(ValueError, match="empty replay buffer") as info:
         sample_indices(0, 4, 0)
+    assert ("add transitions first, or pass min_snapshot_ptr (to start_prepare or "
+            "ticks) to wait for them") in str(info.value)
+
+
+@pytest.mark.parametrize("count", [0, -3])
+def test_sample_count_must_be_positive(count: int) -> None:
+    """Zero rows is a caller's mistake, not an empty batch. Kills
+    x_sample_indices mutants 10 (``<= 0`` made ``< 0``) and 12 (the message dropped)."""
+    with pytest.raises(ValueError, match=f"sample_count must be positive, got {count}"):
+        sample_indices(10, count, 0)
+
+
+def test_sampling_reuses_the_packers_buffers() -> None:
+    """The packer passes its index tensor and generator so that a tick allocates
+    nothing (DESIGN: no allocation per tick in steady state): the indices are drawn
+    from that generator into that tensor. Kills x_sample_indices mutants 15 (a new
+    generator every call) and 23, 28 (``out`` not passed on)."""
+    out, gen = torch.empty(8, dtype=torch.int64), torch.Generator()
+    got = sample_indices(100, 8, 1234, out=out, generator=gen)
+    assert got.data_ptr() == out.data_ptr()
+    assert gen.initial_seed() == 1234
+    assert torch.equal(out, sample_indices(100, 8, 1234))
 
 
 def request(tick: int, slot: int, n: int, *, min_ptr: int = -1, seed: int | None = None
@@ -131,3 +155,59 @@ def test_attach_to_a_spawned_collector_serving_a_count() -> None:
         assert decode(PackDone, *h.done.get(timeout=60)).error is None  # type: ignore[misc]
     proc.join(30)
     assert proc.exitcode == 0
+
+
+def test_process_alive_tells_running_exited_and_zombie_processes_apart() -> None:
+    """A packer's learner check: a running process is alive; one that exited is gone,
+    also while it is a zombie nobody has reaped (``kill(pid, 0)`` still succeeds
+    then), and also when its name holds ") Z " (the state field is the one after the
+    last parenthesis of /proc/<pid>/stat). Kills replay_fsm.data.packer.x_process_alive
+    mutants 6, 9 and 12-20."""
+    import os
+    import shutil
+    import subprocess
+    import tempfile
+
+    from replay_fsm.data.packer import process_alive
+
+    assert process_alive(os.getpid())
+    with tempfile.TemporaryDirectory() as tmp:
+        odd = os.path.join(tmp, "x) Z y")  # the kernel keeps it as the process name
+        os.symlink(shutil.which("sleep") or "/bin/sleep", odd)
+        running = subprocess.Popen([odd, "60"])
+        try:
+            assert process_alive(running.pid)
+        finally:
+            running.kill()
+            running.wait()
+    zombie = subprocess.Popen(["true"])
+    os.waitid(os.P_PID, zombie.pid, os.WEXITED | os.WNOWAIT)  # exited, not yet reaped
+    try:
+        os.kill(zombie.pid, 0)  # still answers: the case process_alive must see through
+        assert not process_alive(zombie.pid)
+    finally:
+        zombie.wait()
+    assert not process_alive(zombie.pid)  # reaped: no such process
+
+
+def test_process_alive_without_proc_or_permission_trusts_kill(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /proc is missing, or the process is another user's, ``kill(pid, 0)`` is
+    all there is: a process it does not call gone is alive. Kills x_process_alive
+    mutants 7 and 21."""
+    import os
+
+    from replay_fsm.data import packer as packer_module
+
+    def no_proc(*args: object, **kwargs: object) -> object:
+        raise FileNotFoundError("/proc is not mounted here")
+
+    monkeypatch.setattr(packer_module, "open", no_proc, raising=False)
+    assert packer_module.process_alive(os.getpid())
+    monkeypatch.undo()
+
+    def not_yours(pid: int, sig: int) -> None:
+        raise PermissionError(f"pid {pid} belongs to another user")
+
+    monkeypatch.setattr(packer_module.os, "kill", not_yours)
+    assert packer_module.process_alive(1)
