@@ -124,6 +124,121 @@ def test_missing_critic_and_bad_types() -> None:
     assert rb.ptr == 0
 
 
+
+def all_fields(n: int = 5) -> dict[str, np.ndarray]:
+    """Every argument of ``add`` for ReplayBuffer(8, 3, 2, critic_dim=2), valid."""
+    f = fields(n, 3, 2, 2, 0)
+    f["terminal_mask"] = np.array([1, 0, 1, 0, 0][:n], dtype=np.float32)
+    f["terminal_next_obs"] = np.full((n, 3), 7.0)
+    f["terminal_next_critic"] = np.full((n, 2), 9.0)
+    return f
+
+
+# A wrong shape for each field, and the shape the message must say was expected.
+BAD_SHAPES = {
+    "obs": ((5, 4), "(5, 3)"), "next_obs": ((5, 4), "(5, 3)"),
+    "actions": ((5, 3), "(5, 2)"), "rewards": ((4,), "(5,)"), "dones": ((5, 2), "(5,)"),
+    "truncated": ((6,), "(5,)"), "terminal_mask": ((5, 2), "(5,)"),
+    "terminal_next_obs": ((5, 2), "(5, 3)"), "critic": ((5, 1), "(5, 2)"),
+    "next_critic": ((4, 2), "(5, 2)"), "terminal_next_critic": ((5, 3), "(5, 2)"),
+}
+
+
+@pytest.mark.parametrize("field", list(BAD_SHAPES))
+def test_every_fields_shape_error_names_it_exactly(field: str) -> None:
+    """The message starts with the field's own name, then the shape given and the one
+    expected. Kills the name mutants of xǁReplayBufferǁadd (``"XXobsXX"``,
+    ``"TRUNCATED"``, None, ... for each field) and x__as_float32 mutant 9 (a [5, 2]
+    scalar field reshaped before the check, so the message gave another shape)."""
+    rb = ReplayBuffer(8, 3, 2, critic_dim=2)
+    f = all_fields()
+    shape, expected = BAD_SHAPES[field]
+    f[field] = np.zeros(shape)
+    with pytest.raises(ValueError) as info:
+        rb.add(**f)  # type: ignore[arg-type]
+    assert str(info.value) == f"{field}: got shape {shape}, expected {expected}"
+    assert rb.ptr == 0 and not rb.storage.any()
+
+
+@pytest.mark.parametrize("obs", [[[0.0] * 3] * 5, np.zeros(5), np.zeros((5, 3, 1))],
+                         ids=["list", "1-d", "3-d"])
+def test_obs_that_is_not_a_matrix_is_refused_by_name(obs: object) -> None:
+    """Kills xǁReplayBufferǁadd mutants 1 and 11-20 (the obs check and its message:
+    the shape it names, read with getattr so that a list says ())."""
+    rb = ReplayBuffer(8, 3, 2)
+    f = fields(5, 3, 2, 0, 0)
+    shape = tuple(getattr(obs, "shape", ()))
+    with pytest.raises(ValueError) as info:
+        rb.add(obs, f["actions"], f["rewards"], f["next_obs"], f["dones"],  # type: ignore[arg-type]
+               f["truncated"])
+    assert str(info.value) == f"obs: got shape {shape}, expected (n, 3)"
+
+
+def test_a_field_that_is_not_an_array_names_its_type() -> None:
+    """Kills x__as_float32 mutant 6 (the type name in the message)."""
+    rb = ReplayBuffer(8, 3, 2)
+    f = fields(5, 3, 2, 0, 0)
+    with pytest.raises(TypeError) as info:
+        rb.add(f["obs"], f["actions"], (0.0,) * 5, f["next_obs"], f["dones"],  # type: ignore[arg-type]
+               f["truncated"])
+    assert str(info.value) == "rewards must be a torch.Tensor or numpy.ndarray, got tuple"
+
+
+def test_scalar_fields_are_taken_as_n_by_1_too() -> None:
+    """Rewards, dones, truncated and the terminal mask may come as [n, 1] (what many
+    vectorised environments return); they are stored as [n] would be, and a one-wide
+    obs or action is not flattened. Kills x__as_float32 mutants 8 and 10-22."""
+    flat, column = ReplayBuffer(8, 3, 2, critic_dim=2), ReplayBuffer(8, 3, 2, critic_dim=2)
+    f = all_fields()
+    flat.add(**f)  # type: ignore[arg-type]
+    for name in ("rewards", "dones", "truncated", "terminal_mask"):
+        f[name] = f[name][:, None]
+    column.add(**torch_fields(f))  # type: ignore[arg-type]
+    assert torch.equal(column.storage, flat.storage) and column.ptr == 5
+    narrow = ReplayBuffer(8, 1, 1)
+    g = fields(5, 1, 1, 0, 1)
+    narrow.add(g["obs"], g["actions"], g["rewards"], g["next_obs"], g["dones"],
+               g["truncated"])
+    assert torch.equal(narrow.storage[:5, 0], torch.from_numpy(g["obs"][:, 0]).float())
+
+
+def torch_fields(f: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    return {k: torch.from_numpy(v) for k, v in f.items()}
+
+
+def test_critic_fields_come_in_pairs() -> None:
+    """One of critic and next_critic is not enough for a critic buffer, and either is
+    refused by a buffer without one. Kills xǁReplayBufferǁadd mutants 111 and 148-153."""
+    f = fields(5, 3, 2, 2, 0)
+    base = [f["obs"], f["actions"], f["rewards"], f["next_obs"], f["dones"], f["truncated"]]
+    with pytest.raises(ValueError) as info:
+        ReplayBuffer(8, 3, 2, critic_dim=2).add(*base, critic=f["critic"])
+    assert str(info.value) == ("critic and next_critic: required, shape (5, 2), since "
+                               "critic_dim=2")
+    for one in ({"critic": f["critic"]}, {"next_critic": f["next_critic"]}):
+        rb = ReplayBuffer(8, 3, 2)
+        with pytest.raises(ValueError) as info:
+            rb.add(*base, **one)
+        assert str(info.value) == "critic, next_critic: given, but this buffer has critic_dim=0"
+        assert rb.ptr == 0
+
+
+def test_terminal_fields_need_the_mask() -> None:
+    """terminal_next_obs without terminal_mask is an error's message; terminal
+    next-critic values without a mask change nothing. Kills xǁReplayBufferǁadd
+    mutants 85, 100 and 136."""
+    f = all_fields()
+    mask = f.pop("terminal_mask")
+    rb = ReplayBuffer(8, 3, 2, critic_dim=2)
+    rb.add(**f)  # type: ignore[arg-type]
+    assert torch.equal(rb.storage[:5, rb.layout.next_critic],
+                       torch.from_numpy(f["next_critic"]).float())
+    f.pop("terminal_next_obs")
+    with pytest.raises(ValueError) as info:
+        rb.add(**f, terminal_mask=mask)  # type: ignore[arg-type]
+    assert str(info.value) == "terminal_next_obs: required when terminal_mask is given"
+
+
 DIMS = {"capacity": 8, "obs_dim": 3, "action_dim": 2, "critic_dim": 1}
 
 
