@@ -341,3 +341,97 @@ def test_filling_one_slot_leaves_the_hot_batch_differentiable(config: tuple) -> 
         assert pipe.wait_until_ready(1, 16, timeout=60)
         loss.backward()  # raised "modified by an inplace operation" with one tensor
         assert layer.weight.grad is not None
+
+
+def test_a_watched_process_that_exits_is_named() -> None:
+    """INV-LIVE: ``watch`` takes anything with ``is_alive()``, ``pid`` and ``exitcode``;
+    its default name is "the collector process". Kills
+    replay_fsm.runtime.pipeline.xǁPipelineǁwatch mutants 1, 2 and 4."""
+
+    class Exited:
+        pid, exitcode = 4242, -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    with Pipeline(buffer(), sample_count=8, collector="external", backend="manual",
+                  liveness_timeout=60) as pipe:
+        pipe.watch(Exited())
+        pipe.start_prepare(0, 8)
+        with pytest.raises(CollectorDied) as info:
+            pipe.wait_until_ready(0, 8)
+        assert str(info.value) == "tick 0: the collector process (pid 4242) exited with code -9"
+
+
+class FailLink(ThreadCollector):
+    """A thread collector that keeps the callback a link reports its failures with."""
+
+    def start(self, fail: object) -> None:
+        self.report = fail
+        super().start(fail)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("actor", ["packer", "transfer", "copy_engine"])
+def test_a_failure_is_recorded_as_the_failing_actors(actor: str) -> None:
+    """INV-STICKY, and the trace says who failed: the FAIL transitions name the actor
+    whose thread reported the error, and every later call raises chained to it.
+    Kills xǁPipelineǁ_fail mutants 2 and 4, and the actor and error mutants of
+    _on_packer_error, _on_transfer_error and _on_backend_error."""
+    from replay_fsm.runtime.observers import Observer
+    from replay_fsm.spec import Actor, Event
+
+    boom = RuntimeError(f"the {actor} broke")
+
+    class Transfer(ManualBackend):
+        def submit(self, order: object) -> None:
+            raise boom
+
+    class Log(Observer):
+        def __init__(self) -> None:
+            self.fails: list[object] = []
+
+        def transition(self, record: object, time_ns: int) -> None:
+            if record.event is Event.FAIL:  # type: ignore[attr-defined]
+                self.fails.append(record.actor)  # type: ignore[attr-defined]
+
+    rb, log = buffer(), Log()
+    link = FailLink(rb, 2, 8)
+    backend = Transfer() if actor == "transfer" else ManualBackend()
+    with Pipeline(rb, sample_count=8, backend=backend, collector=link) as pipe:
+        pipe.add_observer(log)
+        if actor == "packer":
+            link.report(boom)
+        elif actor == "copy_engine":
+            pipe.backend.on_error(boom)
+        else:
+            pipe.start_prepare(0, 8)
+            with pytest.raises(PipelineFailed):
+                pipe.wait_until_ready(0, 8, timeout=30)
+        assert log.fails == [Actor(actor)] * 2
+        with pytest.raises(PipelineFailed) as info:
+            pipe.start_prepare(1, 8)
+        assert info.value.__cause__ is boom
+
+
+def test_an_observer_that_raises_is_dropped_and_fails_the_run() -> None:
+    """An observer's bug fails the pipeline chained to it, once: the observer is dropped
+    and sees none of the transitions that follow (the FAIL ones, close). Kills
+    xǁPipelineǁ_observer_failed mutant 1."""
+    from replay_fsm.runtime.observers import Observer
+
+    bug = ZeroDivisionError("observer bug")
+
+    class Buggy(Observer):
+        calls = 0
+
+        def transition(self, record: object, time_ns: int) -> None:
+            Buggy.calls += 1
+            raise bug
+
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        pipe.add_observer(Buggy())
+        pipe.start_prepare(0, 8)  # the request is done; the observer's error fails the run
+        with pytest.raises(PipelineFailed) as info:
+            pipe.start_prepare(1, 8)
+        assert info.value.__cause__ is bug
+    assert Buggy.calls == 1
