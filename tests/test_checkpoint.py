@@ -147,6 +147,10 @@ def test_load_checks_the_dimensions_asked_for(tmp_path: Path) -> None:
         assert str(info.value) == (f"{path}: does not match the buffer asked for: "
                                    f"{name}={saved} (expected {asked})")
         assert isinstance(info.value, ValueError)
+        # The parts, for a caller that reports them apart (kills
+        # xǁCheckpointErrorǁ__init__ mutants 2 and 3).
+        assert (info.value.path, info.value.problem) == (
+            str(path), f"does not match the buffer asked for: {name}={saved} (expected {asked})")
     with pytest.raises(CheckpointError, match=r"obs_dim=3 \(expected 1\), critic_dim=1"):
         ReplayBuffer.load(path, obs_dim=1, critic_dim=0)
 

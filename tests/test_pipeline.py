@@ -435,3 +435,133 @@ def test_an_observer_that_raises_is_dropped_and_fails_the_run() -> None:
             pipe.start_prepare(1, 8)
         assert info.value.__cause__ is bug
     assert Buggy.calls == 1
+
+
+def test_a_closed_request_channel_is_collector_died_chained_to_it() -> None:
+    """A request that cannot be sent because the packer's channel is closed fails the
+    pipeline with CollectorDied whose cause is the ChannelClosed. Kills
+    xǁPipelineǁ_fail_locked mutants 1 and 2 (the cause not attached)."""
+    from replay_fsm.data.channel import ChannelClosed
+
+    closed = ChannelClosed()
+
+    class Closed(ThreadCollector):
+        def send(self, *args: object, **kw: object) -> None:
+            raise closed
+
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, backend="manual", collector=Closed(rb, 2, 8)) as pipe:
+        with pytest.raises(CollectorDied) as info:
+            pipe.start_prepare(0, 8)
+        died = info.value.__cause__
+        assert isinstance(died, CollectorDied) and died.__cause__ is closed
+        assert str(died) == "tick 0: the packer's channel is closed"
+
+
+def test_packer_handle_is_refused_by_name() -> None:
+    """Kills xǁPipelineǁpacker_handle mutants 1-3 and 5-7 (the messages)."""
+    from replay_fsm.runtime.links import SeedQueueLink
+
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=8, backend="manual")
+    pipe.close()
+    with pytest.raises(ValueError) as info:
+        pipe.packer_handle()
+    assert str(info.value) == "the pipeline is closed; its packer handle is gone"
+    slots = [torch.zeros(8, rb.width) for _ in range(2)]
+    link = SeedQueueLink(__import__("queue").Queue(), __import__("queue").Queue(), slots)
+    with Pipeline(rb, sample_count=8, backend="manual", collector=link) as pipe:
+        with pytest.raises(ValueError) as info:
+            pipe.packer_handle()
+        assert str(info.value) == "this pipeline's collector (seed) has no packer handle"
+
+
+def test_statistics_count_checks_only_in_checked_mode() -> None:
+    """Kills xǁPipelineǁstatistics mutant 7 (checks 1 when checked mode is off)."""
+    for checked in (False, True):
+        with Pipeline(buffer(), sample_count=8, checked=checked) as pipe:
+            run_ticks(pipe, 0, 2)
+            checks = pipe.statistics().checks
+            assert checks > 0 if checked else checks == 0
+
+
+class Recording(ThreadCollector):
+    """A thread collector that keeps every request it sends."""
+
+    def __init__(self, *args: object) -> None:
+        super().__init__(*args)  # type: ignore[arg-type]
+        self.sent: list[object] = []
+
+    def send(self, request: object, **kw: object) -> None:
+        self.sent.append(request)
+        super().send(request, **kw)  # type: ignore[arg-type]
+
+
+def test_ticks_requests_nothing_past_stop_and_passes_min_snapshot_ptr() -> None:
+    """``ticks(start, stop)`` prefetches up to ring_depth - 1 ahead but never past
+    ``stop``, and every request carries its ``min_snapshot_ptr``. Kills xǁPipelineǁticks
+    mutants 17 (prefetch past stop), 22 and 25 (min_snapshot_ptr dropped)."""
+    rb = buffer(rows=300)
+    link = Recording(rb, 3, 8)
+    with Pipeline(rb, sample_count=8, ring_depth=3, collector=link) as pipe:
+        assert [t for t, _ in pipe.ticks(0, 4, min_snapshot_ptr=5)] == [0, 1, 2, 3]
+        assert pipe.pending == () and pipe.hot is None
+    assert [r.tick for r in link.sent] == [0, 1, 2, 3]  # type: ignore[attr-defined]
+    assert {r.min_snapshot_ptr for r in link.sent} == {5}  # type: ignore[attr-defined]
+
+
+def test_leaving_ticks_after_a_failure_raises_nothing() -> None:
+    """The iterator's last release is best effort: once the pipeline failed, leaving
+    the loop does not raise from its clean-up. Kills xǁPipelineǁticks mutant 30."""
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        it = pipe.ticks(0, 5)
+        next(it)
+        pipe.fail(RuntimeError("the learner's own error"))
+        it.close()
+
+
+def test_batch_ready_is_true_only_for_a_copied_batch() -> None:
+    """Never requested: False; requested, copy not complete: False; copied: True.
+    Kills xǁPipelineǁ_ready mutants 3 and 6 (before: timeouts of the tests that poll it)."""
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        assert not pipe.batch_ready(0, 8)
+        pipe.start_prepare(0, 8)
+        assert pipe.backend.wait_submitted(0, timeout=30)  # type: ignore[attr-defined]
+        assert not pipe.batch_ready(0, 8)
+        pipe.backend.complete(0)  # type: ignore[attr-defined]
+        assert pipe.batch_ready(0, 8) and not pipe.batch_ready(1, 8)
+
+
+def test_wait_until_ready_timeout_zero_returns_and_bad_timeouts_are_refused() -> None:
+    """``timeout=0`` asks without waiting; a bool, a string, a negative number, NaN or
+    infinity is refused. Kills wait_until_ready mutants 5, 8-10, 15 and 17 and
+    _wait mutant 2 (the last three waited for the liveness bound instead)."""
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        pipe.start_prepare(0, 8)
+        assert pipe.backend.wait_submitted(0, timeout=30)  # type: ignore[attr-defined]
+        assert pipe.wait_until_ready(0, 8, timeout=0) is False
+        assert pipe.wait_until_ready(0, 8, timeout=0.001) is False
+        for bad in (True, "1", -0.5, float("nan"), float("inf")):
+            with pytest.raises(ValueError, match=r"^timeout must be None or a finite "
+                                                 r"number of seconds >= 0, got "):
+                pipe.wait_until_ready(0, 8, timeout=bad)  # type: ignore[arg-type]
+        pipe.backend.complete(0)  # type: ignore[attr-defined]
+        assert pipe.wait_until_ready(0, 8, timeout=0) is True
+
+
+def test_learner_calls_show_in_torch_profiles_when_tracing() -> None:
+    """With ``trace=True`` each learner call is a torch.profiler range named
+    ``replay_fsm/<call>``, so the pipeline shows beside the model in a profile.
+    Kills the range-name mutants of start_prepare, wait_until_ready,
+    sample_large_batch and after_tick (e.g. wait_until_ready mutants 20, 21)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with Pipeline(buffer(), sample_count=8, trace=True) as pipe:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            pipe.start_prepare(0, 8)
+            pipe.wait_until_ready(0, 8)
+            pipe.sample_large_batch(0, 8)
+            pipe.after_tick()
+    names = {event.name for event in prof.events()}
+    assert {f"replay_fsm/{call}" for call in ("start_prepare", "wait_until_ready",
+                                              "sample_large_batch", "after_tick")} <= names
