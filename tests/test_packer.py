@@ -211,3 +211,136 @@ def test_process_alive_without_proc_or_permission_trusts_kill(
 
     monkeypatch.setattr(packer_module.os, "kill", not_yours)
     assert packer_module.process_alive(1)
+
+
+def test_a_handles_pickled_state_rebuilds_its_views() -> None:
+    """What a spawned collector unpickles: the state carries the shared tensors and
+    semaphores but not the numpy views over them, which ``__setstate__`` rebuilds over
+    the same memory. (Semaphores pickle only while spawning, so the test calls the
+    two halves of the protocol itself.) Kills xǁPackerHandleǁ__setstate__ and
+    xǁChannelǁ__setstate__ mutant 1 (the state not restored)."""
+    _, h = make(n=4)
+    state = h.__getstate__()
+    assert "_state_np" not in state
+    assert not {"_buf_np", "_text_np", "_idx_np"} & set(h.requests.__getstate__())
+    clone = PackerHandle.__new__(PackerHandle)
+    clone.__setstate__(state)
+    for name in ("requests", "done"):
+        channel = getattr(h, name)
+        copy = Channel.__new__(Channel)
+        copy.__setstate__(channel.__getstate__())
+        setattr(clone, name, copy)
+    clone.requests.put(request(0, 1, 4))
+    assert decode(PackRequest, h.requests.get(timeout=1.0)[0]).slot == 1  # type: ignore[index]
+    h.packer_state[0] = 77
+    assert clone.packer_pid == 77
+
+
+def forget_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
+    """Record what the resource tracker is told to forget (and tell it)."""
+    from multiprocessing import resource_tracker
+
+    told: list[tuple[str, str]] = []
+    unregister = resource_tracker.unregister
+
+    def spy(name: str, rtype: str) -> None:
+        told.append((name, rtype))
+        unregister(name, rtype)
+
+    monkeypatch.setattr(resource_tracker, "unregister", spy)
+    return told
+
+
+# Here the creator of the semaphores is the process that removes their names, so its
+# own clean-up at collection finds them gone and says so; in use they are two processes.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_orphaned_packer_closes_and_removes_every_shared_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The learner that created the handle is gone: the packer closes the channels
+    and removes the semaphores' names, from the system and from the resource
+    tracker (which would otherwise report them leaked at exit). Kills the mutants
+    of xǁReplayBufferǁunlink and xǁChannelǁunlink 1, 2 and 4-9."""
+    import os
+    import subprocess
+
+    rb, h = make()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    h.packer_state[2] = gone.pid  # the learner's pid, exited and reaped
+    names = rb.semaphore_names + h.semaphore_names
+    told = forget_spy(monkeypatch)
+    packer = Packer(h, rb)
+    assert not packer.service(timeout=0.0)
+    assert packer.closed
+    if os.path.isdir("/dev/shm"):
+        assert set(names).isdisjoint(os.listdir("/dev/shm"))
+    assert sorted(told) == sorted(("/" + n.removeprefix("sem."), "semaphore") for n in names)
+    rb.unlink()  # already gone: nothing to do, nothing raised
+    rb.add_packed(constant_rows(rb, 1, 2))  # the buffer keeps working here
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_channel_unlink_goes_on_past_a_name_already_gone(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Kills xǁChannelǁunlink mutant 3 (stop at the first name already removed)."""
+    import _multiprocessing
+    import os
+    from multiprocessing import resource_tracker
+
+    ch = Channel(2, 3)
+    first, second = ("/" + n.removeprefix("sem.") for n in ch.semaphore_names)
+    _multiprocessing.sem_unlink(first)
+    resource_tracker.unregister(first, "semaphore")
+    told = forget_spy(monkeypatch)
+    ch.unlink()
+    assert told == [(second, "semaphore")]
+    if os.path.isdir("/dev/shm"):
+        assert not set(ch.semaphore_names) & set(os.listdir("/dev/shm"))
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_serve_forever_serves_until_its_learner_dies() -> None:
+    """The packer-only process body: it ignores Ctrl-C (the learner decides), uses the
+    torch threads it is given, serves requests, and ends on its own once its learner
+    is gone, also while no request comes. Kills x_serve_forever mutants 2-14."""
+    import signal
+    import subprocess
+    import threading
+
+    from replay_fsm.data.packer import serve_forever
+
+    rb, h = make(n=16)
+    learner = subprocess.Popen(["sleep", "60"])  # stands in for the learner process
+    h.packer_state[2] = learner.pid
+    served: list[PackDone] = []
+    ended_by_packer: list[bool] = []
+
+    def learner_side() -> None:
+        for tick in range(3):
+            h.requests.put(request(tick, tick % 2, 16))
+            served.append(decode(PackDone, *h.done.get(timeout=30)))  # type: ignore[misc]
+        learner.kill()  # the learner dies; no request will come again
+        try:
+            h.done.get(timeout=30)  # the packer's close wakes this
+            ended_by_packer.append(False)
+        except ChannelClosed:
+            ended_by_packer.append(True)
+        h.close()  # in case it did not: lets serve_forever return
+
+    before = signal.getsignal(signal.SIGINT), torch.get_num_threads()
+    torch.set_num_threads(2)
+    thread = threading.Thread(target=learner_side)
+    thread.start()
+    try:
+        serve_forever(h, rb, poll_s=0.01, threads=1)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert torch.get_num_threads() == 1
+    finally:
+        signal.signal(signal.SIGINT, before[0])
+        torch.set_num_threads(before[1])
+        h.close()
+        thread.join()
+        learner.kill()
+        learner.wait()
+    assert [(d.tick, d.error) for d in served] == [(0, None), (1, None), (2, None)]
+    assert ended_by_packer == [True]
