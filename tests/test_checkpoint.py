@@ -155,6 +155,37 @@ def test_load_checks_the_dimensions_asked_for(tmp_path: Path) -> None:
         ReplayBuffer.load(path, obs_dim=1, critic_dim=0)
 
 
+
+def test_a_file_that_shrinks_while_it_is_read_is_reported_truncated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The size check passed, then the file lost its end (another process truncated
+    it) while the rows were read: that read is a truncation, named with its rows, not
+    a checksum error over stale memory. The shrink is placed right after the chunk
+    table is read. Kills x__readinto_all mutants 4 and 5 and x__read_rows 33-36."""
+    path = tmp_path / "b.ckpt"
+    rb = filled(20, 20)
+    rb.save(path, chunk_bytes=4 * rb.width * 4)  # chunks of 4 rows
+    read_table = checkpoint._read_table
+
+    def then_shrink(*args: Any) -> list[int]:
+        crcs = read_table(*args)
+        os.truncate(path, HEADER_BYTES + 9 * rb.width * 4 + 3)  # inside rows [8, 12)
+        return crcs
+
+    monkeypatch.setattr(checkpoint, "_read_table", then_shrink)
+    with pytest.raises(CheckpointError) as info:
+        ReplayBuffer.load(path)
+    assert (info.value.path, info.value.problem) == (
+        str(path), "truncated while reading rows [8, 12)")
+
+
+def test_adopt_rows_refuses_a_negative_count() -> None:
+    """Kills xǁReplayBufferǁadopt_rows mutant 3 (the message)."""
+    with pytest.raises(ValueError) as info:
+        ReplayBuffer(4, 2, 1).adopt_rows(-1)
+    assert str(info.value) == "ptr must be >= 0, got -1"
+
+
 # Resume ----------------------------------------------------------------------------
 
 def run_ticks(rb: ReplayBuffer, start: int, stop: int, sample_count: int, base_seed: int,
