@@ -27,8 +27,10 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           255: "timeout", 37: "caught by type check", -11: "segfault", -9: "segfault",
           None: "not checked"}
 
-# An equivalent mutant's row in specs/MUTATION.md: | `name` | reason |
+# A mutant's row in specs/MUTATION.md: | `name` | reason |, in the section "Equivalent
+# mutants" or "Killed outside mutmut's run" (code that runs only at import).
 LISTED = re.compile(r"^\|\s*`(replay_fsm\.[^`]+__mutmut_\d+)`\s*\|")
+SECTIONS = {"equivalent": "## Equivalent mutants", "outside": "## Killed outside mutmut's run"}
 
 
 def module_of(mutant: str) -> str:
@@ -44,28 +46,48 @@ def results(mutants: Path = MUTANTS) -> dict[str, str]:
     return out
 
 
-def listed_equivalent(listing: Path = LISTING) -> set[str]:
-    if not listing.exists():
-        return set()
-    return {m.group(1) for line in listing.read_text().splitlines()
-            if (m := LISTED.match(line))}
+def listed(listing: Path = LISTING) -> dict[str, set[str]]:
+    """The mutants each section of specs/MUTATION.md lists."""
+    found: dict[str, set[str]] = {key: set() for key in SECTIONS}
+    section = None
+    for line in listing.read_text().splitlines() if listing.exists() else []:
+        if line.startswith("## "):
+            section = next((k for k, title in SECTIONS.items() if line.startswith(title)),
+                           None)
+        elif section is not None and (m := LISTED.match(line)):
+            found[section].add(m.group(1))
+    return found
 
 
-def table(status: dict[str, str], equivalent: set[str]) -> list[str]:
-    rows = ["| module | generated | killed | timeout | survived | no tests | equivalent "
-            "| kill rate | detected |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    modules = sorted({module_of(n) for n in status})
+NOT_KILLED = ("survived", "no tests")
+
+
+def final(status: dict[str, str], lists: dict[str, set[str]]) -> dict[str, str]:
+    """Each mutant's verdict once the listing is applied: a survivor listed as
+    equivalent is "equivalent", one listed as killed outside the run is "killed"."""
+    out = dict(status)
+    for name, state in status.items():
+        if state in NOT_KILLED and name in lists["equivalent"]:
+            out[name] = "equivalent"
+        elif state in NOT_KILLED and name in lists["outside"]:
+            out[name] = "killed"
+    return out
+
+
+def table(verdict: dict[str, str]) -> list[str]:
+    rows = ["| module | generated | killed | timeout | survived | equivalent | kill rate "
+            "| detected |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    modules = sorted({module_of(n) for n in verdict})
     for module in [*modules, "all"]:
-        names = [n for n in status if module in ("all", module_of(n))]
-        count = Counter(status[n] for n in names)
-        eq = sum(1 for n in names if n in equivalent and status[n] == "survived")
-        real = len(names) - eq
+        names = [n for n in verdict if module in ("all", module_of(n))]
+        count = Counter(verdict[n] for n in names)
+        real = len(names) - count["equivalent"]
         rate = f"{count['killed'] / real:.1%}" if real else "-"
         detected = f"{(count['killed'] + count['timeout']) / real:.1%}" if real else "-"
+        survived = count["survived"] + count["no tests"]
         rows.append(f"| {module} | {len(names)} | {count['killed']} | {count['timeout']} "
-                    f"| {count['survived'] - eq} | {count['no tests']} | {eq} | {rate} "
-                    f"| {detected} |")
+                    f"| {survived} | {count['equivalent']} | {rate} | {detected} |")
     return rows
 
 
@@ -74,21 +96,22 @@ def main() -> int:
     if not status:
         print("no results under mutants/: run `make mutation` first")
         return 1
-    equivalent = listed_equivalent()
-    print("\n".join(table(status, equivalent)))
-    print("(kill rate: killed / (generated - equivalent); detected counts timeouts too; "
-          "survived excludes the equivalent ones)")
+    lists = listed()
+    print("\n".join(table(final(status, lists))))
+    print("(kill rate: killed / (generated - equivalent), the mutants killed outside the "
+          "run counted as killed; detected: timeouts too; survived: with no test too)")
     problems = []
     for name, state in sorted(status.items()):
-        if state == "survived" and name not in equivalent:
-            problems.append(f"survived, not listed as equivalent: {name}")
-        elif state != "survived" and name in equivalent:
-            problems.append(f"listed as equivalent but {state}: {name}")
+        where = [k for k, names in lists.items() if name in names]
+        if state in NOT_KILLED and not where:
+            problems.append(f"{state}, not listed in specs/MUTATION.md: {name}")
+        elif state not in NOT_KILLED and where:
+            problems.append(f"listed as {where[0]} but {state}: {name}")
         elif state in ("not checked", "suspicious", "segfault", "skipped"):
             problems.append(f"{state}: {name}")
-    stale = sorted(equivalent - set(status))
-    problems += [f"listed as equivalent, no such mutant: {name}" for name in stale]
-    print("\n".join(problems) or "every survivor is listed as equivalent in specs/MUTATION.md")
+    for key, names in lists.items():
+        problems += [f"listed as {key}, no such mutant: {n}" for n in sorted(names - set(status))]
+    print("\n".join(problems) or "every survivor is listed in specs/MUTATION.md")
     return 1 if problems else 0
 
 
