@@ -202,6 +202,21 @@ def test_scalar_fields_are_taken_as_n_by_1_too() -> None:
     assert torch.equal(narrow.storage[:5, 0], torch.from_numpy(g["obs"][:, 0]).float())
 
 
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_fields_on_the_device_are_stored_on_the_host() -> None:
+    """A collector stepping its environments on the GPU passes device tensors, the
+    terminal mask too; the rows land in the CPU shared storage as host tensors would.
+    Kills x__as_float32 mutants 27 and 29 (``device="cpu"`` dropped), which are
+    equivalent where no accelerator exists (specs/MUTATION.md)."""
+    host, device = (ReplayBuffer(8, 3, 2, critic_dim=2) for _ in range(2))
+    f = all_fields()
+    host.add(**f)  # type: ignore[arg-type]
+    device.add(**{k: v.cuda() for k, v in torch_fields(f).items()})  # type: ignore[arg-type]
+    assert torch.equal(device.storage, host.storage) and device.ptr == 5
+
+
 def torch_fields(f: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
     return {k: torch.from_numpy(v) for k, v in f.items()}
 
