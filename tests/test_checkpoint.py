@@ -271,10 +271,15 @@ def part_of(offset: int, data: bytes) -> str:
     if offset < 12:
         return "format version"
     if offset < HEADER_BYTES:
-        return "header checksum mismatch"
+        return "header checksum mismatch: the header is corrupted"
     if offset < meta["table_offset"]:
         return "checksum mismatch in rows"
     return "chunk checksum table is corrupted"
+
+
+# The problems part_of names in full (the others go on with the damaged rows or bytes).
+WHOLE_PROBLEMS = {"header checksum mismatch: the header is corrupted",
+                  "chunk checksum table is corrupted"}
 
 
 def test_every_flipped_byte_is_reported(tmp_path: Path) -> None:
@@ -289,9 +294,11 @@ def test_every_flipped_byte_is_reported(tmp_path: Path) -> None:
             with pytest.raises(CheckpointError) as info:
                 ReplayBuffer.load(path)
             os.pwrite(fd, data[offset:offset + 1], offset)
-            message = str(info.value)
-            assert message.startswith(f"{path}: ") and part_of(offset, data) in message, (
-                offset, message)
+            message, part = str(info.value), part_of(offset, data)
+            assert message.startswith(f"{path}: ") and part in message, (offset, message)
+            # The whole message, where it has no detail to add: kills the message
+            # mutants of x__read_header (60) and x__read_table (52).
+            assert part not in WHOLE_PROBLEMS or message == f"{path}: {part}", message
     finally:
         os.close(fd)
     assert path.read_bytes() == data
@@ -316,6 +323,14 @@ def test_every_truncation_is_reported(tmp_path: Path) -> None:
             ReplayBuffer.load(path)
         expected = "empty file" if length == 0 else "truncated"
         assert expected in str(info.value), (length, str(info.value))
+        # Whole messages for a file cut inside its header (kills x__read_header
+        # mutants 4 and 31 and x_load 17: the path or the size left out).
+        if length == 0:
+            assert str(info.value) == (f"{path}: empty file: not a replay_fsm checkpoint "
+                                       "(a save that did not finish?)")
+        elif length < HEADER_BYTES:
+            assert str(info.value) == (f"{path}: truncated: {length} bytes, shorter than "
+                                       f"the {HEADER_BYTES}-byte header")
     path.write_bytes(data + b"\0")
     with pytest.raises(CheckpointError, match="has trailing bytes"):
         ReplayBuffer.load(path)
@@ -368,8 +383,59 @@ def test_a_signed_header_that_is_not_a_json_object_is_reported(
         tmp_path: Path, text: bytes, message: str) -> None:
     path, _ = small_checkpoint(tmp_path)
     rewrite_header(path, text=text)
-    with pytest.raises(CheckpointError, match=message):
+    with pytest.raises(CheckpointError, match=message) as info:
         ReplayBuffer.load(path)
+    assert info.value.path == str(path)  # kills x__read_header mutants 65 and 70
+
+
+def test_a_header_is_checked_against_its_own_length(tmp_path: Path) -> None:
+    """A signed header whose JSON would run past the header block is corrupted; JSON
+    that fills the block exactly is read. Kills x__read_header mutants 54, 55, 60."""
+    path, _ = small_checkpoint(tmp_path)
+    meta_len = struct.unpack_from("<I", path.read_bytes(), 12)[0]
+    text = path.read_bytes()[20:20 + meta_len]
+    rewrite_header(path, text=text + b" " * (HEADER_BYTES - 20 - len(text)))
+    assert_state(ReplayBuffer.load(path), 23, 14)
+    data = bytearray(path.read_bytes())
+    struct.pack_into("<I", data, 12, HEADER_BYTES - 19)  # one byte too long, re-signed
+    struct.pack_into("<I", data, 16, 0)
+    struct.pack_into("<I", data, 16, zlib.crc32(data[:HEADER_BYTES]))
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError) as info:
+        ReplayBuffer.load(path)
+    assert str(info.value) == f"{path}: header checksum mismatch: the header is corrupted"
+
+
+def test_a_save_that_never_wrote_its_header_is_named(tmp_path: Path) -> None:
+    """A file whose header is still zeros (space taken, header never written). Kills
+    x__read_header mutants 14 and 18-20."""
+    path = tmp_path / "unfinished.ckpt"
+    path.write_bytes(bytes(HEADER_BYTES + 64))
+    with pytest.raises(CheckpointError) as info:
+        ReplayBuffer.load(path)
+    assert str(info.value) == (f"{path}: no header (zero bytes where it belongs): not a "
+                               "replay_fsm checkpoint (a save that did not finish?)")
+
+
+def test_a_file_of_another_kind_is_named_by_its_first_bytes(tmp_path: Path) -> None:
+    """Kills x__read_header mutant 29 (nine bytes quoted instead of the magic's eight)."""
+    path = tmp_path / "other"
+    path.write_bytes(b"x" * 5000)
+    with pytest.raises(CheckpointError) as info:
+        ReplayBuffer.load(path)
+    assert str(info.value) == (f"{path}: not a replay_fsm checkpoint (starts with "
+                               f"{b'xxxxxxxx'!r}, expected {checkpoint.MAGIC!r})")
+
+
+def test_a_load_is_silent(tmp_path: Path) -> None:
+    """No warning from a load (an unbuffered binary file, as it should be). Kills
+    x_load mutant 11 (a line-buffered binary file: Python warns)."""
+    import warnings
+
+    path, _ = small_checkpoint(tmp_path)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert_state(ReplayBuffer.load(path), 23, 14)
 
 
 @pytest.mark.parametrize("content", [b"", b"\x80\x02}q\x00.", b"RFSM", b"x" * 5000])
