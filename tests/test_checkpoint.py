@@ -469,6 +469,102 @@ def test_a_failed_save_leaves_the_previous_checkpoint(
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["b.ckpt"]
 
 
+
+def test_a_failed_save_closes_its_own_file_and_no_other(tmp_path: Path) -> None:
+    """The rename fails (the target is a directory) after the file was closed: the
+    save raises the OSError, removes its temporary file, and leaves the process's
+    descriptors as they were. Kills x_save mutants 102 and 103 (the closed file's
+    descriptor not marked closed: a TypeError, or descriptor 1 closed instead)."""
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "inside").write_text("keeps the rename from replacing it")
+    rb = filled(8, 5)  # its shared memory holds descriptors of its own
+    before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    with pytest.raises(OSError):
+        rb.save(target)
+    if before is not None:
+        assert sorted(os.listdir("/proc/self/fd")) == before
+    assert sorted(os.listdir(tmp_path)) == ["taken"]
+
+
+@pytest.mark.parametrize("bad", [True, 1.5, -3, "16"])
+def test_chunk_bytes_must_be_a_positive_int(tmp_path: Path, bad: object) -> None:
+    """Kills x_save mutant 2 (a bool or a float let through)."""
+    with pytest.raises(ValueError, match=f"chunk_bytes must be a positive int, got {bad!r}"):
+        filled(8, 5).save(tmp_path / "b.ckpt", chunk_bytes=bad)  # type: ignore[arg-type]
+    assert not os.listdir(tmp_path)
+
+
+def test_chunks_smaller_than_a_row_are_one_row_and_locate_damage_to_it(
+        tmp_path: Path) -> None:
+    """``chunk_bytes`` below a row's size gives one-row chunks, so a damaged byte is
+    located to its row. Kills x_save mutants 4 and 5 (``chunk_bytes=1`` refused) and 17
+    (two-row chunks at least)."""
+    path = tmp_path / "b.ckpt"
+    filled(14, 23).save(path, chunk_bytes=1)  # width 8: 32 bytes a row
+    assert_state(ReplayBuffer.load(path), 23, 14)
+    data = bytearray(path.read_bytes())
+    data[HEADER_BYTES + 7 * 32 + 5] ^= 0x01
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"checksum mismatch in rows \[7, 8\) "):
+        ReplayBuffer.load(path)
+
+
+def test_the_file_is_written_under_a_hidden_temporary_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """While it is written the file is ``.NAME.<random>.tmp`` beside the target (the
+    module docstring's name, which a clean-up of leftovers can look for). Kills x_save
+    mutants 23 and 26 (another prefix)."""
+    seen: list[list[str]] = []
+    write = checkpoint._pwrite_all
+
+    def looking(*args: Any) -> None:
+        seen.append(sorted(os.listdir(tmp_path)))
+        write(*args)
+
+    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    filled(8, 5).save(tmp_path / "b.ckpt")
+    names = {name for listing in seen for name in listing}
+    assert len(names) == 1 and seen and all(len(listing) == 1 for listing in seen)
+    (name,) = names
+    assert name.startswith(".b.ckpt.") and name.endswith(".tmp")
+    assert os.listdir(tmp_path) == ["b.ckpt"]
+
+
+def test_writes_the_os_shortens_are_finished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``os.pwrite`` may write less than it was given; the save writes the rest at the
+    right offset. Kills x__pwrite_all mutant 9 (the offset moved backwards)."""
+    pwrite = os.pwrite
+
+    def at_most_1000_bytes(fd: int, data: Any, offset: int) -> int:
+        return pwrite(fd, bytes(data[:1000]), offset)
+
+    monkeypatch.setattr(checkpoint.os, "pwrite", at_most_1000_bytes)
+    path = tmp_path / "b.ckpt"
+    filled(40, 50).save(path)
+    monkeypatch.undo()
+    assert_state(ReplayBuffer.load(path), 50, 40)
+
+
+def test_the_header_records_what_the_format_says(tmp_path: Path) -> None:
+    """The header's JSON, field by field, for readers of the file other than load.
+    Kills x__write_tail mutants 36-39 (the writer's name)."""
+    path = tmp_path / "b.ckpt"
+    rb = filled(14, 23, check_finite=True)
+    rb.save(path, chunk_bytes=3 * 32)
+    data = path.read_bytes()
+    magic, version, length, _ = struct.unpack_from("<8sIII", data, 0)
+    meta = json.loads(data[20:20 + length])
+    assert (magic, version) == (checkpoint.MAGIC, checkpoint.FORMAT_VERSION)
+    assert meta == {
+        "library": "replay_fsm", "capacity": 14, "obs_dim": 2, "action_dim": 1,
+        "critic_dim": 0, "width": 8, "layout": meta["layout"], "region_rows": 64,
+        "check_finite": True, "dtype": "float32", "byteorder": sys.byteorder,
+        "ptr": 23, "size": 14, "chunk_rows": 3, "n_chunks": 5,
+        "table_offset": HEADER_BYTES + 14 * 32, "file_bytes": len(data)}
+
+
 # SIGKILL during a save -----------------------------------------------------------
 
 def forkserver() -> Any:
@@ -713,6 +809,35 @@ def test_adds_that_never_pause_are_finished_under_the_lock(
     assert locked, "the locked pass wrote nothing"
     assert rb.ptr > ck.ptr  # adds went on after the lock (during the tail and header)
     assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), ck.ptr)
+
+
+
+def test_a_chunk_or_less_added_is_left_to_the_locked_pass(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"Until few remain": rows added during the writes that fit in one chunk are not
+    worth another lock-free pass; the locked pass writes them. Kills x_save mutants 67
+    and 68 (the catch-up loop's stopping rule)."""
+    rb = filled(64, 80)
+    locked: list[int] = []
+    monkeypatch.setattr(checkpoint, "_pwrite_all",
+                        writes_with_adds(rb, lambda call: 4 if call == 1 else 0, locked))
+    ck = rb.save(tmp_path / "b.ckpt", chunk_bytes=4 * rb.width * 4)
+    assert ck.ptr == 84 and locked, "the locked pass wrote nothing"
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 84)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 8])
+def test_a_catch_up_pass_rewrites_the_chunk_of_the_last_row_added(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, rows: int) -> None:
+    """Rows added once their chunks were written: every chunk they touch is written
+    again, the one holding only the last of them too (a chunk of 4 rows starts at row
+    20, the 5th added). Kills xǁ_Writerǁrewrite_written mutant 25."""
+    rb = filled(64, 80)
+    monkeypatch.setattr(checkpoint, "_pwrite_all",
+                        writes_with_adds(rb, lambda call: rows if call == 8 else 0, []))
+    ck = rb.save(tmp_path / "b.ckpt", chunk_bytes=4 * rb.width * 4)
+    assert ck.ptr == 80 + rows
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 80 + rows)
 
 
 class AddsWhenReleased:
