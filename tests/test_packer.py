@@ -85,6 +85,7 @@ def test_packer_fills_the_slot_bit_exact() -> None:
                                                                           100, None)
         assert torch.equal(h.host_slots[tick % 2],
                            expected_batch(rb.storage, 100, 32, 1000 + tick))
+    assert packer.packed_count == 5  # kills xǁPackerǁ_pack mutants 52 and 53
 
 
 def test_min_snapshot_ptr_keeps_the_request_pending() -> None:
@@ -344,3 +345,31 @@ def test_serve_forever_serves_until_its_learner_dies() -> None:
         learner.wait()
     assert [(d.tick, d.error) for d in served] == [(0, None), (1, None), (2, None)]
     assert ended_by_packer == [True]
+
+
+class AskedWith:
+    """A request channel that records the timeout of every ``get``."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel, self.timeouts = channel, []  # type: list[float | None]
+
+    def get(self, timeout: float | None = None) -> object:
+        self.timeouts.append(timeout)
+        return self.channel.get(timeout=timeout)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.channel, name)
+
+
+def test_service_does_not_wait_unless_asked() -> None:
+    """README: ``packer.service()`` between environment steps is non-blocking: with
+    nothing to serve it asks the channel without waiting and says it served nothing;
+    ``service(timeout)`` waits that long. Kills xǁPackerǁservice mutants 1 (a default of
+    1 s), 14 (waits for ever) and 16 (nothing served, True)."""
+    rb, h = make()
+    asked = AskedWith(h.requests)
+    h.requests = asked  # type: ignore[assignment]
+    packer = Packer(h, rb)
+    assert packer.service() is False
+    assert packer.service(timeout=0.02) is False
+    assert asked.timeouts == [0.0, 0.02]

@@ -565,3 +565,19 @@ def test_learner_calls_show_in_torch_profiles_when_tracing() -> None:
     names = {event.name for event in prof.events()}
     assert {f"replay_fsm/{call}" for call in ("start_prepare", "wait_until_ready",
                                               "sample_large_batch", "after_tick")} <= names
+
+
+def test_pack_record_is_only_for_a_batch_ready_or_hot() -> None:
+    """A tick never requested, or requested and not yet copied (its slot still holds
+    the record of the tick before), has no record. Kills xǁPipelineǁpack_record
+    mutants 4, 7, 8 and 13."""
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        run_ticks(pipe, 0, 2)
+        pipe.start_prepare(2, 8)
+        assert pipe.backend.wait_submitted(0, timeout=30)  # type: ignore[attr-defined]
+        for tick in (2, 5):
+            with pytest.raises(ProtocolError) as info:
+                pipe.pack_record(tick)
+            assert str(info.value) == f"tick {tick} has no batch ready or hot"
+        pipe.backend.complete(0)  # type: ignore[attr-defined]
+        assert pipe.pack_record(2).tick == 2
