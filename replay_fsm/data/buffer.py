@@ -21,7 +21,6 @@ from __future__ import annotations
 import _multiprocessing
 import contextlib
 import multiprocessing as mp
-import operator
 import os
 import time
 from collections.abc import Iterator
@@ -32,6 +31,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..core import as_count
 from . import checkpoint
 
 Array = Any  # torch.Tensor or np.ndarray
@@ -115,18 +115,6 @@ def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor
     return tensor.to(device="cpu", dtype=torch.float32)
 
 
-def _count(name: str, value: object, low: int) -> int:
-    """``value`` as a plain int >= ``low``; numpy integers pass, bools and floats do not
-    (``True`` would silently mean 1, and 2.0 usually means a computation went wrong)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int (or numpy integer) >= {low}, got "
-                        f"{value!r} of type {type(value).__name__}")
-    number = operator.index(value)
-    if number < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {number}")
-    return number
-
-
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
@@ -143,12 +131,12 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
                  *, region_rows: int | None = None, check_finite: bool = False) -> None:
-        capacity = _count("capacity", capacity, 1)
-        obs_dim = _count("obs_dim", obs_dim, 1)
-        action_dim = _count("action_dim", action_dim, 1)
-        critic_dim = _count("critic_dim", critic_dim, 0)
+        capacity = as_count("capacity", capacity, 1)
+        obs_dim = as_count("obs_dim", obs_dim, 1)
+        action_dim = as_count("action_dim", action_dim, 1)
+        critic_dim = as_count("critic_dim", critic_dim, 0)
         if region_rows is not None:
-            region_rows = _count("region_rows", region_rows, 1)
+            region_rows = as_count("region_rows", region_rows, 1)
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         self.capacity = capacity

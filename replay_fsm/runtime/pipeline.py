@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from ..core import Core, as_tick
+from ..core import Core, as_count, as_tick
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -44,16 +44,6 @@ from .worker import TransferWorker
 # close() waits at most about this long for each side to stop on its own, then forces.
 STOP_TIMEOUT_S = 4.0
 _NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
-
-
-def _count(name: str, value: object) -> int:
-    """An int >= 0 (numpy integers too; never bool or float)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    number = int(value)  # type: ignore[call-overload]
-    if number < 0:
-        raise ValueError(f"{name} must be >= 0, got {number}")
-    return number
 
 
 class Pipeline:
@@ -95,9 +85,7 @@ class Pipeline:
                  liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
                  checked: bool = False, trace: bool = False, trace_capacity: int = 1 << 16,
                  packer_threads: int | None = None) -> None:
-        if isinstance(sample_count, bool) or not hasattr(sample_count, "__index__") or int(
-                sample_count) < 1:
-            raise ValueError(f"sample_count must be a positive int, got {sample_count!r}")
+        sample_count = as_count("sample_count", sample_count, 1)
         for name, value in (("liveness_timeout", liveness_timeout),
                             ("attach_timeout", attach_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -110,10 +98,9 @@ class Pipeline:
             raise TypeError(f"replay_buffer must be a replay_fsm.ReplayBuffer (or offer "
                             f"its interface); {type(replay_buffer).__name__} lacks "
                             f"{', '.join(missing)}")
-        if _count("trace_capacity", trace_capacity) < 1:
-            raise ValueError(f"trace_capacity must be >= 1, got {trace_capacity}")
-        if packer_threads is not None and _count("packer_threads", packer_threads) < 1:
-            raise ValueError(f"packer_threads must be >= 1 or None, got {packer_threads}")
+        as_count("trace_capacity", trace_capacity, 1)
+        if packer_threads is not None:
+            as_count("packer_threads", packer_threads, 1)
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
@@ -216,7 +203,7 @@ class Pipeline:
         """
         self._validate(sample_count)
         if min_snapshot_ptr is not None:
-            min_snapshot_ptr = _count("min_snapshot_ptr", min_snapshot_ptr)
+            min_snapshot_ptr = as_count("min_snapshot_ptr", min_snapshot_ptr)
         with self._profiled("start_prepare"):
             return self._interruptible(self._request, as_tick(tick_id), min_snapshot_ptr)
 
