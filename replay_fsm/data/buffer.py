@@ -146,6 +146,7 @@ class ReplayBuffer:
         self.storage = torch.zeros(capacity, self.layout.width).share_memory_()
         # Invariant: _counters = [ptr, size]; written only after the rows they cover.
         self._counters = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._views()
         self.region_rows = region_rows or max(64, -(-capacity // 1024))
         n_regions = -(-capacity // self.region_rows)
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
@@ -193,15 +194,29 @@ class ReplayBuffer:
     def width(self) -> int:
         return self.layout.width
 
+    def _views(self) -> None:
+        # A numpy view of the shared counters: reading one costs nanoseconds instead of
+        # a torch call, and the learner and the packer read them on every tick.
+        self._counters_np = self._counters.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
     @property
     def ptr(self) -> int:
         """Rows ever written."""
-        return int(self._counters[0])
+        return int(self._counters_np[0])
 
     @property
     def size(self) -> int:
         """Rows that hold data: min(ptr, capacity)."""
-        return int(self._counters[1])
+        return int(self._counters_np[1])
 
     def add(self, obs: Array, actions: Array, rewards: Array, next_obs: Array,
             dones: Array, truncated: Array, *, terminal_mask: Array | None = None,
