@@ -154,3 +154,20 @@ def test_a_slow_collector_that_adds_rows_is_not_taken_for_dead() -> None:
     finally:
         pipe.close()
         collector.finish()
+
+
+def test_a_child_process_that_does_not_map_the_slots_may_exit_meanwhile() -> None:
+    """Only the learner's children that map collector_pack_shared_slots are watched."""
+    rb = filled("seed-style")
+    collector = Collector(rb, "thread", add_every_s=0.05, serve_after_s=3.0)
+    pipe = collector.pipeline(rb)
+    helper = mp.get_context("spawn").Process(target=time.sleep, args=(0.3,))
+    try:
+        helper.start()
+        pipe.start_prepare(0, N)  # sees the helper alive
+        assert pipe.wait_until_ready(0, N)
+        assert helper.exitcode == 0  # it exited while the learner waited
+    finally:
+        pipe.close()
+        collector.finish()
+        helper.join(30)
