@@ -354,3 +354,60 @@ def test_replay_fsms_own_buffer_is_accepted_and_read_in_place() -> None:
         batch = h.sample(1)
         assert torch.equal(batch["next_critic"],
                            expected_batch(rb.storage, 100, N, BASE_SEED + 1)[:, -2:])
+
+
+class CudaRecorder(Recorder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.cuda_spans: list[tuple[str, dict[str, Any], Any, Any]] = []
+
+    def add_cuda_pending_span(self, name: str, *, category: str, cpu_begin_ns: int,
+                              start_event: Any, end_event: Any,
+                              args: dict[str, Any] | None = None) -> None:
+        assert category == "gpu" and cpu_begin_ns > 0
+        self.cuda_spans.append((name, args or {}, start_event, end_event))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_on_cuda_the_slots_are_pinned_until_close_and_each_copy_is_the_seeds_span() -> None:
+    rb = SeedStyleBuffer(256, 5, 3, critic_dim=2)
+    rb.add_rows(torch.randn(100, WIDTH))
+    slots = [torch.zeros(N, WIDTH).share_memory_() for _ in range(2)]
+    requests: queue.Queue[Any] = queue.Queue()
+    ready: queue.Queue[Any] = queue.Queue()
+    rec = CudaRecorder()
+    pipe = CPUPinnedDoubleBufferReplayPipeline(
+        rb, device="cuda", sample_count=N, base_seed=BASE_SEED, trace_recorder=rec,
+        collector_pack_request_queue=requests, collector_pack_ready_queue=ready,
+        collector_pack_shared_slots=slots)
+    try:
+        assert all(slot.is_pinned() for slot in slots)
+        assert all(g.is_cuda for g in pipe._gpu_packed) and len(pipe._gpu_packed) == 2
+        assert pipe.transfer_manifest["host_pinned"] is True
+        assert pipe.transfer_manifest["device"] == "cuda"
+        assert pipe.start_prepare(4, N)
+        ready.put(seed_pack(rb, requests.get_nowait(), slots))
+        assert pipe.wait_until_ready(4, N)
+        batch = pipe.sample_large_batch(4, N)
+        assert torch.equal(batch["obs"].cpu(),
+                           expected_batch(rb._storage, 100, N, BASE_SEED + 4)[:, :5])
+        (name, args, start, end), = rec.cuda_spans
+        assert name == "gpu/replay_pipeline_batch_h2d" and start.elapsed_time(end) >= 0
+        assert {k: args[k] for k in ("tick_id", "sample_seed", "sample_count", "slot",
+                                     "batch_host_slot", "batch_gpu_slot", "pinned_memory",
+                                     "h2d_submitter")} == {
+            "tick_id": 4, "sample_seed": BASE_SEED + 4, "sample_count": N, "slot": 1,
+            "batch_host_slot": 1, "batch_gpu_slot": 1, "pinned_memory": True,
+            "h2d_submitter": pipe.h2d_submitter}
+        submit = dict(rec.slices)["replay_pipeline/batch_h2d_submit"]
+        assert submit["direct_pinned_shared"] is True and submit["h2d_bytes"] > 0
+        pipe.after_tick()
+        pipe._trace_cuda_events = False
+        pipe.start_prepare(5, N)
+        ready.put(seed_pack(rb, requests.get_nowait(), slots))
+        pipe.sample_large_batch(5, N)
+        assert len(rec.cuda_spans) == 1
+    finally:
+        pipe.close()
+    assert not any(slot.is_pinned() for slot in slots)
