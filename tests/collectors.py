@@ -157,6 +157,11 @@ def seed_pack(rb: Any, request: dict[str, Any], slots: Any) -> dict[str, Any]:
     return ready
 
 
+def hold_slots(slots: Any, seconds: float) -> None:
+    """A child process that is handed the host slots and does nothing with them."""
+    time.sleep(seconds)
+
+
 def seed_collector(rb: Any, requests: Any, ready: Any, slots: Any, stop: Any, *,
                    crash_after: int | None = None, how: str = "raise",
                    add_every_s: float | None = None, serve_after_s: float = 0.0) -> None:

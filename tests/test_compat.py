@@ -5,6 +5,7 @@ no call the seed lacked. Behaviour by behaviour: tests/test_compat_behaviour.py.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import threading
 import time
@@ -15,10 +16,11 @@ import torch
 
 from replay_fsm import ReplayBuffer
 from replay_fsm.compat import CollectorDied, CPUPinnedDoubleBufferReplayPipeline
+from replay_fsm.compat.link import SlotHolders
 from replay_fsm.data.sampling import expected_batch
 from replay_fsm.errors import CollectorDied as AnyCollectorDied
 
-from .collectors import SeedStyleBuffer, add_rows, rows_of, seed_collector
+from .collectors import SeedStyleBuffer, add_rows, hold_slots, rows_of, seed_collector
 from .drive import packed
 
 N = 32
@@ -102,7 +104,7 @@ def test_a_seed_style_collector_serves_the_compat_class(where: str, buffer: str)
 def test_a_dead_collector_process_raises_collector_died_in_the_waiting_learner(how: str
                                                                               ) -> None:
     """INV-LIVE through the seed's API alone: the learner never calls watch(); the
-    collector is the child process that maps the shared slots. UniLab's collector
+    collector is the child process that holds the shared slots. UniLab's collector
     catches its exception and exits 0 ("caught"): that is a death too."""
     rb = filled("seed-style")
     collector = Collector(rb, "process", crash_after=2, how=how)
@@ -156,8 +158,8 @@ def test_a_slow_collector_that_adds_rows_is_not_taken_for_dead() -> None:
         collector.finish()
 
 
-def test_a_child_process_that_does_not_map_the_slots_may_exit_meanwhile() -> None:
-    """Only the learner's children that map collector_pack_shared_slots are watched."""
+def test_a_child_process_that_does_not_hold_the_slots_may_exit_meanwhile() -> None:
+    """Only the learner's children that hold collector_pack_shared_slots are watched."""
     rb = filled("seed-style")
     collector = Collector(rb, "thread", add_every_s=0.05, serve_after_s=3.0)
     pipe = collector.pipeline(rb)
@@ -171,3 +173,29 @@ def test_a_child_process_that_does_not_map_the_slots_may_exit_meanwhile() -> Non
         pipe.close()
         collector.finish()
         helper.join(30)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_a_spawned_child_holding_the_slots_is_recognised_from_its_start() -> None:
+    slots = [torch.zeros(4, 3).share_memory_() for _ in range(2)]
+    holders = SlotHolders(slots)
+    ctx = mp.get_context("spawn")
+    collector = ctx.Process(target=hold_slots, args=(slots, 60.0), name="collector")
+    other = ctx.Process(target=time.sleep, args=(60.0,))
+    collector.start()
+    other.start()
+    try:
+        holders.scan()  # right away: the child is still starting its interpreter
+        assert [p.pid for p in holders.collectors] == [collector.pid]
+        assert holders.dead() is None
+        other.kill()
+        collector.kill()
+        collector.join(30)
+        gone = holders.dead()
+        assert gone is not None and gone.reason == (
+            f"the collector process collector (pid {collector.pid}, it holds "
+            "collector_pack_shared_slots) exited with code -9")
+    finally:
+        for proc in (collector, other):
+            proc.kill()
+            proc.join(30)

@@ -7,11 +7,13 @@ translation; the seed's tick ids are labels this link carries in the dicts.
 
 Liveness without a call the seed lacks. A learner that waits on a request asks
 ``liveness``; the answer is "gone" when
-- a child process of the learner that maps ``collector_pack_shared_slots`` has exited
-  (Linux: ``/proc/<pid>/maps``). Only the collector writes into those slots, so it is
-  the queues' other end; it is recognised while it runs, at the first request and
-  while the learner waits, and watched from then on, whatever its exit code (UniLab's
-  collector catches its exception and exits 0);
+- a child process of the learner that maps or holds open the shared memory of
+  ``collector_pack_shared_slots`` has exited (Linux: ``/proc/<pid>/maps`` and
+  ``/proc/<pid>/fd``). Only the collector writes into those slots, so it is the
+  queues' other end; it is recognised while it runs (from its start: a spawned child
+  holds the files open before it maps them), at each request and while the learner
+  waits, and watched from then on, whatever its exit code (UniLab's collector catches
+  its exception and exits 0);
 - a process given to ``watch`` has exited;
 - ``stall_timeout`` seconds passed with a request outstanding, no ready dict and no
   row added to the replay buffer: a collector thread that died, or a collector this
@@ -22,6 +24,7 @@ Liveness without a call the seed lacks. A learner that waits on a request asks
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import time
 from collections.abc import Callable
@@ -39,20 +42,36 @@ PUT_TIMEOUT_S = 10.0  # a request queue full this long: nobody takes requests
 RESCAN_S = 1.0  # how often unrecognised child processes are looked at again
 
 
-def _mapped_files(pid: int | str) -> dict[tuple[str, str], tuple[int, int]]:
-    """(device, inode) -> address range of every shared file mapping of ``pid``."""
+def _shared_mappings(pid: int | str) -> dict[tuple[int, int], tuple[int, int]]:
+    """(st_dev, st_ino) -> address range of every shared file mapping of ``pid``."""
     found = {}
     with open(f"/proc/{pid}/maps") as maps:
         for line in maps:
             fields = line.split()
             if len(fields) >= 6 and "s" in fields[1] and fields[4] != "0":
+                major, minor = (int(x, 16) for x in fields[3].split(":"))
                 lo, hi = (int(x, 16) for x in fields[0].split("-"))
-                found[(fields[3], fields[4])] = (lo, hi)
+                found[(os.makedev(major, minor), int(fields[4]))] = (lo, hi)
     return found
 
 
-class SlotMappers:
-    """The learner's child processes that map the host slots: the collector(s).
+def _open_files(pid: int) -> set[tuple[int, int]]:
+    """(st_dev, st_ino) of the files ``pid`` maps or holds open. A spawned child holds
+    the slots' shared-memory files open from its start and maps them once it has
+    unpickled its arguments, then closes them (so: the fds first, the maps after)."""
+    files = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            st = os.stat(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        files.add((st.st_dev, st.st_ino))
+    return files | set(_shared_mappings(pid))
+
+
+class SlotHolders:
+    """The learner's child processes that map or hold open the host slots' shared
+    memory: the collector(s).
 
     Where ``/proc`` is missing (not Linux) or the slots are not in shared memory,
     nothing is recognised and ``dead`` is always None.
@@ -60,7 +79,7 @@ class SlotMappers:
 
     def __init__(self, host_slots: HostSlots) -> None:
         try:
-            mine = _mapped_files("self")
+            mine = _shared_mappings("self")
         except OSError:
             mine = {}
         addresses = [int(s.data_ptr()) for s in host_slots]
@@ -71,7 +90,8 @@ class SlotMappers:
         self._scanned_ns = 0
 
     def scan(self) -> None:
-        """Recognise children that map the slots (others again at most every RESCAN_S)."""
+        """Recognise children that hold the slots (others again at most every RESCAN_S:
+        a child may be handed the slots after it started)."""
         if not self._files:
             return
         now = time.monotonic_ns()
@@ -82,10 +102,10 @@ class SlotMappers:
             if pid is None or pid in known or (pid in self._others and not rescan):
                 continue
             try:
-                maps_slots = not self._files.isdisjoint(_mapped_files(pid))
+                holds_slots = not self._files.isdisjoint(_open_files(pid))
             except OSError:  # it exited meanwhile
                 continue
-            if maps_slots:
+            if holds_slots:
                 self.collectors.append(proc)
                 self._others.discard(pid)
             else:
@@ -97,7 +117,7 @@ class SlotMappers:
         self.scan()
         for proc in self.collectors:
             if not proc.is_alive():
-                return Gone(f"the collector process {proc.name} (pid {proc.pid}, it maps "
+                return Gone(f"the collector process {proc.name} (pid {proc.pid}, it holds "
                             f"collector_pack_shared_slots) exited with code {proc.exitcode}")
         return None
 
@@ -135,7 +155,7 @@ class SeedQueueLink(CollectorLink):
         self._outstanding: _Outstanding | None = None
         # Per slot: the ready dict of the batch it holds (for the seed's trace args).
         self.readies: list[SeedReady | None] = [None] * RING_DEPTH
-        self.mappers = SlotMappers(host_slots)
+        self.holders = SlotHolders(host_slots)
         self._rows_seen, self._progress_ns = -1, 0
         self.gone: Gone | None = None  # the first "gone" answer
         self._closed = False
@@ -163,7 +183,7 @@ class SeedQueueLink(CollectorLink):
         self._on_request(message)
         self._outstanding = _Outstanding(request.tick, request.slot, request.generation,
                                          tick_id, time.monotonic_ns())
-        self.mappers.scan()
+        self.holders.scan()
         try:
             self.requests.put(message, timeout=PUT_TIMEOUT_S)
         except queue.Full:
@@ -194,7 +214,7 @@ class SeedQueueLink(CollectorLink):
                         pack_start_ns=ready.pack_begin_ns, pack_end_ns=ready.pack_end_ns)
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
-        gone = super().liveness(waiting, timeout) or self.mappers.dead() or self._stalled()
+        gone = super().liveness(waiting, timeout) or self.holders.dead() or self._stalled()
         if gone is not None and self.gone is None:
             self.gone = gone
         return gone
