@@ -129,18 +129,27 @@ def test_a_dead_collector_process_raises_collector_died_in_the_waiting_learner(h
         collector.finish()
 
 
-def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout() -> None:
+@pytest.mark.parametrize("trained_s", [0.0, 0.8])
+def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout(trained_s: float
+                                                                        ) -> None:
     """No process to see: a request with no ready dict and no row added for
-    stall_timeout seconds ends the wait."""
+    stall_timeout seconds ends the wait. The silence counts from the request, so a
+    learner that trained longer than that raises as soon as it waits."""
     rb = filled("seed-style")
     collector = Collector(rb, "thread", crash_after=1, how="caught")
     pipe = collector.pipeline(rb, stall_timeout=0.5)
     try:
-        learn(pipe, rb, range(0, 1))
+        pipe.sample_large_batch(0, N)
+        requested = time.monotonic()
+        pipe.start_prepare(1, N)  # the collector takes it and dies
+        pipe.after_tick()
+        time.sleep(trained_s)  # the learner's training step
         started = time.monotonic()
         with pytest.raises(CollectorDied, match="stall_timeout"):
             pipe.wait_until_ready(1, N)
-        assert 0.5 <= time.monotonic() - started < 10
+        assert 0.5 <= time.monotonic() - requested < 10
+        if trained_s:
+            assert time.monotonic() - started < 0.3
     finally:
         pipe.close()
         collector.finish()

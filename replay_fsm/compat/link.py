@@ -157,7 +157,6 @@ class SeedQueueLink(CollectorLink):
         self.readies: list[SeedReady | None] = [None] * RING_DEPTH
         self.holders = SlotHolders(host_slots)
         self._rows_seen, self._progress_ns = -1, 0
-        self.gone: Gone | None = None  # the first "gone" answer
         self._closed = False
 
     def label(self, number: int, tick_id: int) -> None:
@@ -181,8 +180,10 @@ class SeedQueueLink(CollectorLink):
             learner_hot_gpu_slot=(request.slot + 1) % RING_DEPTH,
             target_gpu_slot=request.slot).to_dict()
         self._on_request(message)
+        now = time.monotonic_ns()
+        self._saw_rows(snapshot[0], now)
         self._outstanding = _Outstanding(request.tick, request.slot, request.generation,
-                                         tick_id, time.monotonic_ns())
+                                         tick_id, now)
         self.holders.scan()
         try:
             self.requests.put(message, timeout=PUT_TIMEOUT_S)
@@ -214,15 +215,16 @@ class SeedQueueLink(CollectorLink):
                         pack_start_ns=ready.pack_begin_ns, pack_end_ns=ready.pack_end_ns)
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
-        gone = super().liveness(waiting, timeout) or self.holders.dead() or self._stalled()
-        if gone is not None and self.gone is None:
-            self.gone = gone
-        return gone
+        return super().liveness(waiting, timeout) or self.holders.dead() or self._stalled()
 
-    def _stalled(self) -> Gone | None:
-        now, rows = time.monotonic_ns(), self._buffer.ptr
+    def _saw_rows(self, rows: int, now: int) -> None:
+        """Rows ever written, as seen at ``now``: a change is the collector's progress."""
         if rows != self._rows_seen:
             self._rows_seen, self._progress_ns = rows, now
+
+    def _stalled(self) -> Gone | None:
+        now = time.monotonic_ns()
+        self._saw_rows(self._buffer.ptr, now)
         out = self._outstanding
         if out is None or self._stall_ns is None:
             return None
