@@ -1,11 +1,11 @@
 """One view of the replay buffer a seed user passes: UniLab's or ours.
 
 The pipeline reads four things of a buffer: ``ptr`` and ``size`` (ints), ``width``,
-and ``layout`` (the column slices that turn a packed slot into the batch dict). Our
-``ReplayBuffer`` has them. UniLab's keeps them where the seed read them: the rows in
-``_storage``, the counters in one-element shared tensors ``ptr`` and ``size``, the
-columns in ``_obs_sl``, ``_rew_col``... This view reads either in place; nothing is
-copied, so the collector's writes show through.
+and ``layout`` (the column slices that turn a packed slot into the batch dict), and
+checks for ``gather``. Our ``ReplayBuffer`` has them. UniLab's keeps them where the
+seed read them: the rows in ``_storage``, the counters in one-element shared tensors
+``ptr`` and ``size``, the columns in ``_obs_sl``, ``_rew_col``... This view reads
+either in place; nothing is copied, so the collector's writes show through.
 """
 
 from __future__ import annotations
@@ -74,3 +74,10 @@ class ReplayBufferView:
     @property
     def width(self) -> int:
         return self.layout.width
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out[:] = storage[indices]``: torn-row free with our buffer (INV-ROW); with
+        UniLab's, a plain gather, as its collector does."""
+        if isinstance(self.source, ReplayBuffer):
+            return self.source.gather(indices, out)
+        return torch.index_select(self.storage, 0, indices, out=out)
