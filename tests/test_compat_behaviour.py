@@ -14,10 +14,12 @@ import torch
 
 from replay_fsm import ReplayBuffer
 from replay_fsm.compat import CPUPinnedDoubleBufferReplayPipeline
+from replay_fsm.compat.buffer import ReplayBufferView
 from replay_fsm.compat.transfer import SeedBackend
+from replay_fsm.data.buffer import Layout
 from replay_fsm.data.sampling import expected_batch
 
-from .collectors import SeedStyleBuffer, seed_pack
+from .collectors import SeedStyleBuffer, add_rows, seed_pack
 
 N, BASE_SEED, WIDTH = 8, 3, 2 * 5 + 3 + 3 + 2 * 2
 SUBMITTED = {"pack_layout": "packed", "pack_executor": "collector_thread",
@@ -345,6 +347,19 @@ def test_the_constructor_rejects_what_the_seeds_rejects() -> None:
                                             sample_count=N, h2d_submitter="python", **queues)
     with pytest.raises(TypeError, match="seed-style buffer"):
         CPUPinnedDoubleBufferReplayPipeline(object(), device="cpu", sample_count=N, **queues)
+
+
+@pytest.mark.parametrize("kind", ["seed-style", "replay_fsm"])
+def test_the_buffer_view_reads_either_buffer_in_place(kind: str) -> None:
+    rb: Any = (SeedStyleBuffer(64, 5, 3, critic_dim=2) if kind == "seed-style"
+               else ReplayBuffer(64, 5, 3, critic_dim=2))
+    view = ReplayBufferView(rb)
+    rows = torch.randn(40, WIDTH)
+    add_rows(rb, rows)
+    assert (view.ptr, view.size, view.width) == (40, 40, WIDTH)
+    assert view.layout == Layout.build(5, 3, 2)
+    idx = torch.tensor([3, 0, 39, 3])
+    assert torch.equal(view.gather(idx, torch.empty(4, WIDTH)), rows[idx])
 
 
 def test_replay_fsms_own_buffer_is_accepted_and_read_in_place() -> None:
