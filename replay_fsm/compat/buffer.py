@@ -27,11 +27,6 @@ UNILAB_STORAGE = "_storage"
 UNILAB_PACKED_FLAG = "_packed_cpu_storage"
 
 
-def _count(value: Any) -> int:
-    """An int from an int or from a one-element tensor (UniLab's shared counters)."""
-    return int(value.reshape(-1)[0]) if isinstance(value, torch.Tensor) else int(value)
-
-
 class ReplayBufferView:
     """Reads ``ptr``, ``size``, ``width``, ``layout`` and ``storage`` of ``source``:
     a ``replay_fsm.ReplayBuffer`` or UniLab's ``ReplayBuffer``.
@@ -43,12 +38,17 @@ class ReplayBufferView:
 
     def __init__(self, source: Any) -> None:
         self.source = source
+        # UniLab's counters, read through numpy views of their shared memory (a
+        # tensor index costs microseconds, and ptr is read at every request).
+        self._counters: tuple[Any, Any] | None = None
         if isinstance(source, ReplayBuffer):
             self.storage: torch.Tensor = source.storage
             self.layout: Layout = source.layout
             return
         storage = getattr(source, UNILAB_STORAGE, None)
-        if not isinstance(storage, torch.Tensor) or not hasattr(source, "ptr"):
+        ptr, size = getattr(source, "ptr", None), getattr(source, "size", None)
+        if not (isinstance(storage, torch.Tensor) and isinstance(ptr, torch.Tensor)
+                and isinstance(size, torch.Tensor)):
             raise TypeError(
                 f"replay_buffer must be a replay_fsm.ReplayBuffer or a seed-style buffer "
                 f"(UniLab's ReplayBuffer: rows in {UNILAB_STORAGE}, one-element ptr and size "
@@ -57,6 +57,7 @@ class ReplayBufferView:
             raise ValueError("pack_layout='packed' requires "
                              "ReplayBuffer(packed_cpu_storage=True)")
         self.storage = storage
+        self._counters = (ptr.reshape(-1).numpy(), size.reshape(-1).numpy())
         columns: dict[str, Any] = {name: getattr(source, attr, None)
                                    for name, attr in UNILAB_COLUMNS.items()}
         self.layout = Layout(width=int(storage.shape[1]), **columns)
@@ -64,12 +65,16 @@ class ReplayBufferView:
     @property
     def ptr(self) -> int:
         """Rows ever written, read now."""
-        return _count(self.source.ptr)
+        if self._counters is None:
+            return int(self.source.ptr)
+        return int(self._counters[0][0])
 
     @property
     def size(self) -> int:
         """Rows that hold data, read now."""
-        return _count(self.source.size)
+        if self._counters is None:
+            return int(self.source.size)
+        return int(self._counters[1][0])
 
     @property
     def width(self) -> int:

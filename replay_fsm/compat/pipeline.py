@@ -206,9 +206,9 @@ class CPUPinnedDoubleBufferReplayPipeline:
         self._validate_sample_count(sample_count)
         if self._closed:
             raise errors.PipelineClosed(CLOSED)
-        self._refresh()
         tick = int(tick_id)
         if self._pending is not None:
+            self._refresh()  # an earlier failure first, as the seed
             if self._pending[0] == tick:
                 return False
             raise errors.ProtocolError(
