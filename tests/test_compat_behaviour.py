@@ -347,6 +347,10 @@ def test_the_constructor_rejects_what_the_seeds_rejects() -> None:
                                             sample_count=N, h2d_submitter="python", **queues)
     with pytest.raises(TypeError, match="seed-style buffer"):
         CPUPinnedDoubleBufferReplayPipeline(object(), device="cpu", sample_count=N, **queues)
+    for bad in (0, -1.0, float("inf"), True):
+        with pytest.raises(ValueError, match="stall_timeout"):
+            CPUPinnedDoubleBufferReplayPipeline(ReplayBuffer(64, 5, 3, 2), device="cpu",
+                                                sample_count=N, stall_timeout=bad, **queues)
 
 
 @pytest.mark.parametrize("kind", ["seed-style", "replay_fsm"])

@@ -81,8 +81,9 @@ class CPUPinnedDoubleBufferReplayPipeline:
                  collector_pack_shared_slots: torch.Tensor | Sequence[torch.Tensor] | None
                  = None, liveness_timeout: float = 5.0,
                  stall_timeout: float | None = 60.0) -> None:
-        if stall_timeout is not None and not (
-                isinstance(stall_timeout, (int, float)) and 0 < stall_timeout < float("inf")):
+        if stall_timeout is not None and (
+                isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float))
+                or not 0 < stall_timeout < float("inf")):
             raise ValueError(f"stall_timeout must be None or a finite number of seconds > 0, "
                              f"got {stall_timeout!r}")
         self._replay_buffer = replay_buffer
@@ -136,7 +137,8 @@ class CPUPinnedDoubleBufferReplayPipeline:
             collector_pack_shared_slots, buffer, base_seed=self._base_seed,
             sample_count=sample_count, stall_timeout=stall_timeout, on_request=self._requested)
         self._backend = build_backend_for(self._device, self._cuda_span_for)
-        # The Pipeline reads ptr, size, width and layout of a buffer: the view has them.
+        # The Pipeline reads ptr, size, width and layout of a buffer and checks for
+        # gather: the view has them.
         self._pipe = Pipeline(cast(ReplayBuffer, buffer), device=self._device,
                               sample_count=self._sample_count, ring_depth=RING_DEPTH,
                               collector=self._link, backend=self._backend,
