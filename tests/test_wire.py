@@ -1,5 +1,5 @@
-"""The wire codecs: int records round-trip every message, field counts come from the
-dataclasses, and the seed's dicts round-trip the fields they carry."""
+"""The int-record codec: records round-trip every message, field counts come from the
+dataclasses. The seed's dicts: tests/test_compat_wire.py."""
 
 from __future__ import annotations
 
@@ -45,12 +45,3 @@ def test_field_counts_follow_the_dataclasses() -> None:
     with pytest.raises(ValueError, match="6 fields, got 5"):
         decode(PackRequest, [1, 2, 3, 4, 5])
 
-
-def test_seed_dicts_round_trip() -> None:
-    done = PackDone(tick=3, slot=1, generation=2, seed=10, sample_count=64,
-                    snapshot_ptr=100, snapshot_size=90, pack_start_ns=5, pack_end_ns=9)
-    assert PackDone.from_seed_dict(done.to_seed_dict()) == done
-    request = PackRequest(tick=3, slot=1, generation=2, seed=10, sample_count=64,
-                          min_snapshot_ptr=-1)
-    d = request.to_seed_dict(snapshot_ptr=100, snapshot_size=90, learner_hot_slot=0)
-    assert PackRequest.from_seed_dict(d) == request
