@@ -21,12 +21,11 @@ import os
 import re
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import torch
 
 from .. import errors
-from ..data.buffer import ReplayBuffer
 from ..runtime.observers import Observer
 from ..runtime.pipeline import Pipeline
 from ..spec import Actor
@@ -139,7 +138,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
         self._backend = build_backend_for(self._device, self._cuda_span_for)
         # The Pipeline reads ptr, size, width and layout of a buffer and checks for
         # gather: the view has them.
-        self._pipe = Pipeline(cast(ReplayBuffer, buffer), device=self._device,
+        self._pipe = Pipeline(buffer, device=self._device,
                               sample_count=self._sample_count, ring_depth=RING_DEPTH,
                               collector=self._link, backend=self._backend,
                               liveness_timeout=liveness_timeout)

@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -113,6 +113,26 @@ def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor
     if tuple(tensor.shape) != shape:
         raise ValueError(f"{name}: got shape {tuple(tensor.shape)}, expected {shape}")
     return tensor.to(device="cpu", dtype=torch.float32)
+
+
+class ReplaySource(Protocol):
+    """What the runtime reads of a replay buffer: ``ReplayBuffer`` has it, and
+    ``replay_fsm.compat`` views the seed's buffer through it. (A packer of ours needs
+    a ``ReplayBuffer`` itself.)"""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def width(self) -> int: ...
+
+    @property
+    def ptr(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
 
 class ReplayBuffer:

@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..core import Core, as_count, as_tick
-from ..data.buffer import ReplayBuffer
+from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
 from ..errors import (
@@ -50,7 +50,8 @@ class Pipeline:
     """Packs and copies tick t+1.. while the learner trains on tick t.
 
     Args:
-        replay_buffer: the shared ReplayBuffer to sample from.
+        replay_buffer: the shared ReplayBuffer to sample from (any ``ReplaySource``
+            with a ``CollectorLink`` of your own, as ``replay_fsm.compat`` does).
         device: the learner's device ("cpu", "cuda", "cuda:1", "mps", ...).
         sample_count: rows per batch; every call must pass the same value.
         base_seed: tick t samples with seed ``base_seed + t`` (INV-DATA).
@@ -77,7 +78,7 @@ class Pipeline:
             count, timeout).
     """
 
-    def __init__(self, replay_buffer: ReplayBuffer, *, device: str | torch.device = "cpu",
+    def __init__(self, replay_buffer: ReplaySource, *, device: str | torch.device = "cpu",
                  sample_count: int, base_seed: int = 0, ring_depth: int = 2,
                  collector: str | CollectorLink = "thread",
                  backend: str | TransferBackend | None = None,
@@ -123,9 +124,16 @@ class Pipeline:
                                                       **(backend_options or {}))
         self.device = self.backend.device
         self.collector = collector if isinstance(collector, str) else collector.kind
-        self._link = collector if isinstance(collector, CollectorLink) else make_link(
-            collector, replay_buffer, self.ring_depth, self.sample_count,
-            packer_threads=packer_threads, attach_timeout=float(attach_timeout))
+        if isinstance(collector, CollectorLink):
+            self._link: CollectorLink = collector
+        elif isinstance(replay_buffer, ReplayBuffer):
+            self._link = make_link(collector, replay_buffer, self.ring_depth,
+                                   self.sample_count, packer_threads=packer_threads,
+                                   attach_timeout=float(attach_timeout))
+        else:
+            raise TypeError(f"collector={collector!r} packs with a replay_fsm.ReplayBuffer; "
+                            f"a {type(replay_buffer).__name__} needs a CollectorLink of its "
+                            "own")
         host_slots = self._link.host_slots
         shapes = [tuple(s.shape) for s in host_slots]
         expected = (self.sample_count, replay_buffer.width)
