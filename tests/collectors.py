@@ -200,3 +200,37 @@ def seed_collector(rb: Any, requests: Any, ready: Any, slots: Any, stop: Any, *,
     except RuntimeError:
         if how != "caught":
             raise
+
+
+def die_holding_the_queue(q) -> None:  # type: ignore[no-untyped-def]
+    """A collector killed in the middle of a put: its feeder thread holds the queue's
+    write lock (blocked on a pipe nobody drains) when the process ends abruptly."""
+    import os
+    import time
+    q.put(b"x" * (1 << 20))  # far more than the pipe holds
+    time.sleep(0.5)  # the feeder thread has the lock and is stuck in send
+    os._exit(3)
+
+
+COMPAT_EXIT = """
+import multiprocessing as mp, sys
+import torch
+from replay_fsm import ReplayBuffer
+from replay_fsm.compat import CPUPinnedDoubleBufferReplayPipeline
+from tests.collectors import die_holding_the_queue
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    requests, ready = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=die_holding_the_queue, args=(ready,))
+    child.start()
+    child.join(60)
+    rb = ReplayBuffer(64, 3, 2)
+    rb.add_packed(torch.randn(64, rb.width))
+    slots = [torch.zeros(8, rb.width).share_memory_() for _ in range(2)]
+    pipe = CPUPinnedDoubleBufferReplayPipeline(
+        rb, device="cpu", sample_count=8, collector_pack_request_queue=requests,
+        collector_pack_ready_queue=ready, collector_pack_shared_slots=slots)
+    pipe.close()  # puts its wake-up None on the ready queue, whose lock is held
+    print("closed", child.exitcode, flush=True)
+"""

@@ -241,4 +241,10 @@ class SeedQueueLink(CollectorLink):
             self.ready.put_nowait(None)  # wake the transfer worker, as the seed did
         except Exception:  # noqa: BLE001 - a full or broken queue: the flag suffices
             pass
+        # An mp.Queue's feeder thread is joined at interpreter exit; if a collector was
+        # killed while it held the queue's write lock, that None can never be sent and
+        # the join would hang the learner's exit. The None is only a wake-up: drop it.
+        cancel = getattr(self.ready, "cancel_join_thread", None)
+        if cancel is not None:
+            cancel()
         return []
