@@ -13,6 +13,7 @@ one lock. An illegal step raises a ProtocolError and changes nothing
 
 from __future__ import annotations
 
+import operator
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -162,19 +163,33 @@ def _next_to_acquire(core: Core, slot: _Slot, step: Step) -> str | None:
     return None
 
 
-def as_tick(tick: object) -> int:
-    """``tick`` as an int >= 0 (numpy integers too; never bool or float).
+def as_count(name: str, value: object, low: int = 0) -> int:
+    """``value`` as a plain int >= ``low``: ints and numpy integers, never a bool
+    (``True`` would silently mean 1) or a float (2.0 usually means a computation went
+    wrong). Every layer checks its integral arguments with it.
 
     Raises:
-        TypeError: not an integer.
-        ValueError: negative.
+        TypeError: not an integer (the message names ``name``).
+        ValueError: below ``low``.
     """
-    if isinstance(tick, bool) or not hasattr(tick, "__index__"):
-        raise TypeError(f"tick must be an int, got {tick!r} ({type(tick).__name__})")
-    value = int(tick)  # type: ignore[call-overload]
-    if value < 0:
-        raise ValueError(f"tick must be >= 0, got {value}")
-    return value
+    if isinstance(value, bool):
+        number = None
+    else:
+        try:
+            number = operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            number = None
+    if number is None:
+        raise TypeError(f"{name} must be an int (or numpy integer) >= {low}, got "
+                        f"{value!r} of type {type(value).__name__}")
+    if number < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {number}")
+    return number
+
+
+def as_tick(tick: object) -> int:
+    """``tick`` as an int >= 0 (see ``as_count``)."""
+    return as_count("tick", tick)
 
 
 class Core:
@@ -195,14 +210,10 @@ class Core:
 
     def __init__(self, ring_depth: int, *, base_seed: int = 0, sample_count: int = 1,
                  observer: Observer | None = None) -> None:
-        if isinstance(ring_depth, bool) or not hasattr(ring_depth, "__index__") or int(
-                ring_depth) < 2:
-            raise ValueError(f"ring_depth must be an int >= 2, got {ring_depth!r}")
-        if isinstance(base_seed, bool) or not hasattr(base_seed, "__index__") or not (
-                0 <= int(base_seed) <= MAX_SEED):
+        self.ring_depth = as_count("ring_depth", ring_depth, 2)
+        self.base_seed = as_count("base_seed", base_seed)
+        if self.base_seed > MAX_SEED:
             raise ValueError(f"base_seed must be an int in [0, 2**63), got {base_seed!r}")
-        self.ring_depth = int(ring_depth)
-        self.base_seed = int(base_seed)
         self.sample_count = int(sample_count)
         self.observer = observer
         self._slots = [_Slot(i) for i in range(self.ring_depth)]

@@ -3,8 +3,9 @@
 The records are small frozen dataclasses. Across a process boundary they travel as
 fixed-width int64 records (``encode`` / ``decode``, for the shared-memory channels;
 the field counts come from the dataclasses, so a new field cannot be forgotten) or,
-for collectors written for the seed, as its ``request`` and ``ready`` dicts
-(``to_seed_dict`` / ``from_seed_dict``). Torch-free: the protocol layer.
+for collectors written for the seed, as its request and ready dicts (``SeedRequest``,
+``SeedReady``: the seed's keys, its values, its errors). Torch-free: the protocol
+layer.
 """
 
 from __future__ import annotations
@@ -37,34 +38,6 @@ class PackRequest:
     sample_count: int
     min_snapshot_ptr: int
 
-    def to_seed_dict(self, *, snapshot_ptr: int, snapshot_size: int,
-                     learner_hot_slot: int) -> dict[str, Any]:
-        return {
-            "tick_id": self.tick,
-            "snapshot_ptr": snapshot_ptr,
-            "snapshot_size": snapshot_size,
-            "min_snapshot_ptr": self.min_snapshot_ptr,
-            "sample_seed": self.seed,
-            "sample_count": self.sample_count,
-            "shared_slot": self.slot,
-            "learner_hot_gpu_slot": learner_hot_slot,
-            "target_gpu_slot": self.slot,
-            "pack_layout": PACK_LAYOUT,
-            "pack_executor": PACK_EXECUTOR,
-            "generation": self.generation,
-        }
-
-    @classmethod
-    def from_seed_dict(cls, d: dict[str, Any]) -> PackRequest:
-        return cls(
-            tick=int(d["tick_id"]),
-            slot=int(d["shared_slot"]),
-            generation=int(d.get("generation", -1)),
-            seed=int(d["sample_seed"]),
-            sample_count=int(d["sample_count"]),
-            min_snapshot_ptr=int(d["min_snapshot_ptr"]),
-        )
-
 
 @dataclass(frozen=True, slots=True)
 class PackDone:
@@ -83,40 +56,6 @@ class PackDone:
     pack_start_ns: int = 0
     pack_end_ns: int = 0
     error: str | None = None
-
-    def to_seed_dict(self) -> dict[str, Any]:
-        return {
-            "tick_id": self.tick,
-            "snapshot_ptr": self.snapshot_ptr,
-            "snapshot_size": self.snapshot_size,
-            "sample_seed": self.seed,
-            "sample_count": self.sample_count,
-            "shared_slot": self.slot,
-            "target_gpu_slot": self.slot,
-            "generation": self.generation,
-            "pack_start_ns": self.pack_start_ns,
-            "pack_end_ns": self.pack_end_ns,
-        }
-
-    @classmethod
-    def from_seed_dict(cls, d: dict[str, Any]) -> PackDone:
-        if int(d["shared_slot"]) != int(d["target_gpu_slot"]):
-            raise ValueError(
-                f"ready message for tick {d['tick_id']}: shared_slot {d['shared_slot']} "
-                f"must equal target_gpu_slot {d['target_gpu_slot']}"
-            )
-        return cls(
-            tick=int(d["tick_id"]),
-            slot=int(d["shared_slot"]),
-            generation=int(d.get("generation", -1)),
-            seed=int(d["sample_seed"]),
-            sample_count=int(d["sample_count"]),
-            snapshot_ptr=int(d["snapshot_ptr"]),
-            snapshot_size=int(d["snapshot_size"]),
-            pack_start_ns=int(d.get("pack_start_ns", 0)),
-            pack_end_ns=int(d.get("pack_end_ns", 0)),
-            error=d.get("error"),
-        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,3 +133,69 @@ def decode(cls: type[Message], values: Sequence[int], text: str | None = None) -
     if text is not None:
         kwargs["error"] = text
     return cls(**kwargs)
+
+
+# -- the seed's dicts ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SeedRequest:
+    """The seed's request dict, key for key and in its order: what a collector written
+    for the seed reads from ``collector_pack_request_queue``. Every number is a plain
+    int, frozen when the request was made."""
+
+    tick_id: int
+    snapshot_ptr: int
+    snapshot_size: int
+    min_snapshot_ptr: int
+    sample_seed: int
+    sample_count: int
+    shared_slot: int
+    learner_hot_gpu_slot: int
+    target_gpu_slot: int
+    pack_layout: str = PACK_LAYOUT
+    pack_executor: str = PACK_EXECUTOR
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in _SEED_REQUEST_KEYS}
+
+
+_SEED_REQUEST_KEYS = tuple(f.name for f in dataclasses.fields(SeedRequest))
+
+
+@dataclass(frozen=True, slots=True)
+class SeedReady:
+    """What the seed's learner reads of a ready dict from ``collector_pack_ready_queue``
+    (collectors add more keys; those are ignored, as the seed ignored them)."""
+
+    tick_id: int
+    snapshot_ptr: int
+    snapshot_size: int
+    sample_seed: int
+    sample_count: int
+    shared_slot: int
+    target_gpu_slot: int
+    pack_begin_ns: int = 0
+    pack_end_ns: int = 0
+
+    @classmethod
+    def from_dict(cls, d: Any) -> SeedReady:
+        """Read a ready dict as the seed did, with the seed's errors.
+
+        Raises:
+            KeyError: a key the seed reads is missing (the first one, in the seed's
+                order).
+            TypeError, ValueError: a value is not an integer.
+            RuntimeError: ``shared_slot`` differs from ``target_gpu_slot`` (the seed's
+                message).
+        """
+        values = {name: int(d[name]) for name in _SEED_READY_REQUIRED}
+        ready = cls(**values, pack_begin_ns=int(d.get("pack_begin_ns", 0)),
+                    pack_end_ns=int(d.get("pack_end_ns", 0)))
+        if ready.shared_slot != ready.target_gpu_slot:
+            raise RuntimeError("collector_thread shared slot must match target GPU slot")
+        return ready
+
+
+_SEED_READY_REQUIRED = tuple(f.name for f in dataclasses.fields(SeedReady)
+                             if f.default is dataclasses.MISSING)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import queue
+import time
+from typing import Any
+
 import torch
 
-from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.data.buffer import Layout, ReplayBuffer
 from replay_fsm.data.packer import Packer, PackerHandle
 
 
@@ -33,20 +38,6 @@ def fill_and_serve(handle: PackerHandle, rb: ReplayBuffer, rows: int) -> None:
     packer = Packer.attach(handle, rb)
     while not packer.closed:
         packer.service(timeout=0.05)
-
-
-def seed_style_collector(rb: ReplayBuffer, requests, ready, slots) -> None:  # type: ignore[no-untyped-def]
-    """A collector loop written for the seed: dict requests in, dict readies out."""
-    while (req := requests.get()) is not None:
-        size = rb.size
-        gen = torch.Generator().manual_seed(int(req["sample_seed"]))
-        idx = torch.randint(0, size, (int(req["sample_count"]),), generator=gen)
-        torch.index_select(rb.storage, 0, idx, out=slots[int(req["shared_slot"])])
-        ready.put({
-            "tick_id": req["tick_id"], "snapshot_ptr": rb.ptr, "snapshot_size": size,
-            "sample_seed": req["sample_seed"], "sample_count": req["sample_count"],
-            "shared_slot": req["shared_slot"], "target_gpu_slot": req["target_gpu_slot"],
-        })
 
 
 def external_loop(handle: PackerHandle, rb: ReplayBuffer) -> None:
@@ -89,4 +80,157 @@ if __name__ == "__main__":
     except KeyboardInterrupt:
         pipe.close()
         sys.exit(130)
+"""
+
+
+# -- seed-style: the buffer and collector a trainer written for the seed has ----------
+
+
+class SeedStyleBuffer:
+    """A replay buffer laid out as the seed's users have it (UniLab's): packed rows in
+    ``_storage``, one-element shared ``ptr`` and ``size`` tensors (``ptr`` counts every
+    row ever written and is bumped before ``size``), the column slices as private
+    attributes, and the ``_packed_cpu_storage`` flag."""
+
+    def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
+                 *, packed: bool = True) -> None:
+        layout = Layout.build(obs_dim, action_dim, critic_dim)
+        self.capacity = capacity
+        self._storage = torch.zeros(capacity, layout.width).share_memory_()
+        self.ptr = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self.size = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._packed_cpu_storage = packed
+        self._critic_dim = critic_dim
+        self._obs_sl, self._nobs_sl, self._act_sl = layout.obs, layout.next_obs, layout.actions
+        self._rew_col, self._done_col = layout.rewards, layout.dones
+        self._trunc_col = layout.truncated
+        if critic_dim:
+            self._critic_sl, self._ncritic_sl = layout.critic, layout.next_critic
+
+    def add_rows(self, rows: torch.Tensor) -> None:
+        """Ring-write packed rows ([n, width], n <= capacity)."""
+        n, start = rows.shape[0], int(self.ptr[0]) % self.capacity
+        first = min(n, self.capacity - start)
+        self._storage[start:start + first] = rows[:first]
+        self._storage[:n - first] = rows[first:]
+        self.ptr[0] += n
+        self.size[0] = min(int(self.size[0]) + n, self.capacity)
+
+
+def rows_of(rb: Any) -> tuple[int, int, torch.Tensor]:
+    """(ptr, size, storage) of a seed-style buffer or of replay_fsm's."""
+    if isinstance(rb, ReplayBuffer):
+        return rb.ptr, rb.size, rb.storage
+    return int(rb.ptr[0]), int(rb.size[0]), rb._storage
+
+
+def add_rows(rb: Any, rows: torch.Tensor) -> None:
+    if isinstance(rb, ReplayBuffer):
+        rb.add_packed(rows)
+    else:
+        rb.add_rows(rows)
+
+
+def seed_pack(rb: Any, request: dict[str, Any], slots: Any) -> dict[str, Any]:
+    """Serve one request as the seed's collector does: the buffer's size read now (not
+    the request's snapshot), indices from a CPU generator seeded with ``sample_seed``,
+    rows gathered into the request's shared slot; a target slot equal to the learner's
+    hot one is refused."""
+    if int(request["target_gpu_slot"]) == int(request["learner_hot_gpu_slot"]):
+        raise RuntimeError("seed-style collector: target_gpu_slot must differ from "
+                           "learner_hot_gpu_slot")
+    ptr, size, storage = rows_of(rb)
+    begin = time.perf_counter_ns()
+    gen = torch.Generator(device="cpu").manual_seed(int(request["sample_seed"]))
+    idx = torch.randint(0, size, (int(request["sample_count"]),), generator=gen)
+    out = slots[int(request["shared_slot"])]
+    if isinstance(rb, ReplayBuffer):
+        rb.gather(idx, out)
+    else:
+        torch.index_select(storage, 0, idx, out=out)
+    ready = {key: request[key] for key in ("tick_id", "sample_seed", "sample_count",
+                                          "shared_slot", "target_gpu_slot",
+                                          "learner_hot_gpu_slot", "pack_layout",
+                                          "pack_executor")}
+    ready.update(snapshot_ptr=ptr, snapshot_size=size, pack_begin_ns=begin,
+                 pack_end_ns=time.perf_counter_ns())
+    return ready
+
+
+def hold_slots(slots: Any, seconds: float) -> None:
+    """A child process that is handed the host slots and does nothing with them."""
+    time.sleep(seconds)
+
+
+def seed_collector(rb: Any, requests: Any, ready: Any, slots: Any, stop: Any, *,
+                   crash_after: int | None = None, how: str = "raise",
+                   add_every_s: float | None = None, serve_after_s: float = 0.0) -> None:
+    """A seed-style collector loop (a thread or a spawned process) until ``stop`` is
+    set: take a request, hold it while the buffer has fewer than ``min_snapshot_ptr``
+    rows, pack it, put the ready dict.
+
+    ``crash_after``: once that many requests are served, take the next one and die
+    with it pending: ``how`` = "raise" (an exception escapes), "caught" (caught and the
+    loop returns, as UniLab's collector entry point does: the process exits 0) or
+    "exit" (``os._exit(3)``). ``add_every_s``: add a row that often (a live collector).
+    ``serve_after_s``: hold each request that long before packing it (a slow one).
+    """
+    served, held, taken, last_add = 0, None, 0.0, time.monotonic()
+    try:
+        while not stop.is_set():
+            if add_every_s is not None and time.monotonic() - last_add >= add_every_s:
+                add_rows(rb, torch.zeros(1, rows_of(rb)[2].shape[1]))
+                last_add = time.monotonic()
+            if held is None:
+                try:
+                    held = requests.get(timeout=0.01)
+                except queue.Empty:
+                    continue
+                taken = time.monotonic()
+            if crash_after is not None and served >= crash_after:
+                if how == "exit":
+                    os._exit(3)
+                raise RuntimeError("the seed-style collector crashed")
+            if (time.monotonic() - taken < serve_after_s
+                    or rows_of(rb)[0] < int(held.get("min_snapshot_ptr", 0))):
+                time.sleep(0.002)
+                continue
+            ready.put(seed_pack(rb, held, slots))
+            held, served = None, served + 1
+    except RuntimeError:
+        if how != "caught":
+            raise
+
+
+def die_holding_the_queue(q) -> None:  # type: ignore[no-untyped-def]
+    """A collector killed in the middle of a put: its feeder thread holds the queue's
+    write lock (blocked on a pipe nobody drains) when the process ends abruptly."""
+    import os
+    import time
+    q.put(b"x" * (1 << 20))  # far more than the pipe holds
+    time.sleep(0.5)  # the feeder thread has the lock and is stuck in send
+    os._exit(3)
+
+
+COMPAT_EXIT = """
+import multiprocessing as mp, sys
+import torch
+from replay_fsm import ReplayBuffer
+from replay_fsm.compat import CPUPinnedDoubleBufferReplayPipeline
+from tests.collectors import die_holding_the_queue
+
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    requests, ready = ctx.Queue(), ctx.Queue()
+    child = ctx.Process(target=die_holding_the_queue, args=(ready,))
+    child.start()
+    child.join(60)
+    rb = ReplayBuffer(64, 3, 2)
+    rb.add_packed(torch.randn(64, rb.width))
+    slots = [torch.zeros(8, rb.width).share_memory_() for _ in range(2)]
+    pipe = CPUPinnedDoubleBufferReplayPipeline(
+        rb, device="cpu", sample_count=8, collector_pack_request_queue=requests,
+        collector_pack_ready_queue=ready, collector_pack_shared_slots=slots)
+    pipe.close()  # puts its wake-up None on the ready queue, whose lock is held
+    print("closed", child.exitcode, flush=True)
 """

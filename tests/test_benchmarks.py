@@ -17,10 +17,14 @@ def test_bench_quick_runs_and_writes_results() -> None:
     out = subprocess.run([sys.executable, "benchmarks/run_all.py", "--quick"], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
-    for name in ("core_overhead", "packing", "learner_overhead", "learner_loop"):
+    for name in ("core_overhead", "packing", "learner_overhead", "learner_loop",
+                 "interference", "cost_model", "checkpoint"):
         data = json.loads((ROOT / "benchmarks/results" / f"{name}-quick.json").read_text())
         assert data["quick"] and data["figures"] and data["machine"]["torch"]
     assert "synchronous sampling" in out.stdout
+    loop = json.loads((ROOT / "benchmarks/results/learner_loop-quick.json").read_text())
+    assert set(loop["figures"]["compute-bound"]["columns"]) == {"load0", "load1"}
+    assert loop["figures"]["verdicts"]  # the budget's claims are checked, pass or not
 
 
 def test_readme_performance_section_is_generated_from_the_json() -> None:

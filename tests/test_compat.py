@@ -1,75 +1,210 @@
-"""The seed-compatible class driven by a collector loop written for the seed."""
+"""The seed's class served by a seed-style collector (a thread, a spawned process), and
+what happens when that collector dies: the learner raises instead of hanging, with
+no call the seed lacked. Behaviour by behaviour: tests/test_compat_behaviour.py."""
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 import queue
 import threading
+import time
+from typing import Any
 
 import pytest
 import torch
 
 from replay_fsm import ReplayBuffer
-from replay_fsm.compat import CPUPinnedDoubleBufferReplayPipeline
+from replay_fsm.compat import CollectorDied, CPUPinnedDoubleBufferReplayPipeline
+from replay_fsm.compat.link import SlotHolders
 from replay_fsm.data.sampling import expected_batch
+from replay_fsm.errors import CollectorDied as AnyCollectorDied
 
-from .collectors import seed_style_collector
+from .collectors import SeedStyleBuffer, add_rows, hold_slots, rows_of, seed_collector
 from .drive import packed
 
-
-class Recorder:
-    def __init__(self) -> None:
-        self.names: list[str] = []
-
-    def add_slice(self, name: str, *, category: str, start_ns: int, end_ns: int,
-                  args: dict) -> None:
-        assert category == "replay_pipeline" and end_ns >= start_ns and "tick_id" in args
-        self.names.append(name)
+N = 32
+BASE_SEED = 77
 
 
+def filled(kind: str) -> Any:
+    rb: Any = (SeedStyleBuffer(4096, 4, 2, critic_dim=3) if kind == "seed-style"
+               else ReplayBuffer(4096, 4, 2, critic_dim=3, region_rows=32))
+    add_rows(rb, torch.randn(400, rows_of(rb)[2].shape[1]))
+    return rb
+
+
+class Collector:
+    """A seed-style collector with its queues and slots, in a thread or a process."""
+
+    def __init__(self, rb: Any, where: str, **behaviour: Any) -> None:
+        width = rows_of(rb)[2].shape[1]
+        self.slots = [torch.zeros(N, width).share_memory_() for _ in range(2)]
+        if where == "thread":
+            self.requests: Any = queue.Queue()
+            self.ready: Any = queue.Queue()
+            self.stop: Any = threading.Event()
+            self.worker: Any = threading.Thread(
+                target=seed_collector, args=(rb, self.requests, self.ready, self.slots,
+                                             self.stop), kwargs=behaviour, daemon=True)
+        else:
+            ctx = mp.get_context("spawn")
+            self.requests, self.ready = ctx.Queue(maxsize=1), ctx.Queue(maxsize=1)
+            self.stop = ctx.Event()
+            self.worker = ctx.Process(
+                target=seed_collector, args=(rb, self.requests, self.ready, self.slots,
+                                             self.stop), kwargs=behaviour, daemon=True)
+        self.worker.start()
+
+    def pipeline(self, rb: Any, **kw: Any) -> CPUPinnedDoubleBufferReplayPipeline:
+        return CPUPinnedDoubleBufferReplayPipeline(
+            rb, device="cpu", sample_count=N, base_seed=BASE_SEED,
+            collector_pack_request_queue=self.requests,
+            collector_pack_ready_queue=self.ready, collector_pack_shared_slots=self.slots,
+            **kw)
+
+    def finish(self) -> None:
+        self.stop.set()
+        self.worker.join(30)
+
+
+def learn(pipe: CPUPinnedDoubleBufferReplayPipeline, rb: Any, ticks: range) -> None:
+    """The seed's learner loop (UniLab's runner): ready? else wait; sample; request the
+    next tick for rows not yet written; train; release. Checks every batch bit for bit."""
+    for tick in ticks:
+        if not pipe.batch_ready(tick, N):
+            assert pipe.wait_until_ready(tick, N)
+        batch = pipe.sample_large_batch(tick, N)
+        hot = pipe.pipeline.hot
+        assert hot is not None
+        done = pipe.pipeline.pack_record(hot[0])
+        assert done.seed == BASE_SEED + tick
+        reference = expected_batch(rows_of(rb)[2], done.snapshot_size, N, done.seed)
+        assert torch.equal(packed(batch, pipe.pipeline), reference), f"tick {tick}"
+        pipe.start_prepare(tick + 1, N, min_snapshot_ptr=rows_of(rb)[0] + 8)
+        add_rows(rb, torch.randn(8, rows_of(rb)[2].shape[1]))  # the collector waits for these
+        pipe.after_tick()
+
+
+@pytest.mark.parametrize("buffer", ["seed-style", "replay_fsm"])
 @pytest.mark.parametrize("where", ["thread", "process"])
-def test_seed_style_collector_serves_the_compat_class(where: str) -> None:
-    rb = ReplayBuffer(512, 4, 2, region_rows=32)
-    rb.add_packed(torch.randn(400, rb.width))
-    n = 32
-    slots = [torch.zeros(n, rb.width).share_memory_() for _ in range(2)]
-    if where == "thread":
-        rq, dq = queue.Queue(), queue.Queue()
-        worker = threading.Thread(target=seed_style_collector, args=(rb, rq, dq, slots))
-    else:
-        ctx = mp.get_context("spawn")
-        rq, dq = ctx.Queue(), ctx.Queue()
-        worker = ctx.Process(target=seed_style_collector, args=(rb, rq, dq, slots))
-    worker.start()
-    rec = Recorder()
-    pipe = CPUPinnedDoubleBufferReplayPipeline(
-        rb, device="cpu", sample_count=n, base_seed=77, trace_recorder=rec,
-        collector_pack_request_queue=rq, collector_pack_ready_queue=dq,
-        collector_pack_shared_slots=slots, liveness_timeout=60)
+def test_a_seed_style_collector_serves_the_compat_class(where: str, buffer: str) -> None:
+    rb = filled(buffer)
+    collector = Collector(rb, where)
+    pipe = collector.pipeline(rb)
     try:
-        assert pipe.h2d_submitter == "transfer_thread"
-        assert pipe.transfer_manifest["ring_depth"] == 2
-        assert pipe.start_prepare(0, n) is True
-        assert pipe.start_prepare(0, n) is False  # already pending
-        for tick in range(8):
-            assert pipe.wait_until_ready(tick, n)
-            assert pipe.batch_ready(tick, n)
-            batch = pipe.sample_large_batch(tick, n)
-            assert pipe.start_prepare(tick + 1, n) is True
-            assert torch.equal(packed(batch, pipe.pipeline),
-                               expected_batch(rb.storage, 400, n, 77 + tick))
-            pipe.after_tick()
-        assert "replay_pipeline/collector_pack_request" in rec.names
-        assert "replay_pipeline/batch_h2d_wait" in rec.names
-        with pytest.raises(ValueError, match="sample_count"):
-            pipe.sample_large_batch(8, n + 1)
+        learn(pipe, rb, range(1, 9))
+        assert pipe.start_prepare(9, N) is False  # requested by the last tick already
     finally:
         pipe.close()
-        rq.put(None)
-        worker.join(30)
+        collector.finish()
 
 
-def test_seed_constructor_requires_the_queues_and_slots() -> None:
-    rb = ReplayBuffer(8, 2, 1)
-    with pytest.raises(ValueError, match="requires collector pack IPC queues and slots"):
-        CPUPinnedDoubleBufferReplayPipeline(rb, device="cpu", sample_count=4)
+@pytest.mark.parametrize("how", ["caught", "raise", "exit"])
+def test_a_dead_collector_process_raises_collector_died_in_the_waiting_learner(how: str
+                                                                              ) -> None:
+    """INV-LIVE through the seed's API alone: the learner never calls watch(); the
+    collector is the child process that holds the shared slots. UniLab's collector
+    catches its exception and exits 0 ("caught"): that is a death too."""
+    rb = filled("seed-style")
+    collector = Collector(rb, "process", crash_after=2, how=how)
+    pipe = collector.pipeline(rb)
+    try:
+        learn(pipe, rb, range(1, 3))
+        started = time.monotonic()
+        with pytest.raises(RuntimeError) as info:
+            pipe.sample_large_batch(3, N)
+        assert time.monotonic() - started < 10
+        died = info.value
+        assert isinstance(died, CollectorDied) and isinstance(died, AnyCollectorDied)
+        assert f"pid {collector.worker.pid}" in str(died) and str(died).startswith("tick 3: ")
+        assert f"exited with code {collector.worker.exitcode}" in str(died)
+        with pytest.raises(CollectorDied) as again:  # sticky: every later call raises it
+            pipe.start_prepare(4, N)
+        assert again.value is died
+        with pytest.raises(CollectorDied):
+            pipe.batch_ready(3, N)
+    finally:
+        pipe.close()
+        collector.finish()
+
+
+@pytest.mark.parametrize("trained_s", [0.0, 0.8])
+def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout(trained_s: float
+                                                                        ) -> None:
+    """No process to see: a request with no ready dict and no row added for
+    stall_timeout seconds ends the wait. The silence counts from the request, so a
+    learner that trained longer than that raises as soon as it waits."""
+    rb = filled("seed-style")
+    collector = Collector(rb, "thread", crash_after=1, how="caught")
+    pipe = collector.pipeline(rb, stall_timeout=0.5)
+    try:
+        pipe.sample_large_batch(0, N)
+        requested = time.monotonic()
+        pipe.start_prepare(1, N)  # the collector takes it and dies
+        pipe.after_tick()
+        time.sleep(trained_s)  # the learner's training step
+        started = time.monotonic()
+        with pytest.raises(CollectorDied, match="stall_timeout"):
+            pipe.wait_until_ready(1, N)
+        assert 0.5 <= time.monotonic() - requested < 10
+        if trained_s:
+            assert time.monotonic() - started < 0.3
+    finally:
+        pipe.close()
+        collector.finish()
+
+
+def test_a_slow_collector_that_adds_rows_is_not_taken_for_dead() -> None:
+    rb = filled("seed-style")
+    collector = Collector(rb, "thread", add_every_s=0.05, serve_after_s=1.0)
+    pipe = collector.pipeline(rb, stall_timeout=0.3)
+    try:
+        assert pipe.wait_until_ready(0, N)  # 1 s, three stall timeouts, rows arriving
+        assert pipe.batch_ready(0, N)
+    finally:
+        pipe.close()
+        collector.finish()
+
+
+def test_a_child_process_that_does_not_hold_the_slots_may_exit_meanwhile() -> None:
+    """Only the learner's children that hold collector_pack_shared_slots are watched."""
+    rb = filled("seed-style")
+    collector = Collector(rb, "thread", add_every_s=0.05, serve_after_s=3.0)
+    pipe = collector.pipeline(rb)
+    helper = mp.get_context("spawn").Process(target=time.sleep, args=(0.3,))
+    try:
+        helper.start()
+        pipe.start_prepare(0, N)  # sees the helper alive
+        assert pipe.wait_until_ready(0, N)
+        assert helper.exitcode == 0  # it exited while the learner waited
+    finally:
+        pipe.close()
+        collector.finish()
+        helper.join(30)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_a_spawned_child_holding_the_slots_is_recognised_from_its_start() -> None:
+    slots = [torch.zeros(4, 3).share_memory_() for _ in range(2)]
+    holders = SlotHolders(slots)
+    ctx = mp.get_context("spawn")
+    collector = ctx.Process(target=hold_slots, args=(slots, 60.0), name="collector")
+    other = ctx.Process(target=time.sleep, args=(60.0,))
+    collector.start()
+    other.start()
+    try:
+        holders.scan()  # right away: the child is still starting its interpreter
+        assert [p.pid for p in holders.collectors] == [collector.pid]
+        assert holders.dead() is None
+        other.kill()
+        collector.kill()
+        collector.join(30)
+        gone = holders.dead()
+        assert gone is not None and gone.reason == (
+            f"the collector process collector (pid {collector.pid}, it holds "
+            "collector_pack_shared_slots) exited with code -9")
+    finally:
+        for proc in (collector, other):
+            proc.kill()
+            proc.join(30)

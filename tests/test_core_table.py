@@ -121,8 +121,11 @@ def test_the_first_tick_takes_its_ring_slot(first: int) -> None:
 
 
 def test_ring_depth_is_validated() -> None:
-    for bad in (1, 0, -2, 2.0, "2"):
-        with pytest.raises(ValueError, match="ring_depth"):
+    for bad in (1, 0, -2):
+        with pytest.raises(ValueError, match="ring_depth must be an int >= 2"):
+            Core(bad)
+    for bad in (2.0, "2", True):
+        with pytest.raises(TypeError, match="ring_depth must be an int"):
             Core(bad)  # type: ignore[arg-type]
 
 

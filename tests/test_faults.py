@@ -161,3 +161,13 @@ def test_a_killed_external_collector_makes_the_waiting_learner_raise() -> None:
     finally:
         pipe.close()
         proc.join(MARGIN_S)
+
+
+def test_the_learner_exits_after_close_when_a_collector_died_mid_put() -> None:
+    """A seed collector killed while its queue's feeder held the write lock: close()'s
+    wake-up None can never be sent, and the learner's exit must not wait for it (it
+    hung at interpreter exit, joining the queue's feeder thread)."""
+    from .collectors import COMPAT_EXIT
+    out = subprocess.run([sys.executable, "-c", COMPAT_EXIT], cwd=ROOT, text=True,
+                         capture_output=True, timeout=MARGIN_S)
+    assert out.returncode == 0 and "closed 3" in out.stdout, out.stderr

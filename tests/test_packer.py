@@ -372,4 +372,25 @@ def test_service_does_not_wait_unless_asked() -> None:
     packer = Packer(h, rb)
     assert packer.service() is False
     assert packer.service(timeout=0.02) is False
-    assert asked.timeouts == [0.0, 0.02]
+    # service(0.02) first asks without waiting (a request already there is served at
+    # once), then, idle, draws the next indices ahead and waits
+    assert asked.timeouts == [0.0, 0.0, 0.02]
+
+
+def test_an_idle_packer_draws_the_next_ticks_indices_ahead() -> None:
+    """Index drawing off the critical path: while idle, the packer draws the next
+    tick's indices (seed + 1, current size); the pack uses them only when the request
+    matches, so every batch is still INV-DATA's, hit or miss."""
+    rb, h = make(rows=100)
+    packer = Packer(h, rb)
+    for tick in range(6):
+        assert packer.service(timeout=0.01) is False  # idle: draws ahead (not at 0)
+        if tick == 3:
+            rb.add_packed(constant_rows(rb, 500, 7))  # the size moved since: a miss
+        h.requests.put(request(tick, tick % 2, 32, seed=1000 + tick))
+        assert packer.service(timeout=1.0)
+        done = decode(PackDone, *h.done.get(timeout=1.0))  # type: ignore[misc]
+        assert torch.equal(h.host_slots[tick % 2],
+                           expected_batch(rb.storage, done.snapshot_size, 32, 1000 + tick))
+    # tick 0 had no previous seed and tick 3 saw the size change: 4 drawn ahead
+    assert packer.drawn_ahead == 4

@@ -260,14 +260,16 @@ def test_a_request_that_cannot_be_sent_fails_the_pipeline() -> None:
 
 
 @pytest.mark.parametrize("kwargs,error,match", [
-    ({"sample_count": True}, ValueError, "sample_count"),
-    ({"sample_count": 8.0}, ValueError, "sample_count"),
+    ({"sample_count": True}, TypeError, "sample_count"),
+    ({"sample_count": 8.0}, TypeError, "sample_count"),
+    ({"sample_count": 0}, ValueError, "sample_count"),
     ({"sample_count": 8, "liveness_timeout": float("nan")}, ValueError, "liveness_timeout"),
     ({"sample_count": 8, "liveness_timeout": float("inf")}, ValueError, "liveness_timeout"),
     ({"sample_count": 8, "attach_timeout": 0}, ValueError, "attach_timeout"),
     ({"sample_count": 8, "base_seed": 2**63}, ValueError, "base_seed"),
     ({"sample_count": 8, "base_seed": -1}, ValueError, "base_seed"),
-    ({"sample_count": 8, "ring_depth": 2.0}, ValueError, "ring_depth"),
+    ({"sample_count": 8, "ring_depth": 2.0}, TypeError, "ring_depth"),
+    ({"sample_count": 8, "ring_depth": 1}, ValueError, "ring_depth"),
     ({"sample_count": 8, "trace_capacity": 0}, ValueError, "trace_capacity"),
     ({"sample_count": 8, "packer_threads": 0}, ValueError, "packer_threads"),
     ({"sample_count": 8, "backend_options": {"copyy": True}}, ValueError, "copyy"),

@@ -21,17 +21,17 @@ from __future__ import annotations
 import _multiprocessing
 import contextlib
 import multiprocessing as mp
-import operator
 import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from multiprocessing import resource_tracker
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
+from ..core import as_count
 from . import checkpoint
 
 Array = Any  # torch.Tensor or np.ndarray
@@ -115,16 +115,24 @@ def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor
     return tensor.to(device="cpu", dtype=torch.float32)
 
 
-def _count(name: str, value: object, low: int) -> int:
-    """``value`` as a plain int >= ``low``; numpy integers pass, bools and floats do not
-    (``True`` would silently mean 1, and 2.0 usually means a computation went wrong)."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int (or numpy integer) >= {low}, got "
-                        f"{value!r} of type {type(value).__name__}")
-    number = operator.index(value)
-    if number < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {number}")
-    return number
+class ReplaySource(Protocol):
+    """What the runtime reads of a replay buffer: ``ReplayBuffer`` has it, and
+    ``replay_fsm.compat`` views the seed's buffer through it. (A packer of ours needs
+    a ``ReplayBuffer`` itself.)"""
+
+    @property
+    def layout(self) -> Layout: ...
+
+    @property
+    def width(self) -> int: ...
+
+    @property
+    def ptr(self) -> int: ...
+
+    @property
+    def size(self) -> int: ...
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
 
 class ReplayBuffer:
@@ -143,12 +151,12 @@ class ReplayBuffer:
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
                  *, region_rows: int | None = None, check_finite: bool = False) -> None:
-        capacity = _count("capacity", capacity, 1)
-        obs_dim = _count("obs_dim", obs_dim, 1)
-        action_dim = _count("action_dim", action_dim, 1)
-        critic_dim = _count("critic_dim", critic_dim, 0)
+        capacity = as_count("capacity", capacity, 1)
+        obs_dim = as_count("obs_dim", obs_dim, 1)
+        action_dim = as_count("action_dim", action_dim, 1)
+        critic_dim = as_count("critic_dim", critic_dim, 0)
         if region_rows is not None:
-            region_rows = _count("region_rows", region_rows, 1)
+            region_rows = as_count("region_rows", region_rows, 1)
         if not isinstance(check_finite, bool):
             raise TypeError(f"check_finite must be a bool, got {check_finite!r}")
         self.capacity = capacity
@@ -158,6 +166,7 @@ class ReplayBuffer:
         self.storage = torch.zeros(capacity, self.layout.width).share_memory_()
         # Invariant: _counters = [ptr, size]; written only after the rows they cover.
         self._counters = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self._views()
         self.region_rows = region_rows or max(64, -(-capacity // 1024))
         n_regions = -(-capacity // self.region_rows)
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
@@ -205,15 +214,29 @@ class ReplayBuffer:
     def width(self) -> int:
         return self.layout.width
 
+    def _views(self) -> None:
+        # A numpy view of the shared counters: reading one costs nanoseconds instead of
+        # a torch call, and the learner and the packer read them on every tick.
+        self._counters_np = self._counters.numpy()
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._views()
+
     @property
     def ptr(self) -> int:
         """Rows ever written."""
-        return int(self._counters[0])
+        return int(self._counters_np[0])
 
     @property
     def size(self) -> int:
         """Rows that hold data: min(ptr, capacity)."""
-        return int(self._counters[1])
+        return int(self._counters_np[1])
 
     def add(self, obs: Array, actions: Array, rewards: Array, next_obs: Array,
             dones: Array, truncated: Array, *, terminal_mask: Array | None = None,

@@ -130,6 +130,13 @@ class Packer:
         # Reused every tick: no allocation in steady state.
         self._indices = torch.empty(n, dtype=torch.int64)
         self._generator = torch.Generator()
+        # Speculation: ticks come in order, so the next request's seed is the last one
+        # plus one; an idle packer draws those indices ahead for the current size and
+        # uses them when (seed, size) match (a full buffer's size does not move).
+        self._next_indices = torch.empty(n, dtype=torch.int64)
+        self._drawn: tuple[int, int] | None = None  # (seed, size) of _next_indices
+        self._last_seed: int | None = None
+        self.drawn_ahead = 0  # packs whose indices were drawn while the packer idled
         self._beat = handle.packer_state[1:2].numpy()  # heartbeat cell, written per call
         self._learner_pid = handle.learner_pid
         # A packer the learner spawned is orphaned the moment the learner exits, even
@@ -166,7 +173,10 @@ class Packer:
                 return False
         try:
             if self._pending is None:
-                got = self.handle.requests.get(timeout=timeout)
+                got = self.handle.requests.get(timeout=0)
+                if got is None and timeout > 0:
+                    self._speculate()  # idle: draw the next tick's indices now
+                    got = self.handle.requests.get(timeout=timeout)
                 if got is None:
                     return False
                 self._pending = decode(PackRequest, got[0])
@@ -180,6 +190,15 @@ class Packer:
             return True
         except ChannelClosed:
             return False
+
+    def _speculate(self) -> None:
+        if self._last_seed is None:
+            return
+        key = (self._last_seed + 1, self.replay_buffer.size)
+        if key != self._drawn and key[1] > 0:
+            sample_indices(key[1], self._next_indices.shape[0], key[0],
+                           out=self._next_indices, generator=self._generator)
+            self._drawn = key
 
     def _learner_alive(self) -> bool:
         pid = self._learner_pid
@@ -209,8 +228,14 @@ class Packer:
             if request.sample_count != self._indices.shape[0]:
                 raise ValueError(f"request for {request.sample_count} rows, host slots "
                                  f"hold {self._indices.shape[0]}")
-            indices = sample_indices(size, request.sample_count, request.seed,
-                                     out=self._indices, generator=self._generator)
+            if (request.seed, size) == self._drawn:
+                indices = self._next_indices  # drawn while idle (``_speculate``)
+                self.drawn_ahead += 1
+            else:
+                indices = sample_indices(size, request.sample_count, request.seed,
+                                         out=self._indices, generator=self._generator)
+            self._drawn = None
+            self._last_seed = request.seed
             rb.gather(indices, out=self.handle.host_slots[request.slot])
         except Exception:
             error = traceback.format_exc()

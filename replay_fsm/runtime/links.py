@@ -9,7 +9,7 @@ its heartbeat) is never declared dead.
 - ``ThreadCollector``: a packer thread in this process;
 - ``ProcessCollector``: a spawned packer-only process;
 - ``ExternalCollector``: your collector process calls ``Packer.attach(handle, rb)``;
-- ``SeedQueueLink``: the seed's request and ready queues (``replay_fsm.compat``).
+- the seed's request and ready queues: ``replay_fsm.compat.link.SeedQueueLink``.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import multiprocessing as mp
 import os
-import queue
 import threading
 import time
 from collections.abc import Callable
@@ -270,44 +269,6 @@ class ExternalCollector(ChannelLink):
         if pid != os.getpid() and not process_alive(pid):
             return Gone(f"the collector process (pid {pid}) is gone")
         return self._silence(f"the collector (pid {pid})", waiting, timeout)
-
-
-class SeedQueueLink(CollectorLink):
-    """The seed's ``collector_pack_request_queue`` / ``collector_pack_ready_queue`` and
-    the host slots its collector packs into (``collector_pack_shared_slots``)."""
-
-    kind = "seed"
-
-    def __init__(self, requests: Any, ready: Any, host_slots: HostSlots) -> None:
-        super().__init__()
-        self.requests, self.ready = requests, ready
-        self.host_slots = host_slots
-        self._closed = False
-
-    def send(self, request: PackRequest, *, snapshot: tuple[int, int],
-             hot_slot: int) -> None:
-        self.requests.put(request.to_seed_dict(snapshot_ptr=snapshot[0],
-                                               snapshot_size=snapshot[1],
-                                               learner_hot_slot=hot_slot))
-
-    def receive(self, timeout: float) -> PackDone | None:
-        if self._closed:
-            raise ChannelClosed()
-        try:
-            msg = self.ready.get(timeout=timeout)
-        except queue.Empty:
-            return None
-        if msg is None or self._closed:
-            raise ChannelClosed()
-        return PackDone.from_seed_dict(msg)
-
-    def stop(self, timeout: float) -> list[str]:
-        self._closed = True
-        try:
-            self.ready.put_nowait(None)  # wake the transfer worker, as the seed did
-        except Exception:  # noqa: BLE001 - a full or broken queue: the flag suffices
-            pass
-        return []
 
 
 def make_link(kind: str, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,

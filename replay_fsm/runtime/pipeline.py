@@ -18,8 +18,8 @@ from typing import Any
 
 import torch
 
-from ..core import Core, as_tick
-from ..data.buffer import ReplayBuffer
+from ..core import Core, as_count, as_tick
+from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
 from ..errors import (
@@ -46,21 +46,12 @@ STOP_TIMEOUT_S = 4.0
 _NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
-def _count(name: str, value: object) -> int:
-    """An int >= 0 (numpy integers too; never bool or float)."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
-        raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    number = int(value)  # type: ignore[call-overload]
-    if number < 0:
-        raise ValueError(f"{name} must be >= 0, got {number}")
-    return number
-
-
 class Pipeline:
     """Packs and copies tick t+1.. while the learner trains on tick t.
 
     Args:
-        replay_buffer: the shared ReplayBuffer to sample from.
+        replay_buffer: the shared ReplayBuffer to sample from (any ``ReplaySource``
+            with a ``CollectorLink`` of your own, as ``replay_fsm.compat`` does).
         device: the learner's device ("cpu", "cuda", "cuda:1", "mps", ...).
         sample_count: rows per batch; every call must pass the same value.
         base_seed: tick t samples with seed ``base_seed + t`` (INV-DATA).
@@ -87,7 +78,7 @@ class Pipeline:
             count, timeout).
     """
 
-    def __init__(self, replay_buffer: ReplayBuffer, *, device: str | torch.device = "cpu",
+    def __init__(self, replay_buffer: ReplaySource, *, device: str | torch.device = "cpu",
                  sample_count: int, base_seed: int = 0, ring_depth: int = 2,
                  collector: str | CollectorLink = "thread",
                  backend: str | TransferBackend | None = None,
@@ -95,9 +86,7 @@ class Pipeline:
                  liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
                  checked: bool = False, trace: bool = False, trace_capacity: int = 1 << 16,
                  packer_threads: int | None = None) -> None:
-        if isinstance(sample_count, bool) or not hasattr(sample_count, "__index__") or int(
-                sample_count) < 1:
-            raise ValueError(f"sample_count must be a positive int, got {sample_count!r}")
+        sample_count = as_count("sample_count", sample_count, 1)
         for name, value in (("liveness_timeout", liveness_timeout),
                             ("attach_timeout", attach_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
@@ -110,10 +99,9 @@ class Pipeline:
             raise TypeError(f"replay_buffer must be a replay_fsm.ReplayBuffer (or offer "
                             f"its interface); {type(replay_buffer).__name__} lacks "
                             f"{', '.join(missing)}")
-        if _count("trace_capacity", trace_capacity) < 1:
-            raise ValueError(f"trace_capacity must be >= 1, got {trace_capacity}")
-        if packer_threads is not None and _count("packer_threads", packer_threads) < 1:
-            raise ValueError(f"packer_threads must be >= 1 or None, got {packer_threads}")
+        as_count("trace_capacity", trace_capacity, 1)
+        if packer_threads is not None:
+            as_count("packer_threads", packer_threads, 1)
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
@@ -136,9 +124,16 @@ class Pipeline:
                                                       **(backend_options or {}))
         self.device = self.backend.device
         self.collector = collector if isinstance(collector, str) else collector.kind
-        self._link = collector if isinstance(collector, CollectorLink) else make_link(
-            collector, replay_buffer, self.ring_depth, self.sample_count,
-            packer_threads=packer_threads, attach_timeout=float(attach_timeout))
+        if isinstance(collector, CollectorLink):
+            self._link: CollectorLink = collector
+        elif isinstance(replay_buffer, ReplayBuffer):
+            self._link = make_link(collector, replay_buffer, self.ring_depth,
+                                   self.sample_count, packer_threads=packer_threads,
+                                   attach_timeout=float(attach_timeout))
+        else:
+            raise TypeError(f"collector={collector!r} packs with a replay_fsm.ReplayBuffer; "
+                            f"a {type(replay_buffer).__name__} needs a CollectorLink of its "
+                            "own")
         host_slots = self._link.host_slots
         shapes = [tuple(s.shape) for s in host_slots]
         expected = (self.sample_count, replay_buffer.width)
@@ -216,7 +211,7 @@ class Pipeline:
         """
         self._validate(sample_count)
         if min_snapshot_ptr is not None:
-            min_snapshot_ptr = _count("min_snapshot_ptr", min_snapshot_ptr)
+            min_snapshot_ptr = as_count("min_snapshot_ptr", min_snapshot_ptr)
         with self._profiled("start_prepare"):
             return self._interruptible(self._request, as_tick(tick_id), min_snapshot_ptr)
 
