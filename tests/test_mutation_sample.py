@@ -58,11 +58,12 @@ SAMPLE: dict[str, Mutant] = {
         'return f.read().rsplit(")", 1)[1].split()[0] != "z"',
         ("tests/test_packer.py::"
          "test_process_alive_tells_running_exited_and_zombie_processes_apart",)),
-    # wire: a key of the seed's request dict renamed.
-    "replay_fsm.wire.xǁPackRequestǁto_seed_dict__mutmut_15": Mutant(
-        "replay_fsm/wire.py", '"learner_hot_gpu_slot": learner_hot_slot,',
-        '"XXlearner_hot_gpu_slotXX": learner_hot_slot,',
-        ("tests/test_wire.py::test_request_dict_is_the_seeds_format",)),
+    # wire: a ready dict whose host slot is not its device slot taken for a good one.
+    "replay_fsm.wire.xǁSeedReadyǁfrom_dict__mutmut_25": Mutant(
+        "replay_fsm/wire.py", "if ready.shared_slot != ready.target_gpu_slot:",
+        "if ready.shared_slot == ready.target_gpu_slot:",
+        ("tests/test_compat_wire.py::"
+         "test_a_ready_dict_whose_slots_differ_raises_the_seeds_runtime_error",)),
     # checkpoint: a file that ends early taken for a full read.
     "replay_fsm.data.checkpoint.x__readinto_all__mutmut_4": Mutant(
         "replay_fsm/data/checkpoint.py", "            return False\n",

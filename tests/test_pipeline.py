@@ -462,7 +462,20 @@ def test_a_closed_request_channel_is_collector_died_chained_to_it() -> None:
 
 def test_packer_handle_is_refused_by_name() -> None:
     """Kills xǁPipelineǁpacker_handle mutants 1-3 and 5-7 (the messages)."""
-    from replay_fsm.runtime.links import SeedQueueLink
+    from replay_fsm.runtime.links import CollectorLink
+
+    class Queues(CollectorLink):  # a link without a handle, as the seed's queues are
+        kind = "seed"
+
+        def __init__(self, width: int) -> None:
+            super().__init__()
+            self.host_slots = [torch.zeros(8, width) for _ in range(2)]
+
+        def send(self, request: object, **kwargs: object) -> None:
+            raise AssertionError("not used here")
+
+        def receive(self, timeout: float) -> None:
+            return None
 
     rb = buffer()
     pipe = Pipeline(rb, sample_count=8, backend="manual")
@@ -470,9 +483,7 @@ def test_packer_handle_is_refused_by_name() -> None:
     with pytest.raises(ValueError) as info:
         pipe.packer_handle()
     assert str(info.value) == "the pipeline is closed; its packer handle is gone"
-    slots = [torch.zeros(8, rb.width) for _ in range(2)]
-    link = SeedQueueLink(__import__("queue").Queue(), __import__("queue").Queue(), slots)
-    with Pipeline(rb, sample_count=8, backend="manual", collector=link) as pipe:
+    with Pipeline(rb, sample_count=8, backend="manual", collector=Queues(rb.width)) as pipe:
         with pytest.raises(ValueError) as info:
             pipe.packer_handle()
         assert str(info.value) == "this pipeline's collector (seed) has no packer handle"
