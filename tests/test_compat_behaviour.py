@@ -363,7 +363,10 @@ def test_the_buffer_view_reads_either_buffer_in_place(kind: str) -> None:
     assert (view.ptr, view.size, view.width) == (40, 40, WIDTH)
     assert view.layout == Layout.build(5, 3, 2)
     idx = torch.tensor([3, 0, 39, 3])
-    assert torch.equal(view.gather(idx, torch.empty(4, WIDTH)), rows[idx])
+    out = torch.empty(4, WIDTH)
+    got = view.gather(idx, out)
+    # into the caller's slot: the packer reads the slot, not the value returned
+    assert torch.equal(out, rows[idx]) and got.data_ptr() == out.data_ptr()
 
 
 def test_replay_fsms_own_buffer_is_accepted_and_read_in_place() -> None:

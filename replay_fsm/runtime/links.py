@@ -218,7 +218,7 @@ class ProcessCollector(ChannelLink):
     def stop(self, timeout: float) -> list[str]:
         super().stop(timeout)
         proc, forced = self.process, []
-        if proc.pid is not None:  # started
+        if proc is not None and proc.pid is not None:  # started, not stopped before
             proc.join(timeout * 0.6)  # it sees the closed channel and exits on its own
             for step in ("terminate", "kill"):
                 if not proc.is_alive():

@@ -1,0 +1,198 @@
+"""The learner side of an external collector, on a clock the test sets: the attach
+deadline counts from the first request, only while a request waits; a packer that
+attached is judged by its process and its heartbeat. (tests/test_liveness.py drives
+the same verdicts through whole pipelines, with real processes and timeouts.)"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.runtime import links
+from replay_fsm.runtime.links import ExternalCollector
+from replay_fsm.wire import PackRequest
+
+S = 1_000_000_000  # ns per second
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.ns = 1_000 * S
+
+    def __call__(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float = 0.0, ns: int = 0) -> None:
+        self.ns += int(seconds * S) + ns
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(links.time, "monotonic_ns", c)
+    return c
+
+
+@pytest.fixture
+def link() -> Iterator[ExternalCollector]:
+    made = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    yield made
+    made.stop(1.0)
+
+
+def send(link: ExternalCollector, tick: int = 0) -> None:
+    link.send(PackRequest(tick, tick % 2, 1, tick, 4, -1), snapshot=(64, 64), hot_slot=-1)
+
+
+def test_the_attach_deadline_counts_from_the_first_request(
+        link: ExternalCollector, clock: Clock) -> None:
+    clock.advance(100)  # long before any request: nothing is owed yet
+    assert link.liveness(waiting=True, timeout=5.0) is None
+    send(link)
+    clock.advance(6)
+    send(link, 1)  # a later request does not restart the count
+    clock.advance(4)
+    assert link.liveness(waiting=True, timeout=5.0) is None  # 10 s: at the bound
+    clock.advance(ns=1)  # one nanosecond past it
+    gone = link.liveness(waiting=True, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        "no collector called Packer.attach(pipe.packer_handle(), rb) within 10 s of the "
+        "first request")
+    assert link.liveness(waiting=False, timeout=5.0) is None  # nothing waits: no verdict
+
+
+def test_an_attached_collector_is_judged_by_its_process_and_heartbeat(
+        link: ExternalCollector, clock: Clock) -> None:
+    send(link)
+    state = link.handle.packer_state
+    state[0], state[1] = os.getpid(), clock.ns  # attached in this process: alive
+    clock.advance(60)  # long past the attach deadline: it no longer applies
+    assert link.liveness(waiting=False, timeout=5.0) is None
+    gone = link.liveness(waiting=True, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        f"no heartbeat from the collector (pid {os.getpid()}) for 60.0 s (alive but not "
+        "serving: hung inside a pack?)")
+    state[1] = clock.ns - 4 * S  # beat 4 s ago, bound 5 s
+    assert link.liveness(waiting=True, timeout=5.0) is None
+
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    state[0] = exited.pid
+    gone = link.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        f"the collector process (pid {exited.pid}) is gone")
+
+
+def test_a_watched_process_is_asked_first(link: ExternalCollector, clock: Clock) -> None:
+    class Dead:
+        pid, exitcode = 4242, -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    link.watch(Dead(), "the simulator")
+    gone = link.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.reason == "the simulator (pid 4242) exited with code -9"
+
+
+def test_a_stopped_link_has_no_verdict(link: ExternalCollector, clock: Clock) -> None:
+    send(link)
+    link.stop(1.0)
+    clock.advance(60)
+    assert link.liveness(waiting=True, timeout=5.0) is None
+
+
+class FakeProcess:
+    """Stands in for the packer process: alive until told otherwise; records joins."""
+
+    def __init__(self, exits_on: str | None = None) -> None:
+        self.pid, self.exitcode, self.exits_on = 4242, None, exits_on
+        self.alive, self.calls = True, []  # type: bool, list[tuple[str, float | None]]
+
+    def is_alive(self) -> bool:
+        return self.alive
+
+    def join(self, timeout: float | None = None) -> None:
+        self.calls.append(("join", timeout))
+        if self.exits_on == "close":
+            self.alive = False
+
+    def terminate(self) -> None:
+        self.calls.append(("terminate", None))
+        if self.exits_on == "terminate":
+            self.alive = False
+
+    def kill(self) -> None:
+        self.calls.append(("kill", None))
+        self.alive = False
+
+
+@pytest.fixture
+def process_link() -> Iterator[links.ProcessCollector]:
+    made = links.ProcessCollector(ReplayBuffer(64, 3, 2), 2, 4)
+    yield made
+    made.stop(1.0)
+
+
+def test_the_packer_process_is_a_spawned_daemon(process_link: links.ProcessCollector
+                                               ) -> None:
+    """Spawned (a fork of a learner running threads can deadlock), a daemon (it ends
+    with a learner that exits without close), and named for ``ps`` and debuggers."""
+    proc = process_link.process
+    assert type(proc).__name__ == "SpawnProcess"
+    assert proc.daemon is True and proc.name == "replay_fsm-packer"
+
+
+def test_a_live_packer_process_is_judged_by_its_heartbeat(
+        process_link: links.ProcessCollector, clock: Clock) -> None:
+    fake = FakeProcess()
+    process_link.process = fake
+    state = process_link.handle.packer_state
+    state[1] = clock.ns
+    clock.advance(4)
+    assert process_link.liveness(waiting=True, timeout=5.0) is None
+    clock.advance(2)
+    assert process_link.liveness(waiting=False, timeout=5.0) is None
+    gone = process_link.liveness(waiting=True, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        "no heartbeat from the packer process (pid 4242) for 6.0 s (alive but not serving: "
+        "hung inside a pack?)")
+
+    class Dead:
+        pid, exitcode = 7, 1
+
+        def is_alive(self) -> bool:
+            return False
+
+    process_link.watch(Dead(), "the simulator")
+    gone = process_link.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.reason == "the simulator (pid 7) exited with code 1"
+    fake.alive, fake.exitcode = False, -9
+    gone = process_link.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        "the packer process (pid 4242) exited with code -9")
+    process_link.process = None  # nothing to stop: the fixture's stop skips it
+
+
+@pytest.mark.parametrize("exits_on, forced", [
+    ("close", []),
+    ("terminate", ["terminate the packer process (pid 4242)"]),
+    (None, ["terminate the packer process (pid 4242)", "kill the packer process (pid 4242)"]),
+])
+def test_stop_waits_then_terminates_then_kills_within_its_timeout(
+        process_link: links.ProcessCollector, exits_on: str | None,
+        forced: list[str]) -> None:
+    """INV-CLOSE's bound: 0.6 of the timeout for the packer to see its closed channel
+    and leave, then terminate and kill, 0.2 each: at most the timeout in all."""
+    fake = FakeProcess(exits_on)
+    process_link.process = fake
+    assert process_link.stop(10.0) == forced
+    joins = [("join", 6.0), ("terminate", None), ("join", 2.0), ("kill", None),
+             ("join", 2.0)]
+    assert fake.calls == joins[:1 + 2 * len(forced)]
+    assert process_link.process is None  # its handle let go
+    assert process_link.stop(10.0) == []  # a second stop has nothing left to do
