@@ -28,9 +28,11 @@ STATUS = {1: "killed", 3: "killed", 0: "survived", 5: "no tests", 33: "no tests"
           None: "not checked"}
 
 # A mutant's row in specs/MUTATION.md: | `name` | reason |, in the section "Equivalent
-# mutants" or "Killed outside mutmut's run" (code that runs only at import).
+# mutants", "Killed outside mutmut's run" (code that runs only at import) or "Needs a
+# CUDA device" (code only a CUDA run reaches; its tests skip here).
 LISTED = re.compile(r"^\|\s*`(replay_fsm\.[^`]+__mutmut_\d+)`\s*\|")
-SECTIONS = {"equivalent": "## Equivalent mutants", "outside": "## Killed outside mutmut's run"}
+SECTIONS = {"equivalent": "## Equivalent mutants", "outside": "## Killed outside mutmut's run",
+            "cuda": "## Needs a CUDA device"}
 
 
 def module_of(mutant: str) -> str:
@@ -64,30 +66,35 @@ NOT_KILLED = ("survived", "no tests")
 
 def final(status: dict[str, str], lists: dict[str, set[str]]) -> dict[str, str]:
     """Each mutant's verdict once the listing is applied: a survivor listed as
-    equivalent is "equivalent", one listed as killed outside the run is "killed"."""
+    equivalent is "equivalent", one listed as killed outside the run is "killed", one
+    that only a CUDA device reaches is "cuda"."""
     out = dict(status)
     for name, state in status.items():
         if state in NOT_KILLED and name in lists["equivalent"]:
             out[name] = "equivalent"
         elif state in NOT_KILLED and name in lists["outside"]:
             out[name] = "killed"
+        elif state in NOT_KILLED and name in lists["cuda"]:
+            out[name] = "cuda"
     return out
 
 
 def table(verdict: dict[str, str]) -> list[str]:
-    rows = ["| module | generated | killed | timeout | survived | equivalent | kill rate "
-            "| detected |",
-            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    rows = ["| module | generated | checked | killed | timeout | survived | equivalent "
+            "| needs CUDA | kill rate | detected |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     modules = sorted({module_of(n) for n in verdict})
     for module in [*modules, "all"]:
         names = [n for n in verdict if module in ("all", module_of(n))]
         count = Counter(verdict[n] for n in names)
-        real = len(names) - count["equivalent"]
+        checked = len(names) - count["not checked"]
+        real = checked - count["equivalent"] - count["cuda"]
         rate = f"{count['killed'] / real:.1%}" if real else "-"
         detected = f"{(count['killed'] + count['timeout']) / real:.1%}" if real else "-"
         survived = count["survived"] + count["no tests"]
-        rows.append(f"| {module} | {len(names)} | {count['killed']} | {count['timeout']} "
-                    f"| {survived} | {count['equivalent']} | {rate} | {detected} |")
+        rows.append(f"| {module} | {len(names)} | {checked} | {count['killed']} "
+                    f"| {count['timeout']} | {survived} | {count['equivalent']} "
+                    f"| {count['cuda']} | {rate} | {detected} |")
     return rows
 
 
@@ -98,8 +105,9 @@ def main() -> int:
         return 1
     lists = listed()
     print("\n".join(table(final(status, lists))))
-    print("(kill rate: killed / (generated - equivalent), the mutants killed outside the "
-          "run counted as killed; detected: timeouts too; survived: with no test too)")
+    print("(kill rate: killed / (checked - equivalent - needs CUDA), the mutants killed "
+          "outside the run counted as killed; detected: timeouts too; survived: with no "
+          "test too; needs CUDA: reached only on a CUDA device, whose tests skip here)")
     problems = []
     for name, state in sorted(status.items()):
         where = [k for k, names in lists.items() if name in names]

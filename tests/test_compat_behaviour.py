@@ -433,3 +433,27 @@ def test_on_cuda_the_slots_are_pinned_until_close_and_each_copy_is_the_seeds_spa
     finally:
         pipe.close()
     assert not any(slot.is_pinned() for slot in slots)
+
+
+def test_a_watched_process_that_dies_fails_the_wait_with_collector_died() -> None:
+    """``pipe.watch(process, what)``, beyond the seed's API: a request outstanding to a
+    collector that died raises at once, naming what died (not after stall_timeout)."""
+    from replay_fsm.compat import CollectorDied
+
+    class Dead:
+        pid, exitcode = 4242, -9
+
+        def is_alive(self) -> bool:
+            return False
+
+    with Hand() as h:
+        h.pipe.watch(Dead(), "the simulator")
+        h.pipe.start_prepare(0, N)
+        with pytest.raises(CollectorDied, match=r"the simulator \(pid 4242\) exited with "
+                           r"code -9"):
+            h.pipe.wait_until_ready(0, N)
+    with Hand() as h:  # by default, "the collector process"
+        h.pipe.watch(Dead())
+        h.pipe.start_prepare(0, N)
+        with pytest.raises(CollectorDied, match=r"^.*the collector process \(pid 4242\)"):
+            h.pipe.wait_until_ready(0, N)

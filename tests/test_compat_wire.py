@@ -30,7 +30,8 @@ def test_a_ready_dict_is_read_as_the_seed_read_it() -> None:
                               sample_count=8, shared_slot=1, target_gpu_slot=1,
                               pack_begin_ns=5, pack_end_ns=9)
     bare = {k: v for k, v in READY.items() if not k.endswith("_ns")}
-    assert SeedReady.from_dict(bare).pack_begin_ns == 0
+    assert (SeedReady.from_dict(bare).pack_begin_ns, SeedReady.from_dict(bare).pack_end_ns) == (
+        0, 0)
 
 
 @pytest.mark.parametrize("missing", ["tick_id", "snapshot_size", "target_gpu_slot"])
