@@ -10,7 +10,8 @@ depth 2, one packer thread):
 - overhead: the learner-visible cost of request + acquire + release with the batch
   ready (measured once, at the base point).
 Then the pipeline's mean tick (process collector, so the packer has its own
-interpreter) and synchronous sampling's are measured at the same point. The model
+interpreter) and synchronous sampling's are measured at the same point. Every figure
+is the median of three windows (of ``reps`` calls, or of ``ticks`` ticks). The model
 and both measurements go into one plot per sweep (benchmarks/results/cost_model.png)
 and into benchmarks/results/cost_model.json.
 """
@@ -46,12 +47,18 @@ QUICK_SWEEPS: dict[str, list[int]] = {"batch": [1024, 4096], "depth": [2, 3]}
 QUICK_BASE = {"batch": 2048, "width": 64, "rows": 20_000, "depth": 2, "packer_threads": 1}
 
 
-def mean_time(fn: Any, reps: int) -> float:
+def mean_time(fn: Any, reps: int, windows: int = 1) -> float:
+    """Seconds per call, the mean over ``reps`` calls; with ``windows`` > 1, the median
+    of that many such means (a hiccup of the machine moves one window, not the
+    figure)."""
     fn(0)
-    t0 = time.perf_counter()
-    for k in range(1, reps + 1):
-        fn(k)
-    return (time.perf_counter() - t0) / reps
+    means = []
+    for w in range(windows):
+        t0 = time.perf_counter()
+        for k in range(1 + w * reps, 1 + (w + 1) * reps):
+            fn(k)
+        means.append((time.perf_counter() - t0) / reps)
+    return statistics.median(means)
 
 
 class Buffers:
@@ -78,16 +85,16 @@ def measure_point(rb: ReplayBuffer, cfg: dict[str, int], compute: Any, overhead_
     n, threads = cfg["batch"], cfg["packer_threads"]
     out = torch.empty(n, rb.width)
     batch = rb.storage[:n].clone()
-    compute_s = mean_time(lambda k: compute(batch), reps)
+    compute_s = mean_time(lambda k: compute(batch), reps, windows=3)
     torch.set_num_threads(threads)
     pack_s = mean_time(lambda k: torch.index_select(
-        rb.storage, 0, sample_indices(rb.size, n, 7_000 + k), out=out), reps)
+        rb.storage, 0, sample_indices(rb.size, n, 7_000 + k), out=out), reps, windows=3)
     torch.set_num_threads(1)
 
     def sync_tick(k: int) -> None:
         torch.index_select(rb.storage, 0, sample_indices(rb.size, n, k), out=out)
         compute(out)
-    sync_s = mean_time(sync_tick, reps)
+    sync_s = mean_time(sync_tick, reps, windows=3)
     with Pipeline(rb, sample_count=n, ring_depth=cfg["depth"], collector="process",
                   packer_threads=threads, liveness_timeout=60) as pipe:
         for t in range(cfg["depth"] - 1):
@@ -103,10 +110,16 @@ def measure_point(rb: ReplayBuffer, cfg: dict[str, int], compute: Any, overhead_
             pipe.after_tick()
         for t in range(3):
             tick(t)
-        t0 = time.perf_counter()
-        for t in range(3, 3 + ticks):
-            tick(t)
-        pipe_s = (time.perf_counter() - t0) / ticks
+        # The median of three windows: one hiccup of the machine (a page compaction,
+        # a neighbour's burst) moves one window, not the figure.
+        windows, t = [], 3
+        for _ in range(3):
+            t0 = time.perf_counter()
+            for t in range(t, t + ticks):
+                tick(t)
+            t += 1
+            windows.append((time.perf_counter() - t0) / ticks)
+        pipe_s = statistics.median(windows)
     copy_s = 0.0  # CPU backend: zero-copy
     model_s = max(compute_s, pack_s, copy_s) + overhead_s
     return {"compute_ms": compute_s * 1e3, "pack_ms": pack_s * 1e3, "copy_ms": copy_s,
