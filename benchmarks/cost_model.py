@@ -112,12 +112,11 @@ def measure_point(rb: ReplayBuffer, cfg: dict[str, int], compute: Any, overhead_
             tick(t)
         # The median of three windows: one hiccup of the machine (a page compaction,
         # a neighbour's burst) moves one window, not the figure.
-        windows, t = [], 3
-        for _ in range(3):
+        windows = []
+        for w in range(3):
             t0 = time.perf_counter()
-            for t in range(t, t + ticks):
+            for t in range(3 + w * ticks, 3 + (w + 1) * ticks):
                 tick(t)
-            t += 1
             windows.append((time.perf_counter() - t0) / ticks)
         pipe_s = statistics.median(windows)
     copy_s = 0.0  # CPU backend: zero-copy
