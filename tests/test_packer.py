@@ -394,3 +394,44 @@ def test_an_idle_packer_draws_the_next_ticks_indices_ahead() -> None:
                            expected_batch(rb.storage, done.snapshot_size, 32, 1000 + tick))
     # tick 0 had no previous seed and tick 3 saw the size change: 4 drawn ahead
     assert packer.drawn_ahead == 4
+
+
+def test_a_packers_error_text_that_utf8_cannot_encode_still_arrives() -> None:
+    """A traceback can hold a lone surrogate (a file name decoded with
+    surrogateescape); the channel replaces it rather than lose the error."""
+    ch = Channel(2, 3, text_bytes=64)
+    assert ch.put([1, 2, 3], "open('/data/\udc80x') failed", timeout=1.0)
+    assert ch.get(timeout=1.0) == ([1, 2, 3], "open('/data/?x') failed")
+    with pytest.raises(ValueError, match=r"^this channel carries no text \(text_bytes=0\)$"):
+        Channel(2, 3).put([1, 2, 3], "no room for this")
+    ch.close()
+
+
+def test_asking_whether_a_process_lives_sends_it_no_signal() -> None:
+    """``kill(pid, 0)`` only asks; any other signal would reach the process (SIGHUP
+    ends a ``sleep``)."""
+    import subprocess
+
+    from replay_fsm.data.packer import process_alive
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        assert process_alive(child.pid)
+        with pytest.raises(subprocess.TimeoutExpired):
+            child.wait(timeout=1.0)  # still running: nothing was sent to it
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_buffers_pickled_state_rebuilds_its_views() -> None:
+    """What a spawned collector unpickles (semaphores pickle only while spawning, so
+    the test calls the two halves itself): the counters are views of the same
+    shared memory again."""
+    rb = ReplayBuffer(16, 3, 2)
+    rb.add_packed(constant_rows(rb, 1, 5))
+    clone = ReplayBuffer.__new__(ReplayBuffer)
+    clone.__setstate__(rb.__getstate__())
+    assert (clone.ptr, clone.size) == (5, 5)
+    rb.add_packed(constant_rows(rb, 6, 2))
+    assert (clone.ptr, clone.size) == (7, 7)  # the same memory, not a copy

@@ -77,6 +77,8 @@ class Channel:
         """
         if self.closed:
             raise ChannelClosed()
+        if text is not None and not self.text_bytes:
+            raise ValueError("this channel carries no text (text_bytes=0)")
         if not self._spaces.acquire(timeout=timeout):
             return False
         if self.closed:
