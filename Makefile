@@ -40,9 +40,13 @@ demo: install
 
 # The model checks: every SPIN claim, witness and broken model, and the refinement
 # check against the real core, slow tier included.
+# The model checks, the bounded mutation checks CI runs, and the mutation figures:
+# those of the local mutmut run when mutants/ holds one, else the recorded ones.
 verify: install sysdeps
 	REPLAY_FSM_SLOW=1 $(PY) -m pytest tests/test_spin.py tests/test_spin_broken.py \
-	  tests/test_refinement.py
+	  tests/test_refinement.py tests/test_mutation_sample.py tests/test_mutations.py
+	@if [ -d mutants ]; then $(PY) -m tests.mutation_report || true; \
+	else sed -n '/^## Figures/,/^## Equivalent/p' specs/MUTATION.md; fi
 
 bench: install
 	$(PY) -m pip install -q torchrl || echo "torchrl unavailable: its rows will say so"
