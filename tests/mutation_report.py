@@ -62,6 +62,8 @@ def listed(listing: Path = LISTING) -> dict[str, set[str]]:
 
 
 NOT_KILLED = ("survived", "no tests")
+# What a survivor listed in each section of specs/MUTATION.md counts as.
+VERDICT = {"equivalent": "equivalent", "outside": "killed", "cuda": "cuda"}
 
 
 def final(status: dict[str, str], lists: dict[str, set[str]]) -> dict[str, str]:
@@ -70,12 +72,10 @@ def final(status: dict[str, str], lists: dict[str, set[str]]) -> dict[str, str]:
     that only a CUDA device reaches is "cuda"."""
     out = dict(status)
     for name, state in status.items():
-        if state in NOT_KILLED and name in lists["equivalent"]:
-            out[name] = "equivalent"
-        elif state in NOT_KILLED and name in lists["outside"]:
-            out[name] = "killed"
-        elif state in NOT_KILLED and name in lists["cuda"]:
-            out[name] = "cuda"
+        if state in NOT_KILLED:
+            section = next((key for key in SECTIONS if name in lists[key]), None)
+            if section is not None:
+                out[name] = VERDICT[section]
     return out
 
 
