@@ -106,22 +106,26 @@ def main(quick: bool = False) -> dict[str, float]:
         torch.index_select(rb.storage, 0, index_sets[cursor[0]], out=out)
     figures: dict[str, float] = {}
     # Interleave the contenders round by round so drift hits them alike.
-    samples: dict[str, list[float]] = {"packer": [], "packer_back_to_back": [],
-                                       "index_select": [], "memcpy": []}
-    contenders = {"packer": pack, "packer_back_to_back": pack, "index_select": bare_gather,
-                  "memcpy": lambda: out.copy_(src)}
+    def as_used() -> float:
+        """One request at a time, the packer idle between them: the median of three."""
+        times = []
+        for _ in range(3):
+            idle()
+            times.append(median_time(pack, repeat=1, number=1, warmup=0))
+        return sorted(times)[1]
+
+    def three(fn: Callable[[], object]) -> Callable[[], float]:
+        return lambda: median_time(fn, repeat=1, number=3, warmup=0)
+
+    # Seconds per call of each contender, one sample per round.
+    contenders: dict[str, Callable[[], float]] = {
+        "packer": as_used, "packer_back_to_back": three(pack),
+        "index_select": three(bare_gather), "memcpy": three(lambda: out.copy_(src))}
+    samples: dict[str, list[float]] = {name: [] for name in contenders}
     for r in range(repeat):
         order = list(contenders) if r % 2 == 0 else list(reversed(contenders))
         for name in order:
-            if name == "packer":  # one request at a time, idle between: as in use
-                times = []
-                for _ in range(3):
-                    idle()
-                    times.append(median_time(pack, repeat=1, number=1, warmup=0))
-                samples[name].append(sorted(times)[1])
-                continue
-            samples[name].append(median_time(contenders[name], repeat=1, number=3,
-                                             warmup=0))
+            samples[name].append(contenders[name]())
     med = {k: sorted(v)[len(v) // 2] for k, v in samples.items()}
     nbytes = batch * width * 4
     for k, v in med.items():
