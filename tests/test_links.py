@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -17,6 +18,7 @@ from replay_fsm.runtime.links import ExternalCollector
 from replay_fsm.wire import PackRequest
 
 S = 1_000_000_000  # ns per second
+MARGIN_S = 30.0  # a loaded CI machine is slow, never this slow
 
 
 class Clock:
@@ -196,3 +198,111 @@ def test_stop_waits_then_terminates_then_kills_within_its_timeout(
     assert fake.calls == joins[:1 + 2 * len(forced)]
     assert process_link.process is None  # its handle let go
     assert process_link.stop(10.0) == []  # a second stop has nothing left to do
+
+
+def test_the_heartbeat_bound_is_exact_to_the_nanosecond(
+        process_link: links.ProcessCollector, clock: Clock) -> None:
+    process_link.process = FakeProcess()
+    process_link.handle.packer_state[1] = clock.ns
+    clock.advance(5)
+    assert process_link.liveness(waiting=True, timeout=5.0) is None  # at the bound
+    clock.advance(ns=1)
+    gone = process_link.liveness(waiting=True, timeout=5.0)
+    assert gone is not None and gone.reason.startswith("no heartbeat from the packer")
+    process_link.process = None
+
+
+def test_an_unknown_collector_kind_is_named() -> None:
+    with pytest.raises(ValueError) as info:
+        links.make_link("procss", ReplayBuffer(64, 3, 2), 2, 4, packer_threads=None,
+                        attach_timeout=1.0)
+    assert str(info.value) == ("unknown collector 'procss'; supported: thread, process, "
+                               "external, or a CollectorLink instance")
+
+
+def test_each_kind_gets_its_link_with_the_callers_sizes() -> None:
+    rb = ReplayBuffer(64, 3, 2)
+    for kind, cls in (("thread", links.ThreadCollector), ("process", links.ProcessCollector),
+                      ("external", links.ExternalCollector)):
+        made = links.make_link(kind, rb, 3, 5, packer_threads=2, attach_timeout=7.0)
+        try:
+            assert type(made) is cls and made.kind == kind
+            assert [tuple(h.shape) for h in made.host_slots] == [(5, rb.width)] * 3
+            if kind == "external":
+                assert made.attach_timeout == 7.0
+        finally:
+            made.stop(1.0)
+
+
+def test_a_full_request_channel_fails_the_send_after_ten_seconds(
+        link: ExternalCollector, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ring has one place per slot, so a full channel means a stuck packer: the
+    send gives up after the 10 s its message names."""
+    waited = []
+
+    def put(values, text=None, timeout=None):  # type: ignore[no-untyped-def]
+        waited.append(timeout)
+        return False
+
+    monkeypatch.setattr(link.handle.requests, "put", put)
+    with pytest.raises(RuntimeError) as info:
+        send(link)
+    assert str(info.value) == "request channel stayed full for 10 s; the packer is stuck"
+    assert waited == [10.0]
+
+
+def test_receive_waits_no_longer_than_asked(link: ExternalCollector) -> None:
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(link.receive(0.01)), daemon=True)
+    waiter.start()
+    waiter.join(MARGIN_S)
+    alive = waiter.is_alive()
+    link.stop(1.0)  # wakes a receive that waits on: it raises ChannelClosed in there
+    assert not alive and got == [None]
+
+
+class Boom(Exception):
+    pass
+
+
+def test_a_packer_thread_that_raises_is_reported_with_its_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    ran_in = []
+
+    def service(self, timeout):  # type: ignore[no-untyped-def]
+        ran_in.append(threading.current_thread())
+        raise Boom("in the pack")
+
+    monkeypatch.setattr(links.Packer, "service", service)
+    made = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)
+    failures: list[BaseException] = []
+    failed = threading.Event()
+    made.start(lambda exc: (failures.append(exc), failed.set()))
+    assert failed.wait(MARGIN_S)
+    [thread] = ran_in  # named for debuggers, a daemon so it never holds up an exit
+    assert thread.name == "replay_fsm-packer" and thread.daemon is True
+    thread.join(MARGIN_S)
+    gone = made.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.reason == "the packer thread exited"
+    assert isinstance(gone.cause, Boom) and failures == [gone.cause]
+    assert made.stop(1.0) == []
+
+
+def test_a_packer_thread_hung_inside_a_pack_is_left_behind_by_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+
+    def service(self, timeout):  # type: ignore[no-untyped-def]
+        release.wait()
+
+    monkeypatch.setattr(links.Packer, "service", service)
+    made = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)
+    made.start(lambda exc: None)
+    assert made.liveness(waiting=False, timeout=5.0) is None  # alive, nothing waits
+    try:
+        assert made.stop(0.05) == [
+            "the packer thread did not stop within 0 s (hung inside a pack); it is a "
+            "daemon thread and is left behind"]
+    finally:
+        release.set()
+    assert made.liveness(waiting=True, timeout=5.0) is None  # stopped: no verdict
