@@ -299,10 +299,31 @@ def test_a_packer_thread_hung_inside_a_pack_is_left_behind_by_name(
     made = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)
     made.start(lambda exc: None)
     assert made.liveness(waiting=False, timeout=5.0) is None  # alive, nothing waits
-    try:
-        assert made.stop(0.05) == [
-            "the packer thread did not stop within 0 s (hung inside a pack); it is a "
-            "daemon thread and is left behind"]
-    finally:
-        release.set()
+    said: list[list[str]] = []
+    stopper = threading.Thread(target=lambda: said.append(made.stop(0.05)), daemon=True)
+    stopper.start()
+    stopper.join(MARGIN_S)  # stop is bounded by its timeout even with the thread hung
+    stopped = not stopper.is_alive()
+    release.set()
+    assert stopped and said == [[
+        "the packer thread did not stop within 0 s (hung inside a pack); it is a "
+        "daemon thread and is left behind"]]
     assert made.liveness(waiting=True, timeout=5.0) is None  # stopped: no verdict
+
+
+def test_a_packer_thread_that_ends_cleanly_reports_no_cause() -> None:
+    made = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)
+    made.start(lambda exc: None)
+    assert made.stop(MARGIN_S) == []
+    gone = made.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.cause is None
+
+
+def test_the_packer_process_gets_the_callers_thread_count() -> None:
+    made = links.make_link("process", ReplayBuffer(64, 3, 2), 2, 4, packer_threads=1,
+                           attach_timeout=1.0)
+    try:
+        # serve_forever(handle, replay_buffer, poll_s, threads) in the spawned child
+        assert made.process._args[3] == 1  # type: ignore[attr-defined]
+    finally:
+        made.stop(1.0)
