@@ -435,3 +435,44 @@ def test_a_buffers_pickled_state_rebuilds_its_views() -> None:
     assert (clone.ptr, clone.size) == (5, 5)
     rb.add_packed(constant_rows(rb, 6, 2))
     assert (clone.ptr, clone.size) == (7, 7)  # the same memory, not a copy
+
+
+def test_a_channel_needs_room_for_one_record_of_one_field() -> None:
+    ch = Channel(1, 1)  # the smallest channel
+    assert ch.put([7]) and ch.get(timeout=1.0) == ([7], None)
+    for capacity, width in ((0, 3), (2, 0)):
+        with pytest.raises(ValueError) as info:
+            Channel(capacity, width)
+        assert str(info.value) == "capacity and width must be >= 1"
+
+
+def test_an_empty_text_is_a_text_and_not_none() -> None:
+    """A packer's error text may be empty; it must still read as an error."""
+    ch = Channel(2, 1, text_bytes=8)
+    ch.put([1], "")
+    ch.put([2])
+    assert [ch.get(timeout=1.0), ch.get(timeout=1.0)] == [([1], ""), ([2], None)]
+
+
+def test_a_get_on_an_empty_channel_waits_no_longer_than_asked() -> None:
+    import threading
+
+    ch = Channel(2, 1)
+    got = []
+    waiter = threading.Thread(target=lambda: got.append(ch.get(timeout=0.01)), daemon=True)
+    waiter.start()
+    waiter.join(30.0)  # a loaded machine is slow, never this slow
+    alive = waiter.is_alive()
+    ch.close()  # wakes a get that waits on (it raises ChannelClosed in there)
+    assert not alive and got == [None]
+
+
+def test_a_channel_keeps_count_past_float_precision() -> None:
+    """The head and tail counters are int64: a learner can run for billions of ticks.
+    (As float32 they would stop advancing at 2**24, about 16.8 million messages.)"""
+    ch = Channel(2, 1)
+    ch._idx_np[:2] = 2**24  # as if 2**24 messages had gone through
+    for k in range(3):
+        assert ch.put([k]) and ch.backlog == 1
+        assert ch.get(timeout=1.0) == ([k], None) and ch.backlog == 0
+    assert int(ch._idx_np[0]) == 2**24 + 3
