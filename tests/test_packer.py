@@ -476,3 +476,59 @@ def test_a_channel_keeps_count_past_float_precision() -> None:
         assert ch.put([k]) and ch.backlog == 1
         assert ch.get(timeout=1.0) == ([k], None) and ch.backlog == 0
     assert int(ch._idx_np[0]) == 2**24 + 3
+
+
+def test_a_packer_refuses_host_slots_of_another_width() -> None:
+    rb = ReplayBuffer(64, 4, 2)
+    with pytest.raises(ValueError) as info:
+        Packer(PackerHandle.create(2, 8, rb.width + 1), rb)
+    assert str(info.value) == (f"host slots are {rb.width + 1} columns wide but the "
+                               f"replay buffer rows are {rb.width}")
+
+
+def test_a_request_for_another_batch_size_fails_that_tick_by_name() -> None:
+    rb, h = make(n=32)
+    packer = Packer(h, rb)
+    h.requests.put(request(0, 0, 5))
+    assert packer.service(timeout=1.0)
+    done = decode(PackDone, *h.done.get(timeout=1.0))  # type: ignore[misc]
+    assert done.error is not None
+    assert done.error.rstrip().endswith("ValueError: request for 5 rows, host slots hold 32")
+
+
+def test_a_pack_is_timed_on_the_system_wide_clock() -> None:
+    import time
+
+    rb, h = make()
+    packer = Packer(h, rb)
+    before = time.monotonic_ns()
+    h.requests.put(request(0, 0, 32))
+    assert packer.service(timeout=1.0)
+    done = decode(PackDone, *h.done.get(timeout=1.0))  # type: ignore[misc]
+    assert before <= done.pack_start_ns <= done.pack_end_ns <= time.monotonic_ns()
+
+
+def test_attaching_beats_the_heartbeat_and_names_the_packer() -> None:
+    import os
+    import time
+
+    rb, h = make()
+    learner = h.learner_pid
+    assert (h.packer_pid, h.heartbeat_ns) == (0, 0)
+    before = time.monotonic_ns()
+    Packer.attach(h, rb)
+    assert h.packer_pid == os.getpid() and h.learner_pid == learner
+    assert before <= h.heartbeat_ns <= time.monotonic_ns()
+
+
+def test_service_says_whether_it_served() -> None:
+    rb, h = make(rows=10)
+    packer = Packer(h, rb)
+    assert packer.service(timeout=0) is False  # nothing asked
+    assert packer.service(timeout=0.01) is False  # nothing came while it waited
+    h.requests.put(request(0, 0, 32, min_ptr=50))  # more rows than the buffer has seen
+    assert packer.service(timeout=0.01) is False  # waits (briefly) for the collector
+    assert packer.service(timeout=0) is False
+    rb.add_packed(constant_rows(rb, 2, 40))
+    assert packer.service(timeout=0) is True
+    assert h.done.get(timeout=1.0) is not None
