@@ -331,9 +331,14 @@ def test_every_truncation_is_reported(tmp_path: Path) -> None:
         elif length < HEADER_BYTES:
             assert str(info.value) == (f"{path}: truncated: {length} bytes, shorter than "
                                        f"the {HEADER_BYTES}-byte header")
+        else:  # the header is whole: it states the file's length
+            assert str(info.value) == (f"{path}: truncated: {length} bytes, the header "
+                                       f"says {len(data)}")
     path.write_bytes(data + b"\0")
-    with pytest.raises(CheckpointError, match="has trailing bytes"):
+    with pytest.raises(CheckpointError) as info:
         ReplayBuffer.load(path)
+    assert str(info.value) == (f"{path}: has trailing bytes: {len(data) + 1} bytes, the "
+                               f"header says {len(data)}")
 
 
 def rewrite_header(path: Path, version: int = checkpoint.FORMAT_VERSION,
