@@ -301,6 +301,7 @@ def test_add_packed_takes_a_numpy_array(dtype: type) -> None:
 
 @pytest.mark.parametrize("bad,error,expected", [
     (np.zeros((5, 3)), ValueError, "rows: got shape (5, 3), expected (n, 11)"),
+    (torch.zeros(2, 12), ValueError, "rows: got shape (2, 12), expected (n, 11)"),
     (torch.zeros(11), ValueError, "rows: got shape (11,), expected (n, 11)"),
     ([[0.0] * 11], TypeError, "rows must be a torch.Tensor or numpy.ndarray, got list"),
     (np.zeros((2, 11), dtype=np.complex64), TypeError, "rows must hold real numbers"),
@@ -398,3 +399,41 @@ def test_inv_row_gathers_never_see_a_torn_row(writer: str) -> None:
         gathers += 1
     w.join(60)
     assert rb.ptr == start_ptr + batches * batch
+
+
+@pytest.mark.parametrize("critic", [0, 2])
+def test_pack_is_the_inverse_of_views(critic: int) -> None:
+    rb = ReplayBuffer(8, 3, 2, critic)
+    packed = torch.arange(5 * rb.width, dtype=torch.float32).reshape(5, rb.width)
+    batch = rb.layout.views(packed)
+    names = {"obs", "next_obs", "actions", "rewards", "dones", "truncated"}
+    assert set(batch) == (names | {"critic", "next_critic"} if critic else names)
+    if critic:
+        assert torch.equal(batch["critic"], packed[:, 11:13])
+        assert torch.equal(batch["next_critic"], packed[:, 13:15])
+    assert torch.equal(rb.layout.pack(batch), packed)
+
+
+@pytest.mark.parametrize("capacity,rows", [(1000, 64), (65_537, 65), (102_400, 100),
+                                           (102_401, 101)])
+def test_the_default_region_is_a_1024th_of_the_buffer_and_at_least_64_rows(
+        capacity: int, rows: int) -> None:
+    rb = ReplayBuffer(capacity, 1, 1)
+    assert rb.region_rows == rows and type(rb.region_rows) is int
+
+
+def test_rows_ever_written_count_past_float_precision() -> None:
+    """ptr counts every row ever added (int64): a long run adds far more than 2**24."""
+    rb = ReplayBuffer(8, 1, 1)
+    rb._counters[0] = 2**24 + 1  # as if that many rows had been added before
+    rb._counters[1] = 8
+    rb.add_packed(torch.zeros(3, rb.width))
+    assert rb.ptr == 2**24 + 4 and rb.size == 8
+
+
+def test_the_finite_check_applies_to_the_values_stored() -> None:
+    """A float64 row beyond float32's range becomes infinity when stored: refused."""
+    rb = ReplayBuffer(8, 3, 2, check_finite=True)
+    with pytest.raises(ValueError, match=r"^row 0 of the batch: obs\[0\] is inf"):
+        rb.add_packed(torch.full((1, rb.width), 1e300, dtype=torch.float64))
+    assert rb.ptr == 0
