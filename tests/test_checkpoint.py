@@ -936,3 +936,37 @@ def test_checkpoint_benchmark_runs(tmp_path: Path) -> None:
     data = json.loads((root / "benchmarks/results/checkpoint-quick.json").read_text())
     assert data["quick"] and data["figures"]["ours_save_GBps"] > 0
     assert list(tmp_path.iterdir()) == []  # it cleans up after itself
+
+
+def test_a_layout_that_differs_names_both_layouts(tmp_path: Path) -> None:
+    path, _ = small_checkpoint(tmp_path)
+    rewrite_header(path, layout={"obs": [0, 3]})
+    with pytest.raises(CheckpointError) as info:
+        ReplayBuffer.load(path)
+    ours = {"obs": [0, 2], "next_obs": [2, 4], "actions": [4, 5], "rewards": 5,
+            "dones": 6, "truncated": 7, "critic": None, "next_critic": None, "width": 8}
+    assert str(info.value) == (f"{path}: row layout {{'obs': [0, 3]}} differs from this "
+                               f"library's {ours}")
+
+
+def test_a_failed_save_closes_its_file_even_as_descriptor_0(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that closed its standard input gets descriptor 0 for the next file
+    it opens: a save that fails must close that one too."""
+    rb = filled(14, 23)
+
+    def fail(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fail)
+    stdin = os.dup(0)
+    try:
+        os.close(0)
+        with pytest.raises(OSError, match="No space left"):
+            rb.save(tmp_path / "full.ckpt")
+        with pytest.raises(OSError):
+            os.fstat(0)  # closed again by the save
+    finally:
+        os.dup2(stdin, 0)
+        os.close(stdin)
+    assert os.listdir(tmp_path) == []  # and its temporary file is gone

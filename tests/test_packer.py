@@ -532,3 +532,6 @@ def test_service_says_whether_it_served() -> None:
     rb.add_packed(constant_rows(rb, 2, 40))
     assert packer.service(timeout=0) is True
     assert h.done.get(timeout=1.0) is not None
+    h.requests.put(request(1, 1, 32))
+    h.close()  # the learner closed: what was asked is not served
+    assert packer.service(timeout=0) is False and packer.closed
