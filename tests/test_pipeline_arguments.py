@@ -1,0 +1,92 @@
+"""The Pipeline's constructor as a user meets it: its defaults, and a message naming
+the argument for each bad one (the calls that start threads are covered in
+test_pipeline.py; these fail before any starts, or construct and close)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.runtime.links import ThreadCollector
+
+
+def buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(64, 3, 2)
+    rb.add_packed(torch.zeros(10, rb.width))
+    return rb
+
+
+def test_the_defaults() -> None:
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        assert (pipe.base_seed, pipe.ring_depth, pipe.liveness_timeout) == (0, 2, 5.0)
+        assert pipe.collector == "thread" and str(pipe.device) == "cpu"
+        assert pipe.tracer is None and pipe.forced == [] and not pipe.closed
+        assert [tuple(h.shape) for h in pipe.host_slots] == [(8, 11)] * 2
+        assert pipe.pending == ()
+    assert pipe.closed and pipe.forced == []
+
+
+def test_a_collector_link_instance_gives_its_kind() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector=ThreadCollector(rb, 2, 8)) as pipe:
+        assert pipe.collector == "thread"
+
+
+def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
+    with Pipeline(buffer(), sample_count=8, trace=True, trace_capacity=3) as pipe:
+        assert pipe.tracer is not None and pipe.tracer.capacity == 3
+        pipe.start_prepare(0, 8)
+        pipe.sample_large_batch(0, 8)
+        pipe.after_tick()
+        assert len(pipe.tracer.events()) == 3  # the ring of the last 3 events
+
+
+@pytest.mark.parametrize("kwargs,error,message", [
+    ({"sample_count": 0}, ValueError, "sample_count must be an int >= 1, got 0"),
+    ({"trace_capacity": 0}, ValueError, "trace_capacity must be an int >= 1, got 0"),
+    ({"packer_threads": 0}, ValueError, "packer_threads must be an int >= 1, got 0"),
+    ({"liveness_timeout": 0}, ValueError,
+     "liveness_timeout must be a finite number of seconds > 0, got 0"),
+    ({"liveness_timeout": float("inf")}, ValueError,
+     "liveness_timeout must be a finite number of seconds > 0, got inf"),
+    ({"attach_timeout": True}, ValueError,
+     "attach_timeout must be a finite number of seconds > 0, got True"),
+    ({"attach_timeout": "60"}, ValueError,
+     "attach_timeout must be a finite number of seconds > 0, got '60'"),
+])
+def test_a_bad_argument_is_named(kwargs: dict, error: type, message: str) -> None:
+    args = {"sample_count": 8, **kwargs}
+    with pytest.raises(error) as info:
+        Pipeline(buffer(), **args)
+    assert str(info.value) == message
+
+
+def test_the_smallest_values_are_accepted() -> None:
+    with Pipeline(buffer(), sample_count=1, trace=True, trace_capacity=1,
+                  packer_threads=1) as pipe:
+        pipe.start_prepare(0, 1)
+        assert pipe.sample_large_batch(0, 1)["obs"].shape == (1, 3)
+
+
+def test_a_source_without_the_buffer_interface_is_named() -> None:
+    class Partial:
+        layout = width = None
+
+    with pytest.raises(TypeError) as info:
+        Pipeline(Partial(), sample_count=8)  # type: ignore[arg-type]
+    assert str(info.value) == ("replay_buffer must be a replay_fsm.ReplayBuffer (or offer "
+                               "its interface); Partial lacks ptr, size, gather")
+
+
+def test_a_source_other_than_a_replay_buffer_needs_its_own_link() -> None:
+    class Source:
+        layout, width, ptr, size = buffer().layout, 11, 0, 0
+
+        def gather(self, indices, out):  # type: ignore[no-untyped-def]
+            return out
+
+    with pytest.raises(TypeError) as info:
+        Pipeline(Source(), sample_count=8)  # type: ignore[arg-type]
+    assert str(info.value) == ("collector='thread' packs with a replay_fsm.ReplayBuffer; "
+                               "a Source needs a CollectorLink of its own")
