@@ -8,33 +8,80 @@ trampolined copy (``mutants/``) with that mutant active, two at a time. A mutant
 those tests fail on is killed, and is recorded as mutmut records a kill (exit code 1
 in its ``.meta`` file), so that the report and later ``mutmut run``s see it. Any
 other outcome records nothing: the mutant stays for mutmut's full test selection.
-A control run of the same tests with no mutant active must pass first.
+A control run of the same tests with no mutant active must pass first, and a failure
+counts only when a second run fails too (a loaded machine can fail a test once).
+
+Like mutmut's fork server, this process imports the libraries of
+``tests/mutation_preload.txt`` (never replay_fsm, whose import-time code must run
+mutated) once, and forks one pytest per mutant from there: torch is not imported
+again for each mutant.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import importlib
 import json
 import os
-import subprocess
+import select
+import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 from tests.mutation_report import MUTANTS, NOT_KILLED, STATUS
 
 TIMEOUT_S = 60
+PRELOAD = Path(__file__).with_name("mutation_preload.txt")
+
+
+def preload() -> None:
+    for line in PRELOAD.read_text().splitlines():
+        name = line.split("#", 1)[0].strip()
+        if name:
+            importlib.import_module(name)
 
 
 def run(tests: list[str], mutant: str) -> int:
-    env = {k: v for k, v in os.environ.items() if k not in ("CI", "REPLAY_FSM_SLOW")}
-    env.update(MUTANT_UNDER_TEST=mutant, HYPOTHESIS_PROFILE="mutation")
+    """Fork, run ``tests`` under ``mutant`` in the child; its exit code, -1 if it
+    outran TIMEOUT_S (it and everything it started are killed)."""
+    pid = os.fork()
+    if pid == 0:  # the child: its own process group, so a timeout kills its children
+        code = 3
+        try:
+            os.setsid()
+            for name in [n for n in sys.modules if n == "tests" or n.startswith("tests.")]:
+                del sys.modules[name]  # the child's tests are mutants/tests
+            assert "replay_fsm" not in sys.modules
+            os.chdir(MUTANTS)
+            sys.path.insert(0, str(MUTANTS))
+            for var in ("CI", "REPLAY_FSM_SLOW"):
+                os.environ.pop(var, None)
+            os.environ.update(MUTANT_UNDER_TEST=mutant, HYPOTHESIS_PROFILE="mutation")
+            null = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(null, 1)
+            os.dup2(null, 2)
+            import pytest
+            code = int(pytest.main(["-q", "-x", "-p", "no:cacheprovider",
+                                    "-p", "no:randomly", *tests]))
+        finally:
+            os._exit(code)
+    fd = os.pidfd_open(pid)
     try:
-        return subprocess.run(
-            [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-             "-p", "no:randomly", *tests], cwd=MUTANTS, env=env, timeout=TIMEOUT_S,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode
-    except subprocess.TimeoutExpired:
-        return -1
+        if not select.select([fd], [], [], TIMEOUT_S)[0]:
+            os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1
+    finally:
+        os.close(fd)
+    return os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])
+
+
+def run_twice(tests: list[str], mutant: str) -> int:
+    """``run``, and for a failure a second run: a kill is a failure seen twice, so a
+    test that fails once on a loaded machine does not turn into a kill."""
+    code = run(tests, mutant)
+    return run(tests, mutant) if code == 1 else code
 
 
 def main(pattern: str, tests: list[str], survivors: bool = False) -> int:
@@ -48,7 +95,7 @@ def main(pattern: str, tests: list[str], survivors: bool = False) -> int:
             for name, code in data["exit_code_by_key"].items()
             if code in judge and fnmatch.fnmatch(name, pattern)]
     with ThreadPoolExecutor(2) as pool:
-        codes = list(pool.map(lambda item: run(tests, item[1]), todo))
+        codes = list(pool.map(lambda item: run_twice(tests, item[1]), todo))
     killed = [(meta, name) for (meta, name), code in zip(todo, codes, strict=True)
               if code == 1]
     for meta, name in killed:
@@ -66,4 +113,5 @@ if __name__ == "__main__":
     args = sys.argv[1:]
     flag = "--survivors" in args
     args = [a for a in args if a != "--survivors"]
+    preload()
     sys.exit(main(args[0], args[1:], survivors=flag))
