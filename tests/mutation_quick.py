@@ -98,10 +98,12 @@ def main(pattern: str, tests: list[str], survivors: bool = False) -> int:
         codes = list(pool.map(lambda item: run_twice(tests, item[1]), todo))
     killed = [(meta, name) for (meta, name), code in zip(todo, codes, strict=True)
               if code == 1]
-    for meta, name in killed:
-        metas[meta]["exit_code_by_key"][name] = 1
+    # Read each file again before writing it: a mutmut run may have recorded other
+    # verdicts in it while these tests ran.
     for meta in {m for m, _ in killed}:
-        meta.write_text(json.dumps(metas[meta]))
+        data = json.loads(meta.read_text())
+        data["exit_code_by_key"].update((name, 1) for m, name in killed if m == meta)
+        meta.write_text(json.dumps(data))
     with (MUTANTS / "quick-kills.txt").open("a") as log:
         log.writelines(f"{name}\t{' '.join(tests)}\n" for _, name in killed)
     print(f"{len(todo)} judged, {len(killed)} killed, {len(todo) - len(killed)} left "
