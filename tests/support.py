@@ -1,10 +1,28 @@
-"""Helpers shared by the core tests: drive slot 0 into a state, apply one event."""
+"""Helpers shared by the tests: drive slot 0 into a state, apply one event; bound a
+call that might block."""
 
 from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
 
 from replay_fsm.core import Core
 from replay_fsm.spec import Event, SlotState
 from replay_fsm.wire import PackDone
+
+MARGIN_S = 30.0  # a loaded CI machine is slow, never this slow
+
+
+def finishes_within(fn: Callable[[], Any], timeout: float = MARGIN_S
+                    ) -> tuple[bool, list[Any]]:
+    """Run ``fn`` in a daemon thread: whether it returned within ``timeout``, and
+    ``[its result]`` if it did. A call that blocks on stays blocked in that thread."""
+    got: list[Any] = []
+    thread = threading.Thread(target=lambda: got.append(fn()), daemon=True)
+    thread.start()
+    thread.join(timeout)
+    return not thread.is_alive(), got
 
 
 def done_for(core: Core, slot: int) -> PackDone:

@@ -139,7 +139,10 @@ def refusals() -> list[tuple[str, object, str]]:
     ]
 
 
-@pytest.mark.parametrize("what,call,message", refusals(), ids=[r[0] for r in refusals()])
+REFUSALS = refusals()
+
+
+@pytest.mark.parametrize("what,call,message", REFUSALS, ids=[r[0] for r in REFUSALS])
 def test_each_refusal_says_exactly_what_is_wrong(what: str, call, message: str) -> None:
     core = Core(2, base_seed=5, sample_count=7)
     core.request(3)

@@ -17,8 +17,9 @@ from replay_fsm.runtime import links
 from replay_fsm.runtime.links import ExternalCollector
 from replay_fsm.wire import PackRequest
 
+from .support import MARGIN_S, finishes_within
+
 S = 1_000_000_000  # ns per second
-MARGIN_S = 30.0  # a loaded CI machine is slow, never this slow
 
 
 class Clock:
@@ -252,13 +253,9 @@ def test_a_full_request_channel_fails_the_send_after_ten_seconds(
 
 
 def test_receive_waits_no_longer_than_asked(link: ExternalCollector) -> None:
-    got = []
-    waiter = threading.Thread(target=lambda: got.append(link.receive(0.01)), daemon=True)
-    waiter.start()
-    waiter.join(MARGIN_S)
-    alive = waiter.is_alive()
+    finished, got = finishes_within(lambda: link.receive(0.01))
     link.stop(1.0)  # wakes a receive that waits on: it raises ChannelClosed in there
-    assert not alive and got == [None]
+    assert finished and got == [None]
 
 
 class Boom(Exception):
@@ -299,11 +296,8 @@ def test_a_packer_thread_hung_inside_a_pack_is_left_behind_by_name(
     made = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)
     made.start(lambda exc: None)
     assert made.liveness(waiting=False, timeout=5.0) is None  # alive, nothing waits
-    said: list[list[str]] = []
-    stopper = threading.Thread(target=lambda: said.append(made.stop(0.05)), daemon=True)
-    stopper.start()
-    stopper.join(MARGIN_S)  # stop is bounded by its timeout even with the thread hung
-    stopped = not stopper.is_alive()
+    # stop is bounded by its timeout even with the thread hung
+    stopped, said = finishes_within(lambda: made.stop(0.05))
     release.set()
     assert stopped and said == [[
         "the packer thread did not stop within 0 s (hung inside a pack); it is a "

@@ -16,6 +16,7 @@ from replay_fsm.data.sampling import expected_batch, sample_indices
 from replay_fsm.wire import PackDone, PackRequest, decode, encode
 
 from .collectors import constant_rows, fill_and_serve, serve
+from .support import finishes_within
 
 
 @given(size=st.integers(1, 10_000), n=st.integers(1, 300), seed=st.integers(0, 2**40))
@@ -455,16 +456,10 @@ def test_an_empty_text_is_a_text_and_not_none() -> None:
 
 
 def test_a_get_on_an_empty_channel_waits_no_longer_than_asked() -> None:
-    import threading
-
     ch = Channel(2, 1)
-    got = []
-    waiter = threading.Thread(target=lambda: got.append(ch.get(timeout=0.01)), daemon=True)
-    waiter.start()
-    waiter.join(30.0)  # a loaded machine is slow, never this slow
-    alive = waiter.is_alive()
+    finished, got = finishes_within(lambda: ch.get(timeout=0.01))
     ch.close()  # wakes a get that waits on (it raises ChannelClosed in there)
-    assert not alive and got == [None]
+    assert finished and got == [None]
 
 
 def test_a_channel_keeps_count_past_float_precision() -> None:
