@@ -64,6 +64,11 @@ SAMPLE: dict[str, Mutant] = {
         "if ready.shared_slot == ready.target_gpu_slot:",
         ("tests/test_compat_wire.py::"
          "test_a_ready_dict_whose_slots_differ_raises_the_seeds_runtime_error",)),
+    # compat: the seed's collector taken for dead while it runs, for alive once it exits.
+    "replay_fsm.compat.link.xǁSlotHoldersǁdead__mutmut_1": Mutant(
+        "replay_fsm/compat/link.py", "if not proc.is_alive():", "if proc.is_alive():",
+        ("tests/test_compat_link.py::"
+         "test_the_collector_that_exits_is_reported_with_its_name_pid_and_code",)),
     # checkpoint: a file that ends early taken for a full read.
     "replay_fsm.data.checkpoint.x__readinto_all__mutmut_4": Mutant(
         "replay_fsm/data/checkpoint.py", "            return False\n",
