@@ -3,13 +3,16 @@
 ``python -m tests.mutation_quick PATTERN TEST...`` runs, for every mutant whose name
 matches PATTERN and which mutmut has not checked (or, with ``--survivors``, which
 survived or had no test in mutmut's run: to judge a test written for it), the given
-tests on mutmut's
-trampolined copy (``mutants/``) with that mutant active, two at a time. A mutant
+tests on mutmut's trampolined copy (``mutants/``) with that mutant active, two at a
+time. A mutant
 those tests fail on is killed, and is recorded as mutmut records a kill (exit code 1
 in its ``.meta`` file), so that the report and later ``mutmut run``s see it. Any
 other outcome records nothing: the mutant stays for mutmut's full test selection.
 A control run of the same tests with no mutant active must pass first, and a failure
 counts only when a second run fails too (a loaded machine can fail a test once).
+
+``python -m tests.mutation_quick --recheck N [SEED]`` runs the tests of N recorded
+kills (a random sample of ``quick-kills.txt``) again, to see that they hold.
 
 Like mutmut's fork server, this process imports the libraries of
 ``tests/mutation_preload.txt`` (never replay_fsm, whose import-time code must run
@@ -23,6 +26,7 @@ import fnmatch
 import importlib
 import json
 import os
+import random
 import select
 import signal
 import sys
@@ -111,8 +115,41 @@ def main(pattern: str, tests: list[str], survivors: bool = False) -> int:
     return 0
 
 
+def recorded_kills() -> dict[str, list[str]]:
+    """Each mutant in ``quick-kills.txt`` and the tests that killed it (its last
+    entry); a ``-k`` expression is the rest of its line."""
+    kills = {}
+    for line in (MUTANTS / "quick-kills.txt").read_text().splitlines():
+        name, _, words = line.partition("\t")
+        tokens = words.split()
+        if "-k" in tokens:
+            at = tokens.index("-k")
+            tokens = [*tokens[:at], "-k", " ".join(tokens[at + 1:])]
+        kills[name] = tokens
+    return kills
+
+
+def recheck(count: int, seed: int = 0) -> int:
+    """Run the tests of ``count`` recorded quick kills again (a random sample, the
+    same for the same seed) with their mutant active: each must fail twice again.
+    Prints the ones that do not; records nothing."""
+    kills = recorded_kills()
+    sample = random.Random(seed).sample(sorted(kills), min(count, len(kills)))
+    with ThreadPoolExecutor(2) as pool:
+        codes = list(pool.map(lambda name: run_twice(kills[name], name), sample))
+    for name, code in zip(sample, codes, strict=True):
+        if code != 1:
+            print(f"did not hold: {name} (exit code {code}; tests {' '.join(kills[name])})")
+    held = sum(code == 1 for code in codes)
+    print(f"{len(sample)} quick kills rechecked (seed {seed}), {held} held")
+    return 0 if held == len(sample) else 1
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
+    if args[:1] == ["--recheck"]:
+        preload()
+        sys.exit(recheck(int(args[1]), int(args[2]) if len(args) > 2 else 0))
     flag = "--survivors" in args
     args = [a for a in args if a != "--survivors"]
     preload()
