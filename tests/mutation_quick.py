@@ -4,10 +4,10 @@
 matches PATTERN and which mutmut has not checked (or, with ``--survivors``, which
 survived or had no test in mutmut's run: to judge a test written for it), the given
 tests on mutmut's trampolined copy (``mutants/``) with that mutant active, two at a
-time. A mutant
-those tests fail on is killed, and is recorded as mutmut records a kill (exit code 1
-in its ``.meta`` file), so that the report and later ``mutmut run``s see it. Any
-other outcome records nothing: the mutant stays for mutmut's full test selection.
+time. A mutant those tests fail on is killed, and is recorded as mutmut records a
+kill (exit code 1 in its ``.meta`` file), so that the report and later ``mutmut
+run``s see it. Any other outcome records nothing: the mutant stays for mutmut's full
+test selection.
 A control run of the same tests with no mutant active must pass first, and a failure
 counts only when a second run fails too (a loaded machine can fail a test once).
 
@@ -148,6 +148,8 @@ def recheck(count: int, seed: int = 0) -> int:
 if __name__ == "__main__":
     args = sys.argv[1:]
     if args[:1] == ["--recheck"]:
+        if len(args) not in (2, 3):
+            sys.exit("usage: python -m tests.mutation_quick --recheck N [SEED]")
         preload()
         sys.exit(recheck(int(args[1]), int(args[2]) if len(args) > 2 else 0))
     flag = "--survivors" in args
