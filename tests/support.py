@@ -1,5 +1,6 @@
 """Helpers shared by the tests: drive slot 0 into a state, apply one event; bound a
-call that might block."""
+call that might block; stand-ins for a process that exited and for a link that only
+has host slots."""
 
 from __future__ import annotations
 
@@ -7,11 +8,40 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from replay_fsm.core import Core
+from replay_fsm.runtime.links import CollectorLink
 from replay_fsm.spec import Event, SlotState
 from replay_fsm.wire import PackDone
 
 MARGIN_S = 30.0  # a loaded CI machine is slow, never this slow
+
+
+class Exited:
+    """A watched process that has exited (``watch`` reads pid, exitcode, is_alive)."""
+
+    def __init__(self, pid: int = 4242, exitcode: int = -9) -> None:
+        self.pid, self.exitcode = pid, exitcode
+
+    def is_alive(self) -> bool:
+        return False
+
+
+class SlotsOnlyLink(CollectorLink):
+    """A link with ``rows`` x ``width`` host slots (two) and nothing more: it has no
+    packer handle, and nothing is sent to or received from it."""
+
+    def __init__(self, rows: int, width: int, kind: str = "custom") -> None:
+        super().__init__()
+        self.kind = kind  # type: ignore[misc]
+        self.host_slots = [torch.zeros(rows, width) for _ in range(2)]
+
+    def send(self, request: object, **kwargs: object) -> None:
+        raise AssertionError("not used here")
+
+    def receive(self, timeout: float) -> None:
+        return None
 
 
 def finishes_within(fn: Callable[[], Any], timeout: float = MARGIN_S

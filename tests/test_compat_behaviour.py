@@ -20,6 +20,7 @@ from replay_fsm.data.buffer import Layout
 from replay_fsm.data.sampling import expected_batch
 
 from .collectors import SeedStyleBuffer, add_rows, seed_pack
+from .support import Exited
 
 N, BASE_SEED, WIDTH = 8, 3, 2 * 5 + 3 + 3 + 2 * 2
 SUBMITTED = {"pack_layout": "packed", "pack_executor": "collector_thread",
@@ -440,20 +441,14 @@ def test_a_watched_process_that_dies_fails_the_wait_with_collector_died() -> Non
     collector that died raises at once, naming what died (not after stall_timeout)."""
     from replay_fsm.compat import CollectorDied
 
-    class Dead:
-        pid, exitcode = 4242, -9
-
-        def is_alive(self) -> bool:
-            return False
-
     with Hand() as h:
-        h.pipe.watch(Dead(), "the simulator")
+        h.pipe.watch(Exited(), "the simulator")
         h.pipe.start_prepare(0, N)
         with pytest.raises(CollectorDied, match=r"the simulator \(pid 4242\) exited with "
                            r"code -9"):
             h.pipe.wait_until_ready(0, N)
     with Hand() as h:  # by default, "the collector process"
-        h.pipe.watch(Dead())
+        h.pipe.watch(Exited())
         h.pipe.start_prepare(0, N)
         with pytest.raises(CollectorDied, match=r"^.*the collector process \(pid 4242\)"):
             h.pipe.wait_until_ready(0, N)

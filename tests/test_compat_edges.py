@@ -21,7 +21,7 @@ from replay_fsm.runtime.observers import Observer
 from replay_fsm.spec import Actor
 
 from .collectors import SeedStyleBuffer, seed_pack
-from .support import MARGIN_S, finishes_within
+from .support import MARGIN_S, Exited, finishes_within
 from .test_compat_behaviour import BASE_SEED, WIDTH, Hand, N
 
 
@@ -33,15 +33,6 @@ def serve_when_asked(h: Hand) -> threading.Thread:
     thread = threading.Thread(target=answer, daemon=True)
     thread.start()
     return thread
-
-
-class Dead:
-    """A watched process that has exited."""
-
-    pid, exitcode = 4242, -9
-
-    def is_alive(self) -> bool:
-        return False
 
 
 # -- construction ------------------------------------------------------------------
@@ -96,7 +87,7 @@ def test_a_failure_names_the_seeds_tick_id_and_is_raised_again_as_the_same_error
         h.sample(0)
         h.pipe.after_tick()
         h.pipe.start_prepare(41, N)  # request number 2
-        h.pipe.watch(Dead(), "the simulator\n(second line)")
+        h.pipe.watch(Exited(), "the simulator\n(second line)")
         with pytest.raises(CollectorDied) as info:
             h.pipe.wait_until_ready(41, N)
         # the whole text, several lines, with the seed's tick id for the request number

@@ -6,6 +6,7 @@ with real collector processes and threads; here every edge is pinned exactly."""
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import queue
@@ -41,7 +42,6 @@ def is_open(fd: int) -> bool:
 
 
 def address_of(mapped: mmap.mmap) -> int:
-    import ctypes
     return ctypes.addressof(ctypes.c_char.from_buffer(mapped))
 
 
@@ -117,7 +117,6 @@ class At:
 @LINUX
 def test_a_shared_mapping_that_ends_where_a_slot_begins_is_not_the_slots(tmp_path: Path
                                                                          ) -> None:
-    import ctypes
     libc = ctypes.CDLL(None, use_errno=True)
     libc.mmap.restype = ctypes.c_void_p
     libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,

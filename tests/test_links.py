@@ -17,7 +17,7 @@ from replay_fsm.runtime import links
 from replay_fsm.runtime.links import ExternalCollector
 from replay_fsm.wire import PackRequest
 
-from .support import MARGIN_S, finishes_within
+from .support import MARGIN_S, Exited, finishes_within
 
 S = 1_000_000_000  # ns per second
 
@@ -91,13 +91,7 @@ def test_an_attached_collector_is_judged_by_its_process_and_heartbeat(
 
 
 def test_a_watched_process_is_asked_first(link: ExternalCollector, clock: Clock) -> None:
-    class Dead:
-        pid, exitcode = 4242, -9
-
-        def is_alive(self) -> bool:
-            return False
-
-    link.watch(Dead(), "the simulator")
+    link.watch(Exited(), "the simulator")
     gone = link.liveness(waiting=False, timeout=5.0)
     assert gone is not None and gone.reason == "the simulator (pid 4242) exited with code -9"
 
@@ -165,13 +159,7 @@ def test_a_live_packer_process_is_judged_by_its_heartbeat(
         "no heartbeat from the packer process (pid 4242) for 6.0 s (alive but not serving: "
         "hung inside a pack?)")
 
-    class Dead:
-        pid, exitcode = 7, 1
-
-        def is_alive(self) -> bool:
-            return False
-
-    process_link.watch(Dead(), "the simulator")
+    process_link.watch(Exited(7, 1), "the simulator")
     gone = process_link.liveness(waiting=False, timeout=5.0)
     assert gone is not None and gone.reason == "the simulator (pid 7) exited with code 1"
     fake.alive, fake.exitcode = False, -9

@@ -19,6 +19,7 @@ from replay_fsm.transfer.manual import ManualBackend
 from .backends import CONTRACT, contract_params
 from .collectors import fill_and_serve
 from .drive import complete_copies_for, packed, reference, run_ticks
+from .support import Exited, SlotsOnlyLink
 
 BACKENDS = contract_params()  # every registered backend (tests/backends.py)
 
@@ -350,12 +351,6 @@ def test_a_watched_process_that_exits_is_named() -> None:
     its default name is "the collector process". Kills
     replay_fsm.runtime.pipeline.xǁPipelineǁwatch mutants 1, 2 and 4."""
 
-    class Exited:
-        pid, exitcode = 4242, -9
-
-        def is_alive(self) -> bool:
-            return False
-
     with Pipeline(buffer(), sample_count=8, collector="external", backend="manual",
                   liveness_timeout=60) as pipe:
         pipe.watch(Exited())
@@ -462,28 +457,14 @@ def test_a_closed_request_channel_is_collector_died_chained_to_it() -> None:
 
 def test_packer_handle_is_refused_by_name() -> None:
     """Kills xǁPipelineǁpacker_handle mutants 1-3 and 5-7 (the messages)."""
-    from replay_fsm.runtime.links import CollectorLink
-
-    class Queues(CollectorLink):  # a link without a handle, as the seed's queues are
-        kind = "seed"
-
-        def __init__(self, width: int) -> None:
-            super().__init__()
-            self.host_slots = [torch.zeros(8, width) for _ in range(2)]
-
-        def send(self, request: object, **kwargs: object) -> None:
-            raise AssertionError("not used here")
-
-        def receive(self, timeout: float) -> None:
-            return None
-
     rb = buffer()
     pipe = Pipeline(rb, sample_count=8, backend="manual")
     pipe.close()
     with pytest.raises(ValueError) as info:
         pipe.packer_handle()
     assert str(info.value) == "the pipeline is closed; its packer handle is gone"
-    with Pipeline(rb, sample_count=8, backend="manual", collector=Queues(rb.width)) as pipe:
+    seed_like = SlotsOnlyLink(8, rb.width, kind="seed")  # no handle, as the seed's queues
+    with Pipeline(rb, sample_count=8, backend="manual", collector=seed_like) as pipe:
         with pytest.raises(ValueError) as info:
             pipe.packer_handle()
         assert str(info.value) == "this pipeline's collector (seed) has no packer handle"

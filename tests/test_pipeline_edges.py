@@ -25,13 +25,13 @@ from replay_fsm.errors import (
 from replay_fsm.runtime import links
 from replay_fsm.runtime import pipeline as pipeline_module
 from replay_fsm.runtime.checked import CheckedModeViolation
-from replay_fsm.runtime.links import CollectorLink, ThreadCollector
+from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.runtime.observers import Observer
 from replay_fsm.spec import Actor, Event, SlotState
 from replay_fsm.transfer.manual import ManualBackend
 
 from .drive import complete_copies_for, run_ticks
-from .support import MARGIN_S, done_for, finishes_within
+from .support import MARGIN_S, SlotsOnlyLink, done_for, finishes_within
 
 N = 8  # rows per batch
 WIDTH = 11  # ReplayBuffer(_, 3, 2): obs 3 + next_obs 3 + actions 2 + 3 scalar columns
@@ -157,27 +157,11 @@ def test_the_packer_process_is_given_the_thread_count_asked_for(
         assert pipe.collector_process._args[3] == 3
 
 
-class WrongSlots(CollectorLink):
-    """A link whose host slots hold 4 rows, not the pipeline's ``sample_count``."""
-
-    kind = "wrong"
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.host_slots = [torch.zeros(4, width) for _ in range(2)]
-
-    def send(self, request: object, **kwargs: object) -> None:
-        raise AssertionError("not used here")
-
-    def receive(self, timeout: float) -> None:
-        return None
-
-
 def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
     """Kills xǁPipelineǁ__init__ mutant 138 (the message dropped)."""
     threads = set(threading.enumerate())
     with pytest.raises(ValueError) as info:
-        Pipeline(buffer(), sample_count=N, backend="manual", collector=WrongSlots(WIDTH))
+        Pipeline(buffer(), sample_count=N, backend="manual", collector=SlotsOnlyLink(4, WIDTH))
     assert str(info.value) == ("host slots have shapes [(4, 11), (4, 11)], expected 2 of "
                                "(8, 11)")
     assert set(threading.enumerate()) <= threads  # nothing was started
