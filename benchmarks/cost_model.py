@@ -29,10 +29,10 @@ from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.data.sampling import sample_indices
 
 try:
-    from common import RESULTS, table, write_result
+    from common import RESULTS, steady_malloc, table, write_result
     from learner_loop import make_compute
 except ImportError:
-    from benchmarks.common import RESULTS, table, write_result
+    from benchmarks.common import RESULTS, steady_malloc, table, write_result
     from benchmarks.learner_loop import make_compute
 
 BASE = {"batch": 16_384, "width": 256, "rows": 500_000, "depth": 2, "packer_threads": 1}
@@ -176,6 +176,7 @@ def plot(figures: dict[str, Any], path: Any) -> bool:
 
 
 def main(quick: bool = False) -> dict[str, Any]:
+    malloc_fixed = steady_malloc()  # the learner step's temporaries: see common
     torch.set_num_threads(1)
     base = QUICK_BASE if quick else BASE
     sweeps = QUICK_SWEEPS if quick else SWEEPS
@@ -208,7 +209,8 @@ def main(quick: bool = False) -> dict[str, Any]:
               for p in ps]
     figures["model_error_median"] = statistics.median(errors)
     figures["model_error_max"] = max(errors)
-    write_result("cost_model", {"base": base, "ticks": ticks, "reps": reps}, figures,
+    write_result("cost_model", {"base": base, "ticks": ticks, "reps": reps,
+                                "malloc_thresholds_fixed": malloc_fixed}, figures,
                  quick=quick)
     png = RESULTS / f"cost_model{'-quick' if quick else ''}.png"
     figures["plot"] = str(png.name) if plot(figures, png) else None

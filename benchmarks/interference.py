@@ -35,10 +35,10 @@ from replay_fsm.data.sampling import sample_indices
 from replay_fsm.wire import PackRequest, encode
 
 try:
-    from common import table, write_result
+    from common import steady_malloc, table, write_result
     from learner_loop import make_compute
 except ImportError:
-    from benchmarks.common import table, write_result
+    from benchmarks.common import steady_malloc, table, write_result
     from benchmarks.learner_loop import make_compute
 
 
@@ -161,6 +161,7 @@ KINDS = ("alone", "busy thread", "busy process", "gather thread", "gather proces
 
 
 def main(quick: bool = False) -> dict[str, Any]:
+    malloc_fixed = steady_malloc()  # the learner step's temporaries: see common
     torch.set_num_threads(1)
     rows, width, n = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
     steps, rounds = (10, 1) if quick else (60, 3)
@@ -193,7 +194,8 @@ def main(quick: bool = False) -> dict[str, Any]:
                          "gil_wait_p50_us": gil[len(gil) // 2] * 1e6,
                          "gil_wait_p99_us": gil[min(len(gil) - 1, int(len(gil) * .99))] * 1e6}
     write_result("interference", {"rows": rows, "width": width, "batch": n, "steps": steps,
-                                  "rounds": rounds}, figures, quick=quick)
+                                  "rounds": rounds, "malloc_thresholds_fixed": malloc_fixed},
+                 figures, quick=quick)
     print(table("what a neighbour costs the learner's compute (median step; probe wake-up)",
                 [(k, f"{v['step_ms']:.2f}", f"{v['slowdown']:.3f}",
                   f"{v['gil_wait_p50_us']:.0f}", f"{v['gil_wait_p99_us']:.0f}")

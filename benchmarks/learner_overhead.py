@@ -69,6 +69,11 @@ def main(quick: bool = False) -> dict[str, float]:
             allocs = [e for e in prof.events() if e.cpu_memory_usage > 0]
             figures[f"depth{depth}_torch_allocs_per_tick"] = len(allocs) / k
     for collector in ("thread", "process"):
+        med, p99, prepare = packer_idle(collector, quick)
+        figures[f"idle_{collector}_us_median"] = med
+        figures[f"idle_{collector}_us_p99"] = p99
+        figures[f"idle_{collector}_start_prepare_us_median"] = prepare
+    for collector in ("thread", "process"):
         med, p99, share = while_gathering(collector, quick)
         figures[f"gathering_{collector}_us_median"] = med
         figures[f"gathering_{collector}_us_p99"] = p99
@@ -83,12 +88,46 @@ def main(quick: bool = False) -> dict[str, float]:
          f"{figures[f'depth{d}_net_bytes_per_tick']:.1f}",
          f"{figures[f'depth{d}_torch_allocs_per_tick']:.2f}") for d in (2, 3)
     ], ("config", "median", "p99", "net bytes/tick", "torch allocs/tick")))
+    print(table("the same by collector, ring depth 3, the packer asleep when asked (us)", [
+        (f"{c} collector", f"{figures[f'idle_{c}_us_median']:.1f}",
+         f"{figures[f'idle_{c}_us_p99']:.1f}",
+         f"{figures[f'idle_{c}_start_prepare_us_median']:.1f}") for c in ("thread", "process")
+    ], ("config", "median", "p99", "start_prepare median")))
     print(table("learner-visible overhead per tick, batch ready, packer gathering (us)", [
         (f"{c} collector", f"{figures[f'gathering_{c}_us_median']:.1f}",
          f"{figures[f'gathering_{c}_us_p99']:.1f}",
          f"{100 * figures[f'gathering_{c}_share']:.0f} %") for c in ("thread", "process")
     ], ("config", "median", "p99", "ticks timed mid-gather")))
     return figures
+
+
+def packer_idle(collector: str, quick: bool) -> tuple[float, float, float]:
+    """The learner's calls with the next batch ready too (ring depth 3, small
+    batches), so the packer sleeps on its channel when ``start_prepare`` asks it for
+    more: the request wakes it (a thread of this process or another process).
+    Returns median and p99 of the three calls and the median of ``start_prepare``
+    alone, in microseconds."""
+    rb = ReplayBuffer(4096, 16, 4)
+    rb.add_packed(torch.randn(4096, rb.width))
+    n, ticks = 256, (200 if quick else 3000)
+    totals, prepares = [], []
+    with Pipeline(rb, sample_count=n, ring_depth=3, collector=collector,
+                  packer_threads=1, liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, n)
+        pipe.start_prepare(1, n)
+        for tick in range(ticks):
+            pipe.wait_until_ready(tick + 1, n)  # both batches ready: the packer idles
+            t0 = time.perf_counter_ns()
+            pipe.sample_large_batch(tick, n)
+            pipe.after_tick()
+            t1 = time.perf_counter_ns()
+            pipe.start_prepare(tick + 2, n)
+            t2 = time.perf_counter_ns()
+            totals.append(t2 - t0)
+            prepares.append(t2 - t1)
+    steady = sorted(totals[len(totals) // 10:])
+    return (statistics.median(steady) / 1e3, steady[int(len(steady) * 0.99)] / 1e3,
+            statistics.median(prepares[len(prepares) // 10:]) / 1e3)
 
 
 def while_gathering(collector: str, quick: bool) -> tuple[float, float, float]:

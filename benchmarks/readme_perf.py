@@ -36,6 +36,26 @@ def _loop_table(regime: str, result: dict[str, Any], cfg: dict[str, Any]) -> lis
     return out
 
 
+def _floor_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
+    """What gathering beside the learner costs this machine, and what is ours."""
+    loads = list(f[regimes[0]]["double_buffer"])
+    out = ["**The co-run floor.** The bare double buffer is the least a prefetcher can "
+           "do: a plain thread gathers the next batch into the other of two buffers while "
+           "the learner computes, and nothing else. What it costs over max(compute, bare "
+           "gather) is what gathering on the second core costs the learner on this "
+           "machine, before any bookkeeping; the best replay_fsm row without pinning, "
+           "over the double buffer, is what the pipeline adds to it.", "",
+           "| regime | double buffer / max(compute, bare gather), 0 bg | "
+           + " | ".join(f"best replay_fsm / double buffer, {c[4:]} bg" for c in loads)
+           + " |", "| --- | --- |" + " --- |" * len(loads)]
+    for r in regimes:
+        out.append(f"| {r} | {f[r]['double_buffer_over_floor']:.3f} | " + " | ".join(
+            f"{f[r]['double_buffer'][c]['best_replay_fsm_over_it']:.3f}" for c in loads)
+            + " |")
+    out.append("")
+    return out
+
+
 def section(suffix: str = "") -> str:
     out = [BEGIN, ""]
     first = next((r for r in (_load(n, suffix) for n in ("learner_loop", "packing",
@@ -52,12 +72,15 @@ def section(suffix: str = "") -> str:
     loop = _load("learner_loop", suffix)
     if loop:
         f = loop["figures"]
-        for regime in ("compute-bound", "data-bound"):
+        regimes = [r for r in ("compute-bound", "balanced", "data-bound") if r in f]
+        for regime in regimes:
             out += _loop_table(regime, f[regime], loop["config"])
         if "best_over_floor" in f["data-bound"]:
             out += [f"Data-bound, 0 background processes: the best replay_fsm tick is "
                     f"{f['data-bound']['best_over_floor']:.3f} x max(compute, bare gather of "
                     "the same batch) measured in the same rounds.", ""]
+        if all("double_buffer" in f[r] for r in regimes):
+            out += _floor_paragraph(f, regimes)
         out += ["The budget's claims, checked on these numbers:", ""]
         out += [f"- {'holds' if ok else '**missed**'}: {claim}"
                 for claim, ok in f["verdicts"].items()]
@@ -108,6 +131,14 @@ def section(suffix: str = "") -> str:
         micro.append(("learner-visible overhead per tick, batch ready, packer idle "
                       "(depth 2)", f"{f['depth2_us_median']:.1f} us median, "
                       f"{f['depth2_us_p99']:.1f} p99", "<= 30 / 100 us"))
+        for c in ("thread", "process"):
+            if f"idle_{c}_us_median" in f:
+                micro.append((f"the same, ring depth 3, the packer asleep when asked ({c} "
+                              f"collector; start_prepare's median alone)",
+                              f"{f[f'idle_{c}_us_median']:.1f} us median, "
+                              f"{f[f'idle_{c}_us_p99']:.1f} p99 "
+                              f"({f[f'idle_{c}_start_prepare_us_median']:.1f})",
+                              "<= 30 / 100 us"))
         for c in ("thread", "process"):
             if f"gathering_{c}_us_median" in f:
                 micro.append((f"the same while the packer gathers ({c} collector)",

@@ -16,6 +16,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 
 import checkpoint  # noqa: E402
+import common  # noqa: E402
 import core_overhead  # noqa: E402
 import cost_model  # noqa: E402
 import cuda_copy  # noqa: E402
@@ -31,6 +32,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--device", default="cpu")
     args = ap.parse_args()
+    common.steady_malloc()  # one allocator mode for every benchmark of the suite
     core_overhead.main(args.quick)
     packing.main(args.quick)
     learner_overhead.main(args.quick)

@@ -23,7 +23,10 @@ def test_bench_quick_runs_and_writes_results() -> None:
         assert data["quick"] and data["figures"] and data["machine"]["torch"]
     assert "synchronous sampling" in out.stdout
     loop = json.loads((ROOT / "benchmarks/results/learner_loop-quick.json").read_text())
-    assert set(loop["figures"]["compute-bound"]["columns"]) == {"load0", "load1"}
+    for regime in ("compute-bound", "balanced", "data-bound"):
+        columns = loop["figures"][regime]["columns"]
+        assert set(columns) == {"load0", "load1"}
+        assert "bare double buffer (floor)" in columns["load0"]  # the co-run floor
     assert loop["figures"]["verdicts"]  # the budget's claims are checked, pass or not
 
 

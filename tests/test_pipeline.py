@@ -111,6 +111,23 @@ def test_sigkill_of_the_collector_raises_collector_died() -> None:
         assert isinstance(info.value.__cause__, CollectorDied)
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity calls")
+def test_pinning_the_collector_process_pins_the_packer_that_serves() -> None:
+    """README's recipe for a shared machine: ``collector_process.pid`` is the pid of
+    the packer that attached and serves (so pinning it moves the gather), and a
+    pinned packer keeps serving the INV-DATA batches."""
+    rb = buffer()
+    cpu = min(os.sched_getaffinity(0))
+    with Pipeline(rb, sample_count=16, collector="process", packer_threads=1,
+                  liveness_timeout=60) as pipe:
+        run_ticks(pipe, 0, 1)  # the packer has attached
+        pid = pipe.collector_process.pid
+        assert pipe.packer_handle().packer_pid == pid
+        os.sched_setaffinity(pid, {cpu})
+        assert os.sched_getaffinity(pid) == {cpu}
+        run_ticks(pipe, 1, 4)  # asserts INV-DATA on every tick
+
+
 def test_silent_packer_raises_after_the_liveness_timeout() -> None:
     rb = buffer()
     pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=0.2)
