@@ -35,19 +35,22 @@ def machine() -> dict[str, Any]:
     return info
 
 
-def steady_malloc(threshold: int = 32 << 20) -> bool:
-    """Fix glibc malloc's mmap threshold (and keep freed heap pages), so a learner
-    step's large temporaries reuse heap memory in every process alike. glibc's default
-    adapts the threshold to what the process freed before: the same matmul step took
-    about 3.5 ms in one process and 9 to 11 ms in another, paying page faults on
-    fresh mappings at every call. Returns whether it applied (glibc only); call it first."""
+def steady_malloc() -> bool:
+    """Make glibc malloc serve every allocation from the heap and keep freed heap
+    pages, so a learner step's large temporaries reuse memory in every process alike.
+    glibc's default maps large blocks fresh (page faults at every call) or not,
+    depending on what the process freed before: the same matmul step took about
+    3.5 ms in one process and 9 to 11 ms in another. A fixed mmap threshold is capped
+    at 32 MiB, which the cost model's largest batches exceed, so no block is mapped at
+    all. Returns whether it applied (glibc only); call it first."""
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    except (OSError, AttributeError, TypeError):  # not glibc; Windows has no CDLL(None)
         return False
-    m_trim_threshold, m_mmap_threshold = -1, -3
-    return bool(mallopt(m_mmap_threshold, threshold)) and bool(
-        mallopt(m_trim_threshold, 1 << 30))
+    m_trim_threshold, m_mmap_max = -1, -4
+    mapped_off = bool(mallopt(m_mmap_max, 0))
+    trim_set = bool(mallopt(m_trim_threshold, 1 << 30))
+    return mapped_off and trim_set
 
 
 def median_time(fn: Callable[[], object], *, repeat: int, number: int = 1,

@@ -111,21 +111,38 @@ def test_sigkill_of_the_collector_raises_collector_died() -> None:
         assert isinstance(info.value.__cause__, CollectorDied)
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity"), reason="no CPU affinity calls")
+def cpu_ticks_by_thread(pid: int) -> dict[int, int]:
+    """utime + stime (clock ticks) of each thread of process ``pid``, from /proc."""
+    ticks = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()  # fields[0] is field 3, state
+        ticks[int(tid)] = int(fields[11]) + int(fields[12])
+    return ticks
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or not os.path.isdir(
+    "/proc/self/task"), reason="Linux affinity calls and /proc needed")
 def test_pinning_the_collector_process_pins_the_packer_that_serves() -> None:
     """README's recipe for a shared machine: ``collector_process.pid`` is the pid of
-    the packer that attached and serves (so pinning it moves the gather), and a
-    pinned packer keeps serving the INV-DATA batches."""
-    rb = buffer()
+    the packer that attached and serves, its gather runs on that (main) thread, so
+    pinning the pid moves the gather, and a pinned packer keeps serving the INV-DATA
+    batches."""
+    rb = ReplayBuffer(50_000, 60, 4)
+    rb.add_packed(torch.randn(50_000, rb.width))
     cpu = min(os.sched_getaffinity(0))
-    with Pipeline(rb, sample_count=16, collector="process", packer_threads=1,
+    with Pipeline(rb, sample_count=20_000, collector="process", packer_threads=1,
                   liveness_timeout=60) as pipe:
         run_ticks(pipe, 0, 1)  # the packer has attached
         pid = pipe.collector_process.pid
         assert pipe.packer_handle().packer_pid == pid
         os.sched_setaffinity(pid, {cpu})
-        assert os.sched_getaffinity(pid) == {cpu}
-        run_ticks(pipe, 1, 4)  # asserts INV-DATA on every tick
+        before = cpu_ticks_by_thread(pid)
+        run_ticks(pipe, 1, 61)  # asserts INV-DATA on every tick
+        after = cpu_ticks_by_thread(pid)
+    spent = {tid: after[tid] - before.get(tid, 0) for tid in after}
+    assert spent[pid] >= 3, spent  # 60 gathers of 20k rows: the main thread did them
+    assert spent[pid] >= 0.8 * sum(spent.values()), spent
 
 
 def test_silent_packer_raises_after_the_liveness_timeout() -> None:
