@@ -7,14 +7,13 @@ process pinned to two different cores.
 Workload: a buffer of 200k rows x ~500 float32 columns, batches of 16k rows, a
 learner step of matmuls (GIL released). Three regimes: a learner step calibrated to
 about twice the pack, about equal to it, and about 0.4 of it (each regime's measured
-compute over the bare gather is in the result). The learner runs one torch thread so the packer
-has the other core of a 2-core machine, as it would beside a GPU learner.
+compute over the bare gather is in the result). The learner runs one torch thread so
+the packer has the other core of a 2-core machine, as it would beside a GPU learner.
 
-The bare double buffer is the least any prefetcher can do: a plain thread gathers
-tick t+1 into the other of two buffers while the learner computes tick t, with two
-semaphores and nothing else. What it costs over compute-only is what gathering on the
-other core costs this machine (memory bandwidth, the shared cache); replay_fsm's ratio
-to it is what the pipeline itself adds.
+The bare double buffer (see its class) is a minimal prefetcher: what it costs over
+compute-only is what gathering on the other core costs this machine (memory
+bandwidth, the shared cache); replay_fsm's thread collector at depth 2 over it is
+what the pipeline itself adds.
 
 Throughput is the headline: the MEAN tick (wall time / ticks), which counts every
 stall; p50 and p99 of the tick and the learner's stall per tick (time blocked on
@@ -55,6 +54,7 @@ LOADS = (0, 1, 2)
 REGIMES = ("compute-bound", "balanced", "data-bound")
 # The replay_fsm row built like the bare double buffer: one thread, two slots.
 LIKE_FOR_LIKE = "replay_fsm thread collector, depth 2"
+PINNED = "replay_fsm process collector, depth 3, pinned"  # PinnedReplayFSM's row
 
 
 class BackgroundLoad:
@@ -277,7 +277,7 @@ class PinnedReplayFSM(ReplayFSM):
                  cpus: tuple[int, int]):
         super().__init__(rb, n, compute, device, "process", 3)
         self.cpus = cpus
-        self.name = "replay_fsm process collector, depth 3, pinned"
+        self.name = PINNED
 
     def open(self) -> None:
         self.saved = os.sched_getaffinity(0)
@@ -341,8 +341,7 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
             contenders.append(ReplayFSM(rb, n, compute, device, collector, depth))
     cpus = two_cpus()
     if cpus is None:
-        missing["replay_fsm process collector, depth 3, pinned"] = (
-            "needs two cores and os.sched_setaffinity")
+        missing[PINNED] = "needs two cores and os.sched_setaffinity"
     else:
         contenders.append(PinnedReplayFSM(rb, n, compute, device, cpus))
     nbytes = n * rb.width * 4
@@ -383,7 +382,7 @@ def measured(rows: dict[str, Any], pinned: bool = True) -> dict[str, float]:
     with ``pinned`` (the bare double buffer it is held against is not pinned)."""
     return {k: v["mean_tick_ms"] for k, v in rows.items()
             if k.startswith("replay_fsm") and "missing" not in v
-            and (pinned or not k.endswith("pinned"))}
+            and (pinned or k != PINNED)}
 
 
 def verdicts(result: dict[str, Any]) -> dict[str, bool]:
