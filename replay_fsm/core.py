@@ -16,8 +16,7 @@ from __future__ import annotations
 import operator
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from transitions import Event as _MachineEvent
 from transitions import Machine, MachineError
@@ -109,9 +108,10 @@ def build_machine(models: list[Any], machine_class: type[Machine] = TableMachine
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One actor step offered to the core: the event and what it names."""
+class Step(NamedTuple):
+    """One actor step offered to the core: the event and what it names. A named
+    tuple: immutable like a frozen dataclass, built in a third of its time (the
+    core builds one per step)."""
 
     event: Event
     tick: int | None = None

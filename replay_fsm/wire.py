@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 from .spec import Actor, Event, SlotState
 
@@ -79,9 +79,10 @@ class CopyOrder:
     after_release: ReleaseToken | None
 
 
-@dataclass(frozen=True, slots=True)
-class TransitionRecord:
-    """What the observer hook receives for every transition."""
+class TransitionRecord(NamedTuple):
+    """What the observer hook receives for every transition. A named tuple rather
+    than a frozen dataclass like the messages: it is made for every transition, and
+    builds in a third of the time."""
 
     slot: int
     tick: int | None
