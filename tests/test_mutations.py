@@ -55,8 +55,9 @@ MUTATIONS: dict[str, Mutant] = {
     # -- expressions and statements the tool's operators do not produce --
     "acquire without waiting for ready": Mutant(
         "replay_fsm/runtime/pipeline.py",
-        "            self._wait_locked(tick, None)  # raises if the tick was never requested\n",
-        "            pass\n", ("tests/test_pipeline.py",)),
+        "            slot = self._wait_locked(tick, None)  # raises if the tick was never "
+        "requested\n", "            slot = self._core.slot_of(tick)\n",
+        ("tests/test_pipeline.py",)),
     "swap before ready": Mutant(
         "replay_fsm/runtime/pipeline.py",
         "            if state in AVAILABLE:\n                break",

@@ -43,7 +43,6 @@ from .worker import TransferWorker
 
 # close() waits at most about this long for each side to stop on its own, then forces.
 STOP_TIMEOUT_S = 4.0
-_NOTHING = contextlib.nullcontext()  # reusable: entering it does nothing
 
 
 class Pipeline:
@@ -114,11 +113,12 @@ class Pipeline:
         self.ring_depth = self._core.ring_depth
         self.base_seed = self._core.base_seed
         self._stats = StatisticsObserver(self.ring_depth)
-        self._observers: list[Observer] = [self._stats]
+        # A tuple, replaced on change: observers run on every step, never copied.
+        self._observers: tuple[Observer, ...] = (self._stats,)
         self.tracer: Tracer | None = None
         if trace:
             self.tracer = Tracer(trace_capacity)
-            self._observers.append(self.tracer)
+            self._observers += (self.tracer,)
 
         self.backend: TransferBackend = build_backend(device, backend,
                                                       **(backend_options or {}))
@@ -212,8 +212,8 @@ class Pipeline:
         self._validate(sample_count)
         if min_snapshot_ptr is not None:
             min_snapshot_ptr = as_count("min_snapshot_ptr", min_snapshot_ptr)
-        with self._profiled("start_prepare"):
-            return self._interruptible(self._request, as_tick(tick_id), min_snapshot_ptr)
+        return self._call("start_prepare", self._request, as_tick(tick_id),
+                          min_snapshot_ptr)
 
     def _request(self, tick_id: int, min_snapshot_ptr: int | None) -> bool:
         with self._cv:
@@ -239,7 +239,7 @@ class Pipeline:
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
         """Whether ``tick_id`` can be sampled without waiting. Never blocks."""
         self._validate(sample_count)
-        return self._interruptible(self._ready, as_tick(tick_id))
+        return self._call(None, self._ready, as_tick(tick_id))
 
     def _ready(self, tick_id: int) -> bool:
         with self._cv:
@@ -265,8 +265,7 @@ class Pipeline:
             raise ValueError(f"timeout must be None or a finite number of seconds >= 0, "
                              f"got {timeout!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._profiled("wait_until_ready"):
-            return self._interruptible(self._wait, as_tick(tick_id), deadline)
+        return self._call("wait_until_ready", self._wait, as_tick(tick_id), deadline)
 
     def sample_large_batch(self, tick_id: int, sample_count: int) -> dict[str, torch.Tensor]:
         """The batch of ``tick_id``, waiting for it if needed; the slot becomes HOT.
@@ -279,13 +278,11 @@ class Pipeline:
             CollectorDied, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
-        with self._profiled("sample_large_batch"):
-            return self._interruptible(self._acquire, as_tick(tick_id))
+        return self._call("sample_large_batch", self._acquire, as_tick(tick_id))
 
     def after_tick(self) -> None:
         """Release the hot batch (no-op when none is hot); its slot can be reused."""
-        with self._profiled("after_tick"):
-            self._interruptible(self._release)
+        self._call("after_tick", self._release)
 
     def _release(self) -> None:
         with self._cv:
@@ -327,7 +324,7 @@ class Pipeline:
         """Report every later transition and span to ``observer`` (see
         ``replay_fsm.runtime.observers``)."""
         with self._cv:
-            self._observers.append(observer)
+            self._observers += (observer,)
 
     # -- read-only views ------------------------------------------------------
 
@@ -412,28 +409,28 @@ class Pipeline:
 
     # -- learner internals ----------------------------------------------------
 
-    def _profiled(self, name: str) -> Any:
-        """A torch.profiler range named for the learner call when tracing; else nothing."""
-        if self.tracer is None:
-            return _NOTHING
-        return torch.profiler.record_function(f"replay_fsm/{name}")
-
-    def _interruptible(self, fn: Any, *args: Any) -> Any:
-        """Run a learner call; a KeyboardInterrupt anywhere in it closes the pipeline,
-        so no step is left half done (a request taken but never sent, say) and no
-        thread or process is left waiting on a learner that has stopped."""
+    def _call(self, name: str | None, fn: Any, *args: Any) -> Any:
+        """Run a learner call, in a torch.profiler range named ``name`` when tracing.
+        A KeyboardInterrupt anywhere in it closes the pipeline, so no step is left
+        half done (a request taken but never sent, say) and no thread or process is
+        left waiting on a learner that has stopped."""
         try:
-            return fn(*args)
+            if name is None or self.tracer is None:
+                return fn(*args)
+            with torch.profiler.record_function(f"replay_fsm/{name}"):
+                return fn(*args)
         except KeyboardInterrupt:
             self.close()
             raise
 
     def _wait(self, tick: int, deadline: float | None) -> bool:
         with self._cv:
-            return self._wait_locked(tick, deadline)
+            self._raise_if_unusable()
+            return self._wait_locked(tick, deadline) is not None
 
-    def _wait_locked(self, tick: int, deadline: float | None) -> bool:
-        self._raise_if_unusable()
+    def _wait_locked(self, tick: int, deadline: float | None) -> int | None:
+        """Wait until ``tick``'s slot is READY or HOT and return it; None when it is
+        not (``deadline`` passed first). The caller checked the pipeline is usable."""
         slot = self._core.slot_of(tick)
         if slot is None:
             raise ProtocolError(f"tick {tick} was not requested; call start_prepare first")
@@ -459,7 +456,7 @@ class Pipeline:
         if started is not None:
             self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
                        slot=slot)
-        return self._core.state(slot) in AVAILABLE
+        return slot if self._core.state(slot) in AVAILABLE else None
 
     def _acquire(self, tick: int) -> dict[str, torch.Tensor]:
         with self._cv:
@@ -470,8 +467,7 @@ class Pipeline:
                     return dict(self._views[hot])
                 raise ProtocolError(f"tick {self._core.hot_tick} is still hot; call "
                                     f"after_tick() before sampling tick {tick}")
-            self._wait_locked(tick, None)  # raises if the tick was never requested
-            slot = self._core.slot_of(tick)
+            slot = self._wait_locked(tick, None)  # raises if the tick was never requested
             assert slot is not None
             self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
             if self._checker is not None:
@@ -559,7 +555,7 @@ class Pipeline:
 
     def _observe(self, record: TransitionRecord) -> None:
         now = time.monotonic_ns()
-        for observer in tuple(self._observers):
+        for observer in self._observers:
             try:
                 observer.transition(record, now)
             except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
@@ -567,7 +563,7 @@ class Pipeline:
 
     def _span(self, name: str, actor: Actor, start_ns: int, end_ns: int, **args: Any
               ) -> None:
-        for observer in tuple(self._observers):
+        for observer in self._observers:
             try:
                 observer.span(name, actor, start_ns, end_ns, **args)
             except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
@@ -578,6 +574,5 @@ class Pipeline:
         The step it watched is complete; failing (not re-raising into the middle of
         a learner call) keeps the rest of that call from being skipped."""
         with self._cv:
-            if observer in self._observers:
-                self._observers.remove(observer)
+            self._observers = tuple(o for o in self._observers if o is not observer)
             self._fail_locked(error)
