@@ -391,6 +391,48 @@ def test_a_wait_without_a_timeout_pumps_the_backend_every_slice() -> None:
         assert backend.pumps == 3
 
 
+def test_an_acquire_whose_wait_span_fails_the_run_starts_no_read() -> None:
+    """An observer that raises on the learner's wait span fails the run while
+    ``sample_large_batch`` is still in its call: the call raises chained to the
+    observer's error and marks no read of the slot in flight (the backend was not
+    told a read began, so nothing waits on its end)."""
+    bug = ZeroDivisionError("span bug")
+
+    class SpanBug(Observer):
+        def span(self, name: str, *args: Any, **kw: Any) -> None:
+            if name == "wait":
+                raise bug
+
+    backend = PumpCompletes()
+    with Pipeline(buffer(), sample_count=N, backend=backend,
+                  liveness_timeout=MARGIN_S) as pipe:
+        pipe.add_observer(SpanBug())
+        pipe.start_prepare(0, N)
+        assert backend.wait_submitted(0, timeout=MARGIN_S)
+        backend.armed = True  # the copy completes while the learner waits: a span
+        with pytest.raises(PipelineFailed) as info:
+            pipe.sample_large_batch(0, N)
+        assert info.value.__cause__ is bug
+        assert backend.pumps == 3 and not backend.reads_pending(0)
+
+
+def test_host_slots_of_another_dtype_than_the_rows_are_refused_by_name() -> None:
+    """A link whose host slots are not the buffer's float32 rows is refused before
+    anything starts (the packer's gather would fail at the first tick)."""
+
+    class Float64Slots(SlotsOnlyLink):
+        def __init__(self) -> None:
+            super().__init__(N, WIDTH)
+            self.host_slots = [self.host_slots[0], self.host_slots[1].double()]
+
+    threads = set(threading.enumerate())
+    with pytest.raises(ValueError) as info:
+        Pipeline(buffer(), sample_count=N, backend="manual", collector=Float64Slots())
+    assert str(info.value) == ("host slots have dtypes ['torch.float32', 'torch.float64'], "
+                               "expected 2 of torch.float32 (the replay buffer's rows)")
+    assert set(threading.enumerate()) <= threads
+
+
 def test_a_watchdog_verdict_fails_the_pipeline_for_good() -> None:
     """The verdict is raised to the waiting learner and is the pipeline's failure:
     later calls raise it again, chained. Kills xǁPipelineǁ_wait_locked mutant 33."""

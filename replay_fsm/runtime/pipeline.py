@@ -140,6 +140,12 @@ class Pipeline:
         if shapes != [expected] * self.ring_depth:
             raise ValueError(f"host slots have shapes {shapes}, expected {self.ring_depth} "
                              f"of {expected}")
+        # The rows' dtype (a source without ``storage``: one dtype for every slot).
+        dtype = getattr(replay_buffer, "storage", host_slots[0]).dtype
+        if any(s.dtype != dtype for s in host_slots):
+            raise ValueError(f"host slots have dtypes {[str(s.dtype) for s in host_slots]}, "
+                             f"expected {self.ring_depth} of {dtype} (the replay buffer's "
+                             "rows)")
         self.host_slots = host_slots
         self._slot_bytes = int(host_slots[0].numel() * host_slots[0].element_size())
         # Only a backend that overrides pump needs the learner thread (and the lock
@@ -430,7 +436,8 @@ class Pipeline:
 
     def _wait_locked(self, tick: int, deadline: float | None) -> int | None:
         """Wait until ``tick``'s slot is READY or HOT and return it; None when it is
-        not (``deadline`` passed first). The caller checked the pipeline is usable."""
+        not: ``deadline`` passed first, or an observer failed the run on the wait's
+        span. The caller checked the pipeline is usable."""
         slot = self._core.slot_of(tick)
         if slot is None:
             raise ProtocolError(f"tick {tick} was not requested; call start_prepare first")
@@ -468,6 +475,7 @@ class Pipeline:
                 raise ProtocolError(f"tick {self._core.hot_tick} is still hot; call "
                                     f"after_tick() before sampling tick {tick}")
             slot = self._wait_locked(tick, None)  # raises if the tick was never requested
+            self._raise_if_unusable()  # an observer failed the run on the wait's span
             assert slot is not None
             self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
             if self._checker is not None:
