@@ -38,3 +38,4 @@ def test_readme_performance_section_is_generated_from_the_json() -> None:
         sys.path.pop(0)
     readme = (ROOT / "README.md").read_text()
     assert readme_perf.section() in readme
+    assert readme_perf.checkpoint_section() in readme
