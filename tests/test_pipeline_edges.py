@@ -149,7 +149,7 @@ def test_an_external_collector_has_sixty_seconds_to_attach_by_default() -> None:
 def test_the_packer_process_is_given_the_thread_count_asked_for(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``packer_threads`` reaches ``serve_forever`` in the spawned packer process (the
-    process is not started here). Kills xǁPipelineǁ__init__ mutant 119."""
+    process is not started here). Kills xǁPipelineǁ__init__ mutant 120."""
     monkeypatch.setattr(links.ProcessCollector, "start", lambda self, fail: None)
     with Pipeline(buffer(), sample_count=N, collector="process", backend="manual",
                   packer_threads=3) as pipe:
@@ -158,7 +158,7 @@ def test_the_packer_process_is_given_the_thread_count_asked_for(
 
 
 def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
-    """Kills xǁPipelineǁ__init__ mutant 138 (the message dropped)."""
+    """Kills xǁPipelineǁ__init__ mutant 139 (the message dropped)."""
     threads = set(threading.enumerate())
     with pytest.raises(ValueError) as info:
         Pipeline(buffer(), sample_count=N, backend="manual", collector=SlotsOnlyLink(4, WIDTH))
@@ -169,7 +169,7 @@ def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
 
 @pytest.mark.parametrize("trace", [False, True])
 def test_the_backend_is_told_whether_tracing_is_on(trace: bool) -> None:
-    """Kills xǁPipelineǁ__init__ mutant 148 (``backend.trace(None)``)."""
+    """Kills xǁPipelineǁ__init__ mutant 165 (``backend.trace(None)``)."""
 
     class Told(ManualBackend):
         def __init__(self) -> None:
@@ -186,7 +186,7 @@ def test_the_backend_is_told_whether_tracing_is_on(trace: bool) -> None:
 
 def test_checked_mode_counts_four_checks_per_tick() -> None:
     """Per tick: the pack (before submit), the copy's start (the backend reports it
-    to the checker), the acquire and the release. Kills xǁPipelineǁ__init__ mutant 176
+    to the checker), the acquire and the release. Kills xǁPipelineǁ__init__ mutant 193
     (the backend not given the checker: no copy checks)."""
     with Pipeline(buffer(), sample_count=N, backend="manual", checked=True) as pipe:
         run_ticks(pipe, 0, 3)
@@ -297,7 +297,7 @@ def test_sampling_the_hot_tick_again_returns_its_batch_and_another_tick_is_refus
 
 def test_the_backend_knows_the_hot_slot_is_read_from_acquire_to_release() -> None:
     """``before_read(slot)`` at acquire, ``after_read(slot)`` at release. Kills
-    xǁPipelineǁ_acquire mutant 12 (``before_read(None)``)."""
+    xǁPipelineǁ_acquire mutant 11 (``before_read(None)``)."""
     with Pipeline(buffer(), sample_count=N, backend="manual") as pipe:
         pipe.start_prepare(0, N)
         pipe.start_prepare(1, N)
@@ -319,7 +319,7 @@ def test_pack_and_copy_spans_name_their_tick_slot_and_sizes() -> None:
     """The pack span carries the snapshot size the packer sampled from, the copy span
     the bytes it moved; statistics add those bytes up. Kills xǁPipelineǁ_on_pack_done
     mutants 21-23 and 28-30, xǁPipelineǁ_on_copy_complete mutants 11, 12 and 18-20,
-    xǁPipelineǁ_span mutant 10 and xǁPipelineǁ__init__ mutant 142 (the slot's bytes)."""
+    xǁPipelineǁ_span mutant 9 and xǁPipelineǁ__init__ mutant 159 (the slot's bytes)."""
     with Pipeline(buffer(), sample_count=N, backend="manual", trace=True) as pipe:
         run_ticks(pipe, 0, 2)
         assert pipe.tracer is not None
@@ -416,21 +416,46 @@ def test_an_acquire_whose_wait_span_fails_the_run_starts_no_read() -> None:
         assert backend.pumps == 3 and not backend.reads_pending(0)
 
 
-def test_host_slots_of_another_dtype_than_the_rows_are_refused_by_name() -> None:
-    """A link whose host slots are not the buffer's float32 rows is refused before
-    anything starts (the packer's gather would fail at the first tick)."""
+class NoStorage:
+    """A replay source that offers what the pipeline reads and no ``storage``."""
 
-    class Float64Slots(SlotsOnlyLink):
-        def __init__(self) -> None:
-            super().__init__(N, WIDTH)
-            self.host_slots = [self.host_slots[0], self.host_slots[1].double()]
+    def __init__(self, rb: ReplayBuffer) -> None:
+        self.layout, self.width, self.gather = rb.layout, rb.width, rb.gather
+        self.ptr, self.size = rb.ptr, rb.size
 
+
+def slots_of(*dtypes: torch.dtype) -> SlotsOnlyLink:
+    link = SlotsOnlyLink(N, WIDTH)
+    link.host_slots = [s.to(d) for s, d in zip(link.host_slots, dtypes, strict=True)]
+    return link
+
+
+@pytest.mark.parametrize(("source", "dtypes"), [
+    (buffer, (torch.float32, torch.float64)),
+    (buffer, (torch.float64, torch.float64)),  # one dtype, not the rows'
+    (lambda: NoStorage(buffer()), (torch.float32, torch.float64)),  # slot 0's decides
+], ids=["mixed", "float64", "mixed, no storage"])
+def test_host_slots_of_another_dtype_than_the_rows_are_refused_by_name(
+        source: Callable[[], Any], dtypes: tuple[torch.dtype, ...]) -> None:
+    """Host slots that are not the buffer's float32 rows (a source without
+    ``storage``: not all of slot 0's dtype) are refused before anything starts: the
+    packer's gather would fail at the first tick. Kills xǁPipelineǁ__init__ mutants
+    141, 147 and 148 (the rows' dtype not looked up) and 149 (slot 1's dtype)."""
     threads = set(threading.enumerate())
     with pytest.raises(ValueError) as info:
-        Pipeline(buffer(), sample_count=N, backend="manual", collector=Float64Slots())
-    assert str(info.value) == ("host slots have dtypes ['torch.float32', 'torch.float64'], "
+        Pipeline(source(), sample_count=N, backend="manual", collector=slots_of(*dtypes))
+    assert str(info.value) == (f"host slots have dtypes {[str(d) for d in dtypes]}, "
                                "expected 2 of torch.float32 (the replay buffer's rows)")
     assert set(threading.enumerate()) <= threads
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_source_without_storage_takes_host_slots_of_one_dtype(dtype: torch.dtype) -> None:
+    """Kills xǁPipelineǁ__init__ mutants 143 and 146 (the dtype asked of a
+    ``storage`` the source does not have)."""
+    with Pipeline(NoStorage(buffer()), sample_count=N, backend="manual",
+                  collector=slots_of(dtype, dtype)) as pipe:
+        assert [s.dtype for s in pipe.host_slots] == [dtype, dtype]
 
 
 def test_a_watchdog_verdict_fails_the_pipeline_for_good() -> None:
@@ -529,7 +554,7 @@ def test_a_pack_done_that_arrives_after_the_end_is_dropped_quietly() -> None:
 
 def test_an_observer_whose_span_raises_is_dropped_before_the_pipeline_fails() -> None:
     """The observer sees none of the transitions that follow its error (the FAIL
-    ones, close). Kills xǁPipelineǁ_span mutant 11 (the observer not dropped)."""
+    ones, close). Kills xǁPipelineǁ_span mutant 10 (the observer not dropped)."""
     bug = ZeroDivisionError("span bug")
 
     class SpanBug(Observer):
