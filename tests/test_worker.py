@@ -1,0 +1,128 @@
+"""The transfer worker's thread and the watchdog's verdicts, each on its own: a
+worker given plain callables, a watchdog given a link and a backend that answer
+what the test says (no pipeline, no clock)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from replay_fsm.errors import CollectorDied, TransferFailed
+from replay_fsm.runtime.links import Gone
+from replay_fsm.runtime.liveness import Watchdog
+from replay_fsm.runtime.worker import POLL_S, TransferWorker
+from replay_fsm.spec import SlotState
+
+from .support import MARGIN_S
+
+
+class Recorder:
+    """The worker's four callables; ``receive`` records its timeouts and says when
+    it was first called."""
+
+    def __init__(self) -> None:
+        self.timeouts: list[float] = []
+        self.failures: list[BaseException] = []
+        self.polled = threading.Event()
+
+    def receive(self, timeout: float) -> None:
+        self.timeouts.append(timeout)
+        self.polled.set()
+        return None
+
+    def worker(self) -> TransferWorker:
+        return TransferWorker(self.receive, lambda done: None, lambda order: None,
+                              self.failures.append)
+
+
+def test_the_transfer_thread_is_a_daemon_named_for_the_library() -> None:
+    """A thread dump names it, and a learner that exits without close() is not kept
+    alive by it. Kills xǁTransferWorkerǁ__init__ mutants 5, 6 and 8 to 12."""
+    rec = Recorder()
+    worker = rec.worker()
+    worker.start()
+    try:
+        assert rec.polled.wait(MARGIN_S)
+        ours = [t for t in threading.enumerate() if t.name == "replay_fsm-transfer"]
+        assert len(ours) == 1 and ours[0].daemon
+    finally:
+        assert worker.stop(MARGIN_S) == []
+    assert not worker.is_alive() and rec.failures == []
+
+
+def test_the_worker_polls_its_link_with_a_timeout() -> None:
+    """Each receive waits at most POLL_S, so a stop is seen within a poll even on a
+    link that nothing closes. Kills xǁTransferWorkerǁ_run mutant 3 (an untimed
+    receive)."""
+    rec = Recorder()
+    worker = rec.worker()
+    worker.start()
+    assert rec.polled.wait(MARGIN_S)
+    assert worker.stop(MARGIN_S) == []
+    assert rec.timeouts and set(rec.timeouts) == {POLL_S}
+
+
+def test_a_worker_stopped_before_it_started_has_nothing_to_join() -> None:
+    """Kills xǁTransferWorkerǁstop mutant 1 (``or``: it would join a thread that
+    never started, which raises)."""
+    worker = Recorder().worker()
+    assert worker.stop(MARGIN_S) == []
+    assert not worker.is_alive()
+
+
+class Link:
+    def __init__(self, gone: Gone | None) -> None:
+        self.gone = gone
+
+    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+        return self.gone
+
+
+class Backend:
+    def __init__(self, why: str | None) -> None:
+        self.why = why
+
+    def check_alive(self) -> str | None:
+        return self.why
+
+
+def watchdog(gone: Gone | None = None, why: str | None = None,
+             timeout: float = 2.0, worker_alive: bool = True) -> Watchdog:
+    return Watchdog(timeout, Link(gone), Backend(why),  # type: ignore[arg-type]
+                    lambda: worker_alive)
+
+
+def test_a_gone_collector_is_collector_died_chained_to_its_cause() -> None:
+    """Kills xǁWatchdogǁverdict mutant 11 (the cause dropped)."""
+    cause = OSError("pipe closed")
+    failure = watchdog(Gone("the packer process (pid 7) exited", cause)).verdict(
+        3, 0, SlotState.REQUESTED, 0.0)
+    assert isinstance(failure, CollectorDied)
+    assert str(failure) == "tick 3: the packer process (pid 7) exited"
+    assert failure.__cause__ is cause
+
+
+def test_a_dead_transfer_worker_is_transfer_failed_by_name() -> None:
+    """A live collector, but nobody to take its pack-done message. Kills
+    xǁWatchdogǁverdict mutant 13 (the message dropped)."""
+    failure = watchdog(worker_alive=False).verdict(3, 0, SlotState.REQUESTED, 0.0)
+    assert isinstance(failure, TransferFailed)
+    assert str(failure) == "tick 3: the transfer worker thread exited"
+
+
+def test_a_dead_copy_engine_is_transfer_failed_in_the_backends_words() -> None:
+    failure = watchdog(why="the copy thread exited").verdict(3, 1, SlotState.SUBMITTED, 0.0)
+    assert isinstance(failure, TransferFailed)
+    assert str(failure) == "tick 3: the copy thread exited"
+
+
+@pytest.mark.parametrize(("waited_s", "fails"), [(2.0, False), (2.000001, True)])
+def test_a_copy_may_take_exactly_the_liveness_timeout(waited_s: float, fails: bool) -> None:
+    """The bound is inclusive: a copy waited on for exactly ``liveness_timeout`` is
+    still allowed. Kills xǁWatchdogǁverdict mutant 18 (``>=``)."""
+    failure = watchdog(timeout=2.0).verdict(3, 1, SlotState.SUBMITTED, waited_s)
+    assert (failure is not None) is fails
+    if fails:
+        assert str(failure) == ("tick 3: the copy into slot 1 did not complete within "
+                                "2 s (liveness_timeout)")
