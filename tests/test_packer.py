@@ -61,7 +61,7 @@ def test_sampling_reuses_the_packers_buffers() -> None:
 
 def request(tick: int, slot: int, n: int, *, min_ptr: int = -1, seed: int | None = None
             ) -> list[int]:
-    return encode(PackRequest(tick=tick, slot=slot, generation=1,
+    return encode(PackRequest(tick=tick, slot=slot, generation=tick + 1,
                                       seed=tick if seed is None else seed,
                                       sample_count=n, min_snapshot_ptr=min_ptr))[0]
 

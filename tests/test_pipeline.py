@@ -132,7 +132,7 @@ def test_pinning_the_collector_process_pins_the_packer_that_serves() -> None:
     rb.add_packed(torch.randn(50_000, rb.width))
     cpu = min(os.sched_getaffinity(0))
     with Pipeline(rb, sample_count=20_000, collector="process", packer_threads=1,
-                  liveness_timeout=60) as pipe:
+                  liveness_timeout=60, learner_packs=False) as pipe:
         run_ticks(pipe, 0, 1)  # the packer has attached
         pid = pipe.collector_process.pid
         assert pipe.packer_handle().packer_pid == pid
@@ -147,7 +147,8 @@ def test_pinning_the_collector_process_pins_the_packer_that_serves() -> None:
 
 def test_silent_packer_raises_after_the_liveness_timeout() -> None:
     rb = buffer()
-    pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=0.2)
+    pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=0.2,
+                    learner_packs=False)
     with pipe:
         from replay_fsm.data.packer import Packer
         Packer.attach(pipe.packer_handle(), rb)  # attached, then never serves
@@ -218,7 +219,8 @@ def test_nothing_left_after_close() -> None:
     del proc  # the test's own reference to the process and its arguments
     assert {t.ident for t in threading.enumerate()} <= threads_before
     if os.path.isdir("/dev/shm"):
-        assert len(ours) == 8 and ours.isdisjoint(os.listdir("/dev/shm"))
+        # Per pipeline: two semaphores in each of two channels, and the claim lock.
+        assert len(ours) == 10 and ours.isdisjoint(os.listdir("/dev/shm"))
 
 
 def test_bad_inputs_raise_and_change_nothing() -> None:

@@ -5,12 +5,18 @@ semaphores count items and free spaces, so a message is neither lost nor
 duplicated, and ``put`` blocks only when the ring is full. Spawn-safe: the ring
 is a shared tensor and the semaphores are the spawn context's. Cheaper than an
 ``mp.Queue``: no pickling and no feeder thread.
+
+One producer writes the ring. A second producer in the consumer's own process (the
+learner, posting a batch it packed itself) uses ``post_local``: its records wait in
+a process-local queue that ``get`` serves first, counted by the same semaphore, so
+the two producers never share the ring's tail.
 """
 
 from __future__ import annotations
 
 import _multiprocessing
 import multiprocessing as mp
+from collections import deque
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
 from typing import Any
@@ -42,10 +48,12 @@ class Channel:
         self._buf_np = self._buf.numpy()
         self._text_np = self._text.numpy()
         self._idx_np = self._idx.numpy()
+        # post_local's records, for this process's consumer only (never pickled).
+        self._local: deque[tuple[list[int], str | None]] = deque()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buf_np", "_text_np", "_idx_np"):
+        for key in ("_buf_np", "_text_np", "_idx_np", "_local"):
             state.pop(key)
         return state
 
@@ -56,13 +64,13 @@ class Channel:
     @property
     def semaphore_names(self) -> tuple[str, ...]:
         """The /dev/shm names of this channel's semaphores (to check none is left)."""
-        return tuple(f"sem.{s._semlock.name.lstrip('/')}"  # type: ignore[attr-defined]
-                     for s in (self._items, self._spaces))
+        return tuple(semaphore_name(s) for s in (self._items, self._spaces))
 
     @property
     def backlog(self) -> int:
-        """Records put and not yet taken (a snapshot; either side may move it)."""
-        return int(self._idx_np[1] - self._idx_np[0])
+        """Records put and not yet taken (a snapshot; either side may move it); in
+        the consumer's process, ``post_local``'s too."""
+        return int(self._idx_np[1] - self._idx_np[0]) + len(self._local)
 
     @property
     def closed(self) -> bool:
@@ -97,6 +105,21 @@ class Channel:
         self._items.release()
         return True
 
+    def post_local(self, values: Sequence[int], text: str | None = None) -> None:
+        """Append one record from the consumer's own process, beside the ring's one
+        producer; ``get`` in this process takes it before the ring's records. Never
+        blocks: the caller bounds how many are outstanding.
+
+        Raises:
+            ChannelClosed: the channel is closed.
+        """
+        if self.closed:
+            raise ChannelClosed()
+        if text is not None and not self.text_bytes:
+            raise ValueError("this channel carries no text (text_bytes=0)")
+        self._local.append((list(values), text))
+        self._items.release()
+
     def get(self, timeout: float | None = None) -> tuple[list[int], str | None] | None:
         """Take the oldest record; None if none came within ``timeout``.
 
@@ -108,6 +131,10 @@ class Channel:
         if self.closed:
             self._items.release()  # wake the next waiter too
             raise ChannelClosed()
+        if self._local:
+            # Every release follows its record, so a count taken with the local
+            # queue empty is the ring's.
+            return self._local.popleft()
         i = int(self._idx_np[0]) % self.capacity
         row = self._buf_np[i].tolist()
         n_text = row[self.width]
@@ -121,12 +148,7 @@ class Channel:
         tracker, from any process holding the channel (for when its creator died and
         cannot). Handles already open keep working."""
         for sem in (self._items, self._spaces):
-            name = sem._semlock.name  # type: ignore[attr-defined]
-            try:
-                _multiprocessing.sem_unlink(name)
-            except FileNotFoundError:
-                continue  # already gone
-            resource_tracker.unregister(name, "semaphore")
+            unlink_semaphore(sem)
 
     def close(self) -> None:
         """Wake every waiter; later puts and gets raise ChannelClosed."""
@@ -134,3 +156,19 @@ class Channel:
             self._idx_np[2] = 1
             self._items.release()
             self._spaces.release()
+
+
+def semaphore_name(sem: Any) -> str:
+    """The /dev/shm name of a multiprocessing semaphore or lock."""
+    return f"sem.{sem._semlock.name.lstrip('/')}"
+
+
+def unlink_semaphore(sem: Any) -> None:
+    """Remove a multiprocessing semaphore's (or lock's) name from the system and from
+    the resource tracker; handles already open keep working."""
+    name = sem._semlock.name
+    try:
+        _multiprocessing.sem_unlink(name)
+    except FileNotFoundError:
+        return  # already gone
+    resource_tracker.unregister(name, "semaphore")

@@ -4,21 +4,28 @@ In thread mode the pipeline runs ``Packer.service`` in a thread of the learner's
 process; in process mode the user's collector process calls
 ``Packer.attach(handle, replay_buffer)`` once and ``service()`` between
 environment steps, where the seed's collector serviced its queue.
+
+The learner may pack a request the packer has not started (``Packer.take``, see
+specs/LEARNER_PACKS.md). Exactly one of them writes a request's host slot: each
+claims it first, under one lock, in a cell per slot holding the generation last
+claimed (INV-HOST-WAR).
 """
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import signal
 import time
 import traceback
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
 from .buffer import ReplayBuffer
-from .channel import Channel, ChannelClosed
+from .channel import Channel, ChannelClosed, semaphore_name, unlink_semaphore
 from .sampling import sample_indices
 
 ERROR_TEXT_BYTES = 16384
@@ -43,7 +50,8 @@ def process_alive(pid: int) -> bool:
 
 @dataclass
 class PackerHandle:
-    """What the learner side gives a packer: channels, host slots, a pid cell.
+    """What the learner side gives a packer: channels, host slots, a pid cell, the
+    claim cells and their lock.
 
     Picklable to a spawned process; nothing in it is copied (shared memory).
     """
@@ -57,25 +65,35 @@ class PackerHandle:
     # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), and the
     # pid of the learner that created the handle; shared.
     packer_state: torch.Tensor
+    # Per slot, the generation of the last request claimed by its writer (the packer
+    # or the learner), shared; read and set only under claim_lock (a spawn Lock).
+    claims: torch.Tensor
+    claim_lock: Any
 
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int) -> PackerHandle:
         state = torch.zeros(3, dtype=torch.int64).share_memory_()
         state[2] = os.getpid()
         return cls(
-            requests=Channel(ring_depth, REQUEST_FIELDS),
+            # Twice the ring: besides one live request per slot, at most ring_depth
+            # requests the learner packed itself wait to be dropped (ChannelLink.take).
+            requests=Channel(2 * ring_depth, REQUEST_FIELDS),
             done=Channel(ring_depth, DONE_FIELDS, text_bytes=ERROR_TEXT_BYTES),
             host_slots=[torch.zeros(sample_count, width).share_memory_()
                         for _ in range(ring_depth)],
             packer_state=state,
+            claims=torch.zeros(ring_depth, dtype=torch.int64).share_memory_(),
+            claim_lock=mp.get_context("spawn").Lock(),
         )
 
     def __post_init__(self) -> None:
         self._state_np = self.packer_state.numpy()  # reads cost ns, not a torch call
+        self._claims_np = self.claims.numpy()
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
         state.pop("_state_np")
+        state.pop("_claims_np")
         return state
 
     def __setstate__(self, state: dict[str, object]) -> None:
@@ -96,8 +114,25 @@ class PackerHandle:
 
     @property
     def semaphore_names(self) -> tuple[str, ...]:
-        """The /dev/shm names of the channels' semaphores (to check none is left)."""
-        return self.requests.semaphore_names + self.done.semaphore_names
+        """The /dev/shm names of the channels' semaphores and the claim lock (to
+        check none is left)."""
+        return (self.requests.semaphore_names + self.done.semaphore_names
+                + (semaphore_name(self.claim_lock),))
+
+    def claim(self, slot: int, generation: int, timeout: float) -> bool | None:
+        """Become the one writer of ``slot`` for request ``generation``: True when
+        this caller writes it, False when the other side claimed it first, None when
+        the lock stayed taken for ``timeout`` seconds (its holder may have died in
+        it; a claim holds it for microseconds)."""
+        if not self.claim_lock.acquire(timeout=timeout):
+            return None
+        try:
+            if self._claims_np[slot] >= generation:
+                return False
+            self._claims_np[slot] = generation
+            return True
+        finally:
+            self.claim_lock.release()
 
     def close(self) -> None:
         self.requests.close()
@@ -108,6 +143,7 @@ class PackerHandle:
         that holds the handle: its creator is gone and cannot do it at exit."""
         self.requests.unlink()
         self.done.unlink()
+        unlink_semaphore(self.claim_lock)
 
 
 class Packer:
@@ -161,9 +197,10 @@ class Packer:
     def service(self, timeout: float = 0.0) -> bool:
         """Serve at most one request, waiting up to ``timeout`` seconds for one.
 
-        A request stays pending while ``ptr < min_snapshot_ptr``. Returns whether a
-        request was served: its pack-done message posted, or, when packing raised,
-        that tick's failure with the traceback text.
+        A request stays pending while ``ptr < min_snapshot_ptr``; one the learner
+        claimed first (it packed it itself) is dropped. Returns whether a request
+        was served: its pack-done message posted, or, when packing raised, that
+        tick's failure with the traceback text.
         """
         now = self._beat[0] = time.monotonic_ns()
         if now >= self._next_learner_check_ns:
@@ -185,11 +222,31 @@ class Packer:
                 if timeout > 0:
                     time.sleep(min(timeout, 0.0005))  # collector has not caught up yet
                 return False
+            claimed = self.handle.claim(request.slot, request.generation, LEARNER_CHECK_S)
+            if claimed is None:
+                return False  # kept pending; the next call first checks the learner
             self._pending = None
+            if not claimed:
+                self._last_seed = request.seed  # the learner packed it: speculate on
+                return False
             self._pack(request)
             return True
         except ChannelClosed:
             return False
+
+    def take(self, request: PackRequest, timeout: float) -> bool:
+        """The learner's side: pack ``request`` on this thread unless the packer
+        claimed it first, and post its pack-done message to this process's consumer
+        (``Channel.post_local``). Returns whether this call packed it; waits at most
+        ``timeout`` seconds for the claim lock.
+
+        Raises:
+            ChannelClosed: the channel closed while packing.
+        """
+        if not self.handle.claim(request.slot, request.generation, timeout):
+            return False
+        self._pack(request, local=True)
+        return True
 
     def _speculate(self) -> None:
         if self._last_seed is None:
@@ -216,7 +273,7 @@ class Packer:
         self.handle.unlink()
         self.replay_buffer.unlink()
 
-    def _pack(self, request: PackRequest) -> None:
+    def _pack(self, request: PackRequest, *, local: bool = False) -> None:
         start = time.monotonic_ns()  # system-wide clock: comparable across processes
         rb = self.replay_buffer
         # One counter read: size is min(ptr, capacity) by construction, and two reads
@@ -243,7 +300,10 @@ class Packer:
                         seed=request.seed, sample_count=request.sample_count,
                         snapshot_ptr=ptr, snapshot_size=size, pack_start_ns=start,
                         pack_end_ns=time.monotonic_ns(), error=error)
-        self.handle.done.put(*encode(done))
+        if local:
+            self.handle.done.post_local(*encode(done))
+        else:
+            self.handle.done.put(*encode(done))
         self.packed_count += error is None
 
 

@@ -73,6 +73,13 @@ class CollectorLink(abc.ABC):
             ChannelClosed: the link was closed.
         """
 
+    def take(self, request: PackRequest, timeout: float) -> bool:
+        """Pack ``request`` on the calling (learner) thread if the collector has not
+        started it, and post its pack-done message as the collector would; waits
+        at most ``timeout`` seconds for the claim. Returns whether it did. By
+        default a link's collector cannot be relieved: False."""
+        return False
+
     def watch(self, process: Any, what: str) -> None:
         """Report ``process`` (anything with ``is_alive()``, ``pid``, ``exitcode``)
         dead in ``liveness`` once it exits."""
@@ -97,11 +104,15 @@ class ChannelLink(CollectorLink):
     """Shared-memory channels and host slots in a ``PackerHandle``; the packer
     beats a heartbeat into the handle at every ``service`` call."""
 
-    def __init__(self, ring_depth: int, sample_count: int, width: int) -> None:
+    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int
+                 ) -> None:
         super().__init__()
         self._handle: PackerHandle | None = PackerHandle.create(ring_depth, sample_count,
-                                                                width)
+                                                                replay_buffer.width)
         self.host_slots = self._handle.host_slots
+        self._ring_depth = ring_depth
+        # The learner's own packs (``take``); it holds the handle too.
+        self._learner_packer: Packer | None = Packer(self._handle, replay_buffer)
 
     @property
     def handle(self) -> PackerHandle:
@@ -125,6 +136,19 @@ class ChannelLink(CollectorLink):
         got = self.handle.done.get(timeout=timeout)
         return None if got is None else decode(PackDone, *got)
 
+    def take(self, request: PackRequest, timeout: float) -> bool:
+        packer = self._learner_packer
+        # A request taken here stays in the request channel until the packer drops
+        # it. Taking only while at most ring_depth requests wait there keeps those at
+        # most ring_depth, so the channel (2 * ring_depth) always has room for the
+        # live ones: a paused packer makes the learner wait, never overflow.
+        if packer is None or packer.handle.requests.backlog > self._ring_depth:
+            return False
+        try:
+            return packer.take(request, timeout)
+        except ChannelClosed:
+            return False  # closed meanwhile: the pipeline raises PipelineClosed
+
     def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
         if self._handle is None:
             return None
@@ -143,8 +167,8 @@ class ChannelLink(CollectorLink):
     def stop(self, timeout: float) -> list[str]:
         if self._handle is not None:
             self._handle.close()
-            # Our last reference: the channels' semaphores are freed with it.
-            self._handle = None
+            # Our last references: the channels' semaphores are freed with them.
+            self._handle = self._learner_packer = None
         return []
 
 
@@ -155,7 +179,7 @@ class ThreadCollector(ChannelLink):
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int
                  ) -> None:
-        super().__init__(ring_depth, sample_count, replay_buffer.width)
+        super().__init__(replay_buffer, ring_depth, sample_count)
         self._packer: Packer | None = Packer.attach(self.handle, replay_buffer)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -199,7 +223,7 @@ class ProcessCollector(ChannelLink):
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
                  threads: int | None = None) -> None:
-        super().__init__(ring_depth, sample_count, replay_buffer.width)
+        super().__init__(replay_buffer, ring_depth, sample_count)
         self.process: Any = mp.get_context("spawn").Process(
             target=serve_forever, args=(self.handle, replay_buffer, WAIT_SLICE_S, threads),
             name="replay_fsm-packer", daemon=True)
@@ -240,7 +264,7 @@ class ExternalCollector(ChannelLink):
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
                  attach_timeout: float) -> None:
-        super().__init__(ring_depth, sample_count, replay_buffer.width)
+        super().__init__(replay_buffer, ring_depth, sample_count)
         self.attach_timeout = attach_timeout
         self._first_request_ns: int | None = None
 
@@ -254,8 +278,8 @@ class ExternalCollector(ChannelLink):
         gone = super().liveness(waiting, timeout)
         if gone is not None:
             return gone
-        if self._handle is None:
-            return None
+        if self._handle is None or self._handle.done.backlog:
+            return None  # a pack-done message (the learner's own?) waits for the worker
         pid = self._handle.packer_pid
         if not pid:
             since = self._first_request_ns

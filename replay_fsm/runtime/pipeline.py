@@ -33,7 +33,7 @@ from ..errors import (
 from ..spec import AVAILABLE, Actor, SlotState
 from ..transfer import build_backend
 from ..transfer.base import TransferBackend
-from ..wire import CopyOrder, PackDone, TransitionRecord
+from ..wire import CopyOrder, PackDone, PackRequest, TransitionRecord
 from .checked import Checker
 from .links import WAIT_SLICE_S, ChannelLink, CollectorLink, make_link
 from .liveness import Watchdog
@@ -71,6 +71,12 @@ class Pipeline:
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
         packer_threads: torch threads of the spawned packer process
             (collector="process"); None leaves torch's default.
+        learner_packs: when ``sample_large_batch`` (or ``wait_until_ready`` without
+            a timeout) waits for the oldest requested tick and the packer has not
+            started it, gather it on the learner's thread instead of waiting
+            (specs/LEARNER_PACKS.md). False leaves every pack to the collector, for
+            a learner that must leave its core to it. Collectors reached through a
+            packer handle only (thread, process, external).
 
     Raises:
         ValueError: a bad argument (unknown device, backend, collector, ring depth,
@@ -84,7 +90,7 @@ class Pipeline:
                  backend_options: dict[str, Any] | None = None,
                  liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
                  checked: bool = False, trace: bool = False, trace_capacity: int = 1 << 16,
-                 packer_threads: int | None = None) -> None:
+                 packer_threads: int | None = None, learner_packs: bool = True) -> None:
         sample_count = as_count("sample_count", sample_count, 1)
         for name, value in (("liveness_timeout", liveness_timeout),
                             ("attach_timeout", attach_timeout)):
@@ -101,6 +107,9 @@ class Pipeline:
         as_count("trace_capacity", trace_capacity, 1)
         if packer_threads is not None:
             as_count("packer_threads", packer_threads, 1)
+        if not isinstance(learner_packs, bool):
+            raise TypeError(f"learner_packs must be True or False, got {learner_packs!r}")
+        self.learner_packs = learner_packs
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
@@ -155,7 +164,9 @@ class Pipeline:
         self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
         self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
                        for i in range(self.ring_depth)]
-        # Per slot: the pack-done message of the tick it holds, and when its copy began.
+        # Per slot: the request the learner may still pack itself (learner_packs), the
+        # pack-done message of the tick it holds, and when its copy began.
+        self._requests: list[PackRequest | None] = [None] * self.ring_depth
         self._packs: list[PackDone | None] = [None] * self.ring_depth
         self._copy_submit_ns = [0] * self.ring_depth
         self._checker: Checker | None = None
@@ -229,6 +240,8 @@ class Pipeline:
             ptr = self.replay_buffer.ptr
             request = self._core.request(
                 tick_id, ptr if min_snapshot_ptr is None else min_snapshot_ptr)
+            if self.learner_packs:
+                self._requests[request.slot] = request
             hot = self._core.hot_slot
             try:
                 self._link.send(request, snapshot=(ptr, self.replay_buffer.size),
@@ -453,6 +466,9 @@ class Pipeline:
                 started = now
             if deadline is not None and now / 1e9 >= deadline:
                 break
+            if deadline is None and state is SlotState.REQUESTED and self._take_locked(
+                    tick, slot):
+                continue  # packed here; its pack-done message goes to the worker
             failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9)
             if failure is not None:
                 self._fail_locked(failure)
@@ -464,6 +480,33 @@ class Pipeline:
             self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
                        slot=slot)
         return slot if self._core.state(slot) in AVAILABLE else None
+
+    def _take_locked(self, tick: int, slot: int) -> bool:
+        """Pack ``tick`` on this thread if it is the oldest requested tick, its rows
+        are there (``min_snapshot_ptr``) and the packer has not claimed it; the lock
+        is released meanwhile. Returns whether this call packed it."""
+        request = self._requests[slot]
+        if (request is None or self._core.pending[0][0] != tick
+                or self.replay_buffer.ptr < request.min_snapshot_ptr):
+            return False
+        start = time.monotonic_ns()
+        error: Exception | None = None
+        self._cv.release()
+        try:
+            took = self._link.take(request, WAIT_SLICE_S)
+        except Exception as exc:  # noqa: BLE001 - failed below, under the lock
+            took, error = False, exc
+        finally:
+            self._cv.acquire()
+        if error is not None:
+            # The claim may be ours with no message sent: the slot could never fill.
+            self._fail_locked(error)
+            self._raise_if_unusable()
+        if took:
+            self._requests[slot] = None
+            self._span("learner_pack", Actor.LEARNER, start, time.monotonic_ns(),
+                       tick=tick, slot=slot)
+        return took
 
     def _acquire(self, tick: int) -> dict[str, torch.Tensor]:
         with self._cv:

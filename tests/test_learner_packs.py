@@ -1,0 +1,354 @@
+"""The learner packs a batch the packer has not started (Pipeline(learner_packs=True),
+specs/LEARNER_PACKS.md): one writer per request (the claim), every batch INV-DATA's
+whoever packed it, a taken request costs the packer a drop and no message, the
+bounds that keep a stopped packer from overflowing the request channel, and
+learner_packs=False leaving every pack to the collector."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from replay_fsm import CollectorDied, Pipeline, PipelineFailed, ReplayBuffer
+from replay_fsm.data.channel import Channel, ChannelClosed
+from replay_fsm.data.packer import Packer, PackerHandle
+from replay_fsm.errors import PackerError
+from replay_fsm.runtime.links import ExternalCollector
+from replay_fsm.wire import PackDone, PackRequest, decode, encode
+
+from .drive import packed, reference, run_ticks
+
+N = 16
+
+
+def buffer(rows: int = 300) -> ReplayBuffer:
+    rb = ReplayBuffer(512, 5, 3, critic_dim=2, region_rows=32)
+    if rows:
+        rb.add_packed(torch.randn(rows, rb.width))
+    return rb
+
+
+def exact(pipe: Pipeline, tick: int, batch: dict[str, torch.Tensor]) -> bool:
+    return torch.equal(packed(batch, pipe), reference(pipe, tick))
+
+
+# -- the claim -----------------------------------------------------------------
+
+
+def test_a_claim_admits_one_writer_per_generation() -> None:
+    """The claim cell holds the generation last claimed: the first caller of a
+    generation writes it, the second is told no, a newer generation is free again,
+    an older one never (a request the packer reads late stays dropped)."""
+    h = PackerHandle.create(2, N, 8)
+    assert h.claim(1, 1, 1.0) is True
+    assert h.claim(1, 1, 1.0) is False
+    assert h.claim(0, 1, 1.0) is True  # another slot's cell
+    assert h.claim(1, 2, 1.0) is True
+    assert h.claim(1, 1, 1.0) is False
+    assert h.claims.tolist() == [1, 2]
+
+
+def test_a_claim_gives_up_on_a_lock_held_past_its_timeout() -> None:
+    """Whoever holds the lock may have died in it: a claim waits at most its
+    timeout, says so (None) and sets nothing."""
+    h = PackerHandle.create(2, N, 8)
+    assert h.claim_lock.acquire(timeout=1.0)
+    try:
+        assert h.claim(0, 1, 0.01) is None
+    finally:
+        h.claim_lock.release()
+    assert h.claims.tolist() == [0, 0]
+    assert h.claim(0, 1, 1.0) is True
+
+
+def claim_there(handle: PackerHandle) -> None:
+    if handle.claim(1, 3, 10.0) is not True:
+        raise SystemExit(3)
+
+
+def test_the_claims_travel_with_the_handle() -> None:
+    """A handle sent to a spawned packer process shares the claim cells and their
+    lock (shared memory, a named semaphore), not copies of them."""
+    h = PackerHandle.create(2, N, 8)
+    child = mp.get_context("spawn").Process(target=claim_there, args=(h,))
+    child.start()
+    child.join(60)
+    assert child.exitcode == 0
+    assert h.claim(1, 3, 1.0) is False and h.claims.tolist() == [0, 3]
+
+
+def test_a_packer_that_cannot_get_the_lock_keeps_the_request() -> None:
+    """The lock held past LEARNER_CHECK_S: the packer serves nothing this call and
+    keeps the request pending (not lost), and serves it once the lock is free."""
+    rb = buffer()
+    h = PackerHandle.create(2, N, rb.width)
+    packer = Packer(h, rb)
+    request = PackRequest(tick=0, slot=0, generation=1, seed=7, sample_count=N,
+                          min_snapshot_ptr=-1)
+    h.requests.put(encode(request)[0])
+    assert h.claim_lock.acquire(timeout=1.0)
+    try:
+        assert packer.service(timeout=0) is False
+    finally:
+        h.claim_lock.release()
+    assert h.done.backlog == 0 and h.requests.backlog == 0
+    assert packer.service(timeout=0) is True
+    assert decode(PackDone, *h.done.get(timeout=1.0)).tick == 0  # type: ignore[misc]
+
+
+def test_a_request_the_learner_packed_is_dropped_by_the_packer() -> None:
+    """No second write and no second message: the packer drops a request the learner
+    claimed, and still draws the next tick's indices ahead from it."""
+    rb = buffer()
+    h = PackerHandle.create(2, N, rb.width)
+    packer, learner = Packer(h, rb), Packer(h, rb)
+    first = PackRequest(tick=0, slot=0, generation=1, seed=100, sample_count=N,
+                        min_snapshot_ptr=-1)
+    h.requests.put(encode(first)[0])
+    assert learner.take(first, 1.0) is True
+    assert learner.take(first, 1.0) is False  # taken once
+    before = h.host_slots[0].clone()
+    assert packer.service(timeout=0) is False  # dropped
+    assert torch.equal(h.host_slots[0], before) and packer.packed_count == 0
+    assert h.done.backlog == 1  # the learner's message only
+    done = decode(PackDone, *h.done.get(timeout=1.0))  # type: ignore[misc]
+    assert (done.tick, done.slot, done.generation, done.error) == (0, 0, 1, None)
+    assert torch.equal(before, reference_rows(rb, done))
+    assert h.done.backlog == 0
+    packer.service(timeout=0.01)  # idle: draws seed 101 ahead
+    second = PackRequest(tick=1, slot=1, generation=1, seed=101, sample_count=N,
+                         min_snapshot_ptr=-1)
+    h.requests.put(encode(second)[0])
+    assert packer.service(timeout=1.0) is True
+    assert packer.drawn_ahead == 1 and packer.packed_count == 1
+    assert learner.take(second, 1.0) is False  # the packer has it
+
+
+def reference_rows(rb: ReplayBuffer, done: PackDone) -> torch.Tensor:
+    from replay_fsm.data.sampling import expected_batch
+    return expected_batch(rb.storage, done.snapshot_size, done.sample_count, done.seed)
+
+
+# -- the channel's second producer ---------------------------------------------
+
+
+def test_local_posts_are_taken_first_and_counted() -> None:
+    ch = Channel(2, 3, text_bytes=16)
+    assert ch.put([1, 2, 3], timeout=1.0)
+    ch.post_local([4, 5, 6], "boom")
+    assert ch.backlog == 2
+    assert ch.get(timeout=1.0) == ([4, 5, 6], "boom")
+    assert ch.get(timeout=1.0) == ([1, 2, 3], None)
+    assert ch.get(timeout=0) is None and ch.backlog == 0
+    # A local post takes no place in the ring: the ring still holds two.
+    ch.post_local([7, 8, 9])
+    assert ch.put([1, 1, 1], timeout=0) and ch.put([2, 2, 2], timeout=0)
+    assert ch.backlog == 3
+    with pytest.raises(ValueError, match="carries no text"):
+        Channel(2, 3).post_local([1, 2, 3], "no room")
+    ch.close()
+    with pytest.raises(ChannelClosed):
+        ch.post_local([1, 2, 3])
+
+
+def test_local_posts_stay_in_their_process() -> None:
+    """A pickled channel (the packer's copy) starts with no local records: they are
+    for the consumer in the poster's process."""
+    ch = Channel(2, 3)
+    ch.post_local([4, 5, 6])
+    state = ch.__getstate__()
+    assert "_local" not in state
+    there = Channel.__new__(Channel)
+    there.__setstate__(state)
+    assert there.backlog == 0 and ch.backlog == 1
+
+
+# -- the pipeline --------------------------------------------------------------
+
+
+def test_with_no_collector_attached_the_learner_packs_up_to_the_bound() -> None:
+    """An external collector that never attaches: the learner packs the ticks it
+    waits for, bit-exact, while at most ring_depth requests wait unread in the
+    channel; then it waits, and the attach deadline ends the wait."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
+                  liveness_timeout=60, checked=True) as pipe:
+        for tick in (0, 1):
+            pipe.start_prepare(tick, N)
+            assert exact(pipe, tick, pipe.sample_large_batch(tick, N))
+            pipe.after_tick()
+        stats = pipe.statistics()
+        assert (stats.packs, stats.learner_packs, stats.ticks) == (2, 2, 2)
+        pipe.start_prepare(2, N)  # three requests unread: no more packs here
+        with pytest.raises(CollectorDied, match="Packer.attach"):
+            pipe.sample_large_batch(2, N)
+        assert pipe.statistics().learner_packs == 2
+
+
+def test_learner_packs_false_never_packs_on_the_learner() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
+                  liveness_timeout=60, learner_packs=False) as pipe:
+        pipe.start_prepare(0, N)
+        with pytest.raises(CollectorDied, match="Packer.attach"):
+            pipe.sample_large_batch(0, N)
+        assert pipe.statistics().learner_packs == 0
+    with Pipeline(rb, sample_count=N, collector="thread", learner_packs=False) as pipe:
+        assert run_ticks(pipe, 0, 20) == 20
+        stats = pipe.statistics()
+        assert (stats.packs, stats.learner_packs) == (20, 0)
+
+
+def test_the_learner_waits_for_the_rows_a_request_needs() -> None:
+    """min_snapshot_ptr binds the learner as it binds the packer: with the rows not
+    there it packs nothing; with them there it packs."""
+    rb = buffer(rows=100)
+    with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
+                  liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr + 10)
+        with pytest.raises(CollectorDied, match="Packer.attach"):
+            pipe.sample_large_batch(0, N)
+        assert pipe.statistics().learner_packs == 0
+    with Pipeline(rb, sample_count=N, collector="external", attach_timeout=60,
+                  liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr)
+        assert exact(pipe, 0, pipe.sample_large_batch(0, N))
+        assert pipe.pack_record(0).snapshot_ptr == rb.ptr == 100
+
+
+def test_a_wait_with_a_timeout_packs_nothing() -> None:
+    """wait_until_ready with a timeout bounds the caller's wait: no gather inside
+    it. Without one it packs, as sample_large_batch does."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, N)
+        assert pipe.wait_until_ready(0, N, timeout=0.01) is False
+        assert pipe.statistics().learner_packs == 0
+        assert pipe.wait_until_ready(0, N) is True
+        assert pipe.statistics().learner_packs == 1
+        assert exact(pipe, 0, pipe.sample_large_batch(0, N))
+
+
+def test_only_the_oldest_requested_tick_is_packed_by_the_learner() -> None:
+    """Taking tick 1 while tick 0 waits would delay tick 0: a wait for a younger
+    tick packs nothing."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
+                  liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, N)
+        pipe.start_prepare(1, N)
+        with pytest.raises(CollectorDied, match="Packer.attach"):
+            pipe.wait_until_ready(1, N)
+        assert pipe.statistics().learner_packs == 0
+
+
+def test_the_learners_pack_shows_in_the_trace_and_the_statistics() -> None:
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                  trace=True) as pipe:
+        pipe.start_prepare(0, N)
+        pipe.sample_large_batch(0, N)
+        assert pipe.tracer is not None
+        spans = [e for e in pipe.tracer.events() if e["kind"] == "span"]
+        mine = [e for e in spans if e["name"] == "learner_pack"]
+        assert [(e["actor"], e["tick"], e["slot"]) for e in mine] == [("learner", 0, 0)]
+        wait = next(e for e in spans if e["name"] == "wait")
+        assert wait["start_ns"] <= mine[0]["start_ns"] <= mine[0]["end_ns"] <= wait["end_ns"]
+        assert pipe.statistics().learner_packs == 1
+
+
+def test_a_learners_pack_that_fails_fails_the_run_chained() -> None:
+    """An empty buffer: the learner's gather raises; its pack-done carries the
+    traceback as the packer's would, and the run fails chained to it."""
+    rb = buffer(rows=0)
+    with Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, N)
+        with pytest.raises(PipelineFailed) as info:
+            pipe.sample_large_batch(0, N)
+        cause = info.value.__cause__
+        assert isinstance(cause, PackerError) and "empty replay buffer" in (
+            cause.traceback_text)
+
+
+class RaisingTake(ExternalCollector):
+    def take(self, request: PackRequest, timeout: float) -> bool:
+        raise OSError("claim lock gone")
+
+
+def test_a_take_that_raises_fails_the_run() -> None:
+    """The claim may be the learner's with no message sent, so the slot could never
+    fill: an error inside take fails the run at once, chained to it."""
+    rb = buffer()
+    link = RaisingTake(rb, 2, N, attach_timeout=60)
+    with Pipeline(rb, sample_count=N, collector=link, liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, N)
+        with pytest.raises(PipelineFailed) as info:
+            pipe.sample_large_batch(0, N)
+        assert isinstance(info.value.__cause__, OSError)
+        with pytest.raises(PipelineFailed):
+            pipe.start_prepare(1, N)
+
+
+def test_a_learner_pack_against_a_closed_link_is_no_pack() -> None:
+    rb = buffer()
+    link = ExternalCollector(rb, 2, N, attach_timeout=60)
+    request = PackRequest(tick=0, slot=0, generation=1, seed=0, sample_count=N,
+                          min_snapshot_ptr=-1)
+    link.stop(1.0)
+    assert link.take(request, 1.0) is False
+
+
+def test_learner_packs_must_be_a_bool() -> None:
+    with pytest.raises(TypeError, match="learner_packs must be True or False, got 1"):
+        Pipeline(buffer(), sample_count=N, learner_packs=1)  # type: ignore[arg-type]
+
+
+# -- racing --------------------------------------------------------------------
+
+
+@given(depth=st.sampled_from([2, 3]),
+       serves=st.lists(st.integers(0, 3), min_size=1, max_size=10))
+def test_a_paused_packer_and_the_learner_share_the_ticks_exactly(
+        depth: int, serves: list[int]) -> None:
+    """An attached collector that services only now and then (``serves[t]`` calls
+    before tick t is sampled): every batch is INV-DATA's, each tick packed once,
+    by the packer or by the learner."""
+    rb = buffer()
+    ticks = len(serves)
+    with Pipeline(rb, sample_count=N, collector="external", ring_depth=depth,
+                  liveness_timeout=60, checked=True) as pipe:
+        handle = pipe.packer_handle()
+        packer = Packer.attach(handle, rb)
+        for tick, calls in enumerate(serves):
+            pipe.after_tick()
+            for ahead in range(tick, min(tick + depth - 1, ticks - 1) + 1):
+                pipe.start_prepare(ahead, N)
+            for _ in range(calls):
+                packer.service(timeout=0)
+            while handle.requests.backlog > depth:  # else the learner would wait
+                packer.service(timeout=0)
+            assert exact(pipe, tick, pipe.sample_large_batch(tick, N)), tick
+        pipe.after_tick()
+        stats = pipe.statistics()
+        assert stats.packs == ticks == stats.ticks
+        assert stats.learner_packs + packer.packed_count == ticks
+        if serves[0] == 0:  # tick 0 unserved: the learner packed it
+            assert stats.learner_packs >= 1
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_every_batch_is_exact_with_the_packer_racing_the_learner(collector: str) -> None:
+    """The seed-style loop requests a tick right before it samples it, so the
+    packer and the learner race for every first request; every batch is exact and
+    every tick packed once."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector=collector, liveness_timeout=60,
+                  checked=True) as pipe:
+        for start in range(0, 60, 3):
+            run_ticks(pipe, start, start + 3)
+        stats = pipe.statistics()
+        assert stats.packs == 60 == stats.ticks
