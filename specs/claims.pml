@@ -50,13 +50,16 @@ ltl inv_order_once { [] ALL(NTH_HOT_HOLDS_N) }
 /* ... and every one of the T ticks is acquired and released. */
 ltl inv_order_every { <> (nrel == T || ESCAPE) }
 
-/* INV-HOST-WAR: the packer writes H[k] only while slot k is REQUESTED (or dead:
-   the pipeline failed or closed under a write) ... */
-#define WRITES_REQUESTED(k) (!hwrite[k] || st[k] == REQUESTED || DEAD(k))
+/* INV-HOST-WAR: H[k] is written (by the packer or the learner) only while slot k
+   is REQUESTED (or dead: the pipeline failed or closed under a write) ... */
+#define WRITES_REQUESTED(k) (!H_WRITE(k) || st[k] == REQUESTED || DEAD(k))
 ltl inv_host_war_requested { [] ALL(WRITES_REQUESTED) }
-/* ... and never while a copy from H[k] is ordered or running. */
-#define NO_WRITE_UNDER_COPY(k) (!(hwrite[k] && (ordered[k] || copying[k])))
+/* ... never while a copy from H[k] is ordered or running ... */
+#define NO_WRITE_UNDER_COPY(k) (!(H_WRITE(k) && (ordered[k] || copying[k])))
 ltl inv_host_war_copy { [] ALL(NO_WRITE_UNDER_COPY) }
+/* ... and by one writer at a time: never the packer and the learner both. */
+#define ONE_WRITER(k) (!(hwrite[k] && lwrite[k]))
+ltl inv_host_one_writer { [] ALL(ONE_WRITER) }
 
 /* INV-DEVICE-WAR: G[k] is not written while reads of it, possibly from a HOT
    period already released, are in flight (zero-copy: the packer writes G[k]). */
@@ -84,10 +87,12 @@ ltl inv_close { [] ((learner_done -> ALL(CLOSED_DRAINED)) &&
                     (closed -> [] (closed && ALL(IS_CLOSED)))) }
 
 #ifdef PACKER_FAULTS
-/* INV-LIVE, second half: a packer that died or went silent with a request it has
-   not served (no pack-done sent) makes the learner raise. */
+/* INV-LIVE, second half: a packer that died or went silent makes the learner raise
+   once it waits for a request no one serves: not packed, not being packed by the
+   learner, and one the learner may not take (claimed, or too many packed). */
 #define UNSERVED(k) (st[k] == REQUESTED && !packed[k])
-ltl inv_live_watchdog { [] (((packer_dead || packer_silent) && ANY(UNSERVED)) ->
+#define ORPHANED (WAITING && UNSERVED(acq_slot) && !lwrite[acq_slot] && !TAKE_GUARD)
+ltl inv_live_watchdog { [] (((packer_dead || packer_silent) && ORPHANED) ->
                             <> learner_raised) }
 #endif
 #if defined(FAULTS) || defined(PACKER_FAULTS)
@@ -142,6 +147,10 @@ ltl w_pump_while_waiting { [] !(WAITING && ANY(PUMPING)) }
 #endif
 /* INV-LIVE: the learner waits for a batch. */
 ltl w_learner_waits { [] !WAITING }
+/* INV-HOST-WAR: the learner packs a batch, while the packer packs another. */
+#define LEARNER_WRITING(k) lwrite[k]
+ltl w_learner_packs { [] !ANY(LEARNER_WRITING) }
+ltl w_two_writers { [] !(ANY(WRITING) && ANY(LEARNER_WRITING)) }
 #ifdef PACKER_FAULTS
 /* INV-LIVE watchdog: a dead or a silent packer with a request pending. */
 ltl w_dead_packer_request { [] !(packer_dead && ANY(UNSERVED)) }

@@ -20,6 +20,10 @@
    -DMPS       the transfer thread only defers the order; the learner's pump issues
                the copy and waits for it (device synchronize) while it waits for a
                batch; release synchronizes the device, so reads end at release.
+   The learner may pack the oldest requested tick itself when the packer has not
+   claimed it (Pipeline(learner_packs=True), specs/LEARNER_PACKS.md): the packer and
+   the learner each claim a request in one atomic step (the claim lock) before
+   writing H[k], so exactly one of them writes it.
    Faults:
    -DFAULTS    once, any actor fails the pipeline or someone closes it.
    -DPACKER_FAULTS  the packer may die (even mid-write) or go silent (alive, never
@@ -84,6 +88,9 @@ byte tick_of[D] = NONE; /* the tick slot k holds from request until release (Cor
 byte htick[D] = NONE;   /* the tick whose rows are in H[k] */
 byte gtick[D] = NONE;   /* the tick whose rows are in G[k] (unused with ZEROCOPY) */
 bool hwrite[D];         /* the packer is writing H[k] */
+bool lwrite[D];         /* the learner is writing H[k], in the packer's place */
+bool claimed[D];        /* the request in slot k has its writer (the claim cells) */
+byte stale = 0;         /* requests the learner packed that the packer has not dropped */
 bool packed[D];         /* a pack-done message for slot k is in flight */
 bool ordered[D];        /* a copy order for slot k exists and its copy has not started */
 bool copying[D];        /* a copy reads H[k] and writes G[k] */
@@ -106,7 +113,7 @@ byte busy = NONE;       /* the slot whose submit blocks the transfer thread */
 /* The data the learner's reads see, and who writes it: with zero-copy G[k] is H[k]. */
 #ifdef ZEROCOPY
 #define G_TICK(k) htick[k]
-#define G_WRITE(k) hwrite[k]
+#define G_WRITE(k) H_WRITE(k)
 #else
 #define G_TICK(k) gtick[k]
 #define G_WRITE(k) copying[k]
@@ -116,8 +123,9 @@ byte busy = NONE;       /* the slot whose submit blocks the transfer thread */
 #define IS_REQUESTED(k) (st[k] == REQUESTED)
 #define HELD(k) (st[k] == REQUESTED || st[k] == SUBMITTED || st[k] == READY || st[k] == HOT)
 #define WRITING(k) hwrite[k]
+#define H_WRITE(k) (hwrite[k] || lwrite[k])  /* anyone writes H[k] */
 #define DEAD(k) (st[k] == FAILED || st[k] == CLOSED)
-#define DRAINED(k) (!copying[k] && !ordered[k] && !hwrite[k])
+#define DRAINED(k) (!copying[k] && !ordered[k] && !H_WRITE(k))
 
 /* The learner's guards: the refinement check compares them with the real Core. */
 #define REQ_GUARD (LIVE && next_req < T && st[req_slot] == IDLE)
@@ -126,6 +134,12 @@ byte busy = NONE;       /* the slot whose submit blocks the transfer thread */
 #define WAITING (LIVE && hot == NONE && next_acq < next_req && st[acq_slot] != READY)
 /* Pipeline._check_liveness: a dead packer, or no heartbeat while a request waits. */
 #define PACKER_GONE (packer_dead || (packer_silent && ANY(IS_REQUESTED)))
+/* Pipeline._take_locked: the learner waits for the oldest requested tick, which no
+   one claimed. ChannelLink.take lets it only while at most D requests wait in the
+   channel; the requests it packed stay there until the packer drops them, and one
+   more may be held by the packer: so at most D + 1 it has packed are not dropped. */
+#define TAKE_GUARD (LIVE && next_acq < next_req && st[acq_slot] == REQUESTED && \
+                    !claimed[acq_slot] && stale <= D)
 
 #define FAIL_SLOT(k) step(k, ev_fail);
 #define CLOSE_SLOT(k) step(k, ev_close);
@@ -165,7 +179,8 @@ inline close_pipeline() {
 #ifndef LEARNER_REQUEST
 #define LEARNER_REQUEST \
   :: d_step { REQ_GUARD -> REFINE_PRE(1) \
-       tick_of[req_slot] = next_req; step(req_slot, ev_request); \
+       tick_of[req_slot] = next_req; claimed[req_slot] = false; \
+       step(req_slot, ev_request); \
        next_req++; req_slot = (req_slot + 1) % D; REFINE_POST }
 #endif
 #ifndef LEARNER_ACQUIRE
@@ -190,6 +205,15 @@ inline close_pipeline() {
 #ifndef LEARNER_EXTRA
 #define LEARNER_EXTRA
 #endif
+/* The learner packs the tick it waits for: the claim (one step under the claim
+   lock), the write, the pack-done message (to the transfer worker, as the packer's). */
+#ifndef LEARNER_CLAIM
+#define LEARNER_CLAIM d_step { TAKE_GUARD -> claimed[acq_slot] = true; stale++; \
+                               lwrite[acq_slot] = true }
+#endif
+#define LEARNER_PACK :: LEARNER_CLAIM; \
+  d_step { lwrite[acq_slot] = false; htick[acq_slot] = tick_of[acq_slot]; \
+           if :: st[acq_slot] == REQUESTED -> packed[acq_slot] = true :: else fi }
 #ifdef MPS
 #ifndef PUMP
 /* AcceleratorBackend.pump: copy, synchronize, on_complete, on the learner thread,
@@ -224,6 +248,7 @@ head:
   LEARNER_ACQUIRE
   LEARNER_RELEASE
   LEARNER_PUMP
+  LEARNER_PACK
   WATCHDOG
   LEARNER_EXTRA
   /* Pipeline.close(), after a call raised or after the last tick: the Core first,
@@ -246,10 +271,12 @@ end: do FOR_SLOTS(FINISH_READS) od
 /* -- the packer: one request at a time (Packer.service) ---------------------- */
 
 #ifndef PACKABLE
-#define PACKABLE(k) (st[k] == REQUESTED && !packed[k] && htick[k] != tick_of[k])
+#define PACKABLE(k) (st[k] == REQUESTED && !claimed[k])
 #endif
+/* The claim and the start of the write in one step: Packer.service claims under
+   the claim lock before it gathers. */
 #define PACK_START(k) :: d_step { !packer_silent && !ANY(WRITING) && PACKABLE(k) -> \
-                                  hwrite[k] = true }
+                                  claimed[k] = true; hwrite[k] = true }
 #define PACK_END(k) :: d_step { hwrite[k] -> hwrite[k] = false; htick[k] = tick_of[k]; \
                                 if :: st[k] == REQUESTED -> packed[k] = true :: else fi }
 #define STOP_WRITING(k) hwrite[k] = false;
@@ -257,6 +284,7 @@ active proctype packer() {
 end: do
   FOR_SLOTS(PACK_START)
   FOR_SLOTS(PACK_END)
+  :: d_step { !packer_silent && stale > 0 -> stale-- } /* drops one the learner packed */
 #ifdef PACKER_FAULTS
   :: d_step { !packer_silent && !ANY(WRITING) -> packer_silent = true }
   :: d_step { !packer_silent -> FOR_SLOTS(STOP_WRITING) packer_dead = true }; break

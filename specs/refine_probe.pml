@@ -8,6 +8,8 @@
    next_req, next_acq, acq_slot, hot, failed, closed (mtypes as SPIN numbers them);
    <guards> has bit 0, 1, 2 set when the learner, at the head of its loop, may
    request, acquire or release; <kind> is 1, 2, 3 for request, acquire, release.
+   While the learner packs a batch itself (lwrite[acq_slot]) it is inside its
+   sample_large_batch, between the head's steps: its guards are the head's.
 
    The probe is a process that can always take one step, which changes nothing: a
    search without partial-order reduction (-DNOREDUCE) therefore runs it, and its
@@ -50,12 +52,13 @@ c_code {
   }
 }
 
+#define AT_HEAD (learner@head || lwrite[acq_slot])
 byte probe_guards;
 active proctype probe() {
 end: do
   :: atomic {
-       probe_guards = (learner@head && REQ_GUARD) + 2 * (learner@head && ACQ_GUARD) +
-                      4 * (learner@head && REL_GUARD);
+       probe_guards = (AT_HEAD && REQ_GUARD) + 2 * (AT_HEAD && ACQ_GUARD) +
+                      4 * (AT_HEAD && REL_GUARD);
        c_code { refine_state(now.probe_guards); now.probe_guards = 0; } }
   od
 }

@@ -43,6 +43,7 @@ CLAIMS: dict[str, str] = {
     "inv_order_every": "INV-ORDER",
     "inv_host_war_requested": "INV-HOST-WAR",
     "inv_host_war_copy": "INV-HOST-WAR",
+    "inv_host_one_writer": "INV-HOST-WAR",
     "inv_device_war": "INV-DEVICE-WAR",
     "inv_raw": "INV-RAW",
     "inv_raw_ready": "INV-RAW",
@@ -68,7 +69,7 @@ def expected_claims(backend: str | None, faults: tuple[str, ...]) -> set[str]:
 def expected_witnesses(backend: str | None, faults: tuple[str, ...]) -> set[str]:
     names = {"w_hot_beside_ready", "w_ring_full", "w_ring_wraps", "w_two_ready",
              "w_oldest_submitted", "w_wait_under_write", "w_pack_during_reads",
-             "w_learner_waits"}
+             "w_learner_waits", "w_learner_packs", "w_two_writers"}
     if backend != "ZEROCOPY":
         names |= {"w_pack_during_copy", "w_copy_during_reads"}
     if backend in (None, "CUDA"):
