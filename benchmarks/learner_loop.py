@@ -1,8 +1,10 @@
 """The learner loop, side by side in one process: compute only (the ideal),
 synchronous sampling (the baseline), torchrl's ReplayBuffer with prefetch 1 and 2,
 a bare double buffer (the co-run floor), and replay_fsm with thread and process
-collectors at ring depth 2 and 3, and once more with the learner and its packer
-process pinned to two different cores.
+collectors at ring depth 2 and 3, once more with the learner and its packer
+process pinned to two different cores, and once with the learner's own packs off
+(``learner_packs=False``: the control for them, in the same rounds). Each replay_fsm
+row records the share of ticks the learner packed itself.
 
 Workload: a buffer of 200k rows x ~500 float32 columns, batches of 16k rows, a
 learner step of matmuls (GIL released). Three regimes: a learner step calibrated to
@@ -55,6 +57,8 @@ REGIMES = ("compute-bound", "balanced", "data-bound")
 # The replay_fsm row built like the bare double buffer: one thread, two slots.
 LIKE_FOR_LIKE = "replay_fsm thread collector, depth 2"
 PINNED = "replay_fsm process collector, depth 3, pinned"  # PinnedReplayFSM's row
+# The control row: every pack left to the collector. Not held to the budget's claims.
+NO_LEARNER_PACKS = "replay_fsm process collector, depth 2, learner packs off"
 
 
 class BackgroundLoad:
@@ -235,15 +239,19 @@ class TorchRL(Contender):
 
 class ReplayFSM(Contender):
     def __init__(self, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device,
-                 collector: str, depth: int):
-        self.name = f"replay_fsm {collector} collector, depth {depth}"
+                 collector: str, depth: int, learner_packs: bool = True):
+        self.name = f"replay_fsm {collector} collector, depth {depth}" + (
+            "" if learner_packs else ", learner packs off")
         self.rb, self.n, self.compute = rb, n, compute
         self.device, self.collector, self.depth = device, collector, depth
+        self.learner_packs = learner_packs
+        self.packed_here = (0, 0)  # the last run's (learner packs, ticks)
 
     def open(self) -> None:
         self.pipe = Pipeline(self.rb, device=self.device, sample_count=self.n,
                              ring_depth=self.depth, collector=self.collector,
-                             packer_threads=1, liveness_timeout=60)
+                             packer_threads=1, liveness_timeout=60,
+                             learner_packs=self.learner_packs)
         self.next = 0
         for t in range(self.depth - 1):
             self.pipe.start_prepare(t, self.n)
@@ -263,6 +271,8 @@ class ReplayFSM(Contender):
         return stall
 
     def close(self) -> None:
+        stats = self.pipe.statistics()
+        self.packed_here = (stats.learner_packs, stats.ticks)
         self.pipe.close()
 
 
@@ -339,6 +349,9 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
     for collector in collectors:
         for depth in depths:
             contenders.append(ReplayFSM(rb, n, compute, device, collector, depth))
+    if "process" in collectors and 2 in depths:
+        contenders.append(ReplayFSM(rb, n, compute, device, "process", 2,
+                                    learner_packs=False))
     cpus = two_cpus()
     if cpus is None:
         missing[PINNED] = "needs two cores and os.sched_setaffinity"
@@ -350,6 +363,7 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
         means: dict[str, list[float]] = {c.name: [] for c in contenders}
         times: dict[str, list[float]] = {c.name: [] for c in contenders}
         stalls: dict[str, list[float]] = {c.name: [] for c in contenders}
+        packed_here: dict[str, list[int]] = {c.name: [0, 0] for c in contenders}
         with BackgroundLoad(load):
             for r in range(rounds):
                 for c in (contenders if r % 2 == 0 else contenders[::-1]):
@@ -361,6 +375,9 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
                     means[c.name].append(sum(t) / len(t))
                     times[c.name] += t
                     stalls[c.name] += s
+                    if isinstance(c, ReplayFSM):
+                        packed_here[c.name][0] += c.packed_here[0]
+                        packed_here[c.name][1] += c.packed_here[1]
         ideal = statistics.median(means[contenders[0].name])
         rows: dict[str, Any] = {}
         for c in contenders:
@@ -371,6 +388,9 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
                 "p99_ms": quantile(times[c.name], 0.99) * 1e3,
                 "stall_ms": statistics.fmean(stalls[c.name]) * 1e3,
                 "rows_per_s": n / mean, "GBps": nbytes / mean / 1e9}
+            if isinstance(c, ReplayFSM):  # warm-up ticks included
+                mine, all_ticks = packed_here[c.name]
+                rows[c.name]["learner_packs_per_tick"] = mine / max(all_ticks, 1)
         for label, why in missing.items():
             rows[label] = {"missing": why}
         columns[f"load{load}"] = rows
@@ -379,10 +399,11 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
 
 def measured(rows: dict[str, Any], pinned: bool = True) -> dict[str, float]:
     """The replay_fsm rows' mean ticks (ms) that were measured; the pinned one only
-    with ``pinned`` (the bare double buffer it is held against is not pinned)."""
+    with ``pinned`` (the bare double buffer it is held against is not pinned); never
+    the control row without the learner's packs."""
     return {k: v["mean_tick_ms"] for k, v in rows.items()
             if k.startswith("replay_fsm") and "missing" not in v
-            and (pinned or k != PINNED)}
+            and (pinned or k != PINNED) and k != NO_LEARNER_PACKS}
 
 
 def verdicts(result: dict[str, Any]) -> dict[str, bool]:
@@ -492,6 +513,9 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
                 if "missing" not in v else (k, v["missing"], "", "", "", "")
                 for k, v in table_rows.items()
             ], ("contender", "mean ms", "x compute", "p50 ms", "p99 ms", "stall ms")))
+            print("learner packs per tick: " + ", ".join(
+                f"{k[len('replay_fsm '):]} {v['learner_packs_per_tick']:.2f}"
+                for k, v in table_rows.items() if "learner_packs_per_tick" in v))
     for name in regimes:
         print(f"{name}: compute {results[name]['compute_over_gather']:.2f} x the bare "
               "gather at 0 background processes")

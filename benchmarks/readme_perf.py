@@ -26,15 +26,19 @@ def _loop_table(regime: str, result: dict[str, Any], cfg: dict[str, Any]) -> lis
            f"batches of {cfg['batch']}, learner on {cfg['learner_threads']} thread; mean "
            f"tick = wall / ticks, median of {cfg['rounds']} interleaved rounds of "
            f"{cfg['ticks']} ticks; \"bg\" = background CPU-bound processes)", "",
-           f"| contender | {head} | mean ms (0 bg) | p50 / p99 ms (0 bg) | stall ms/tick (0 bg) |",
-           "| --- |" + " --- |" * (len(loads) + 3)]
+           f"| contender | {head} | mean ms (0 bg) | p50 / p99 ms (0 bg) | stall ms/tick (0 bg) "
+           f"| learner packs / tick ({' / '.join(c[4:] for c in loads)} bg) |",
+           "| --- |" + " --- |" * (len(loads) + 4)]
     for name, v0 in columns[loads[0]].items():
         if "missing" in v0:
-            out.append(f"| {name} | {v0['missing']} |" + " |" * (len(loads) + 2))
+            out.append(f"| {name} | {v0['missing']} |" + " |" * (len(loads) + 3))
             continue
         ratios = " | ".join(f"{columns[c][name]['tick_over_ideal']:.3f}" for c in loads)
+        packs = " / ".join(f"{columns[c][name]['learner_packs_per_tick']:.2f}" for c in loads
+                           if "learner_packs_per_tick" in columns[c][name])
         out.append(f"| {name} | {ratios} | {v0['mean_tick_ms']:.2f} | "
-                   f"{v0['p50_ms']:.2f} / {v0['p99_ms']:.2f} | {v0['stall_ms']:.2f} |")
+                   f"{v0['p50_ms']:.2f} / {v0['p99_ms']:.2f} | {v0['stall_ms']:.2f} | "
+                   f"{packs} |")
     out.append("")
     return out
 
