@@ -11,7 +11,7 @@ check instead of counting as a kill (``tests/mutant_copies.py``).
 
 Mutants the tool does express were moved out: "copy without waiting for release"
 is ``replay_fsm.core.xǁCoreǁpacked__mutmut_22`` and "skip the liveness check" is
-``replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_20``; both are killed in
+``replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_29``; both are killed in
 the full run and sit in the CI sample (``tests/test_mutation_sample.py``).
 """
 

@@ -128,7 +128,7 @@ def test_a_batch_already_copied_is_ready_without_a_wait() -> None:
 def test_a_new_pipeline_is_open_and_unchecked_by_default() -> None:
     """``closed`` is the bool False until close(); checked mode is off unless asked
     for (the transfer worker handles a pack-done message without checking it). Kills
-    xǁPipelineǁ__init__ mutants 81 (``_closed = None``) and 9 (``checked`` defaulting
+    xǁPipelineǁ__init__ mutants 85 (``_closed = None``) and 9 (``checked`` defaulting
     to True)."""
     rb = buffer()
     link = Receiving(rb, 2, N)
@@ -149,7 +149,7 @@ def test_an_external_collector_has_sixty_seconds_to_attach_by_default() -> None:
 def test_the_packer_process_is_given_the_thread_count_asked_for(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``packer_threads`` reaches ``serve_forever`` in the spawned packer process (the
-    process is not started here). Kills xǁPipelineǁ__init__ mutant 120."""
+    process is not started here). Kills xǁPipelineǁ__init__ mutant 124."""
     monkeypatch.setattr(links.ProcessCollector, "start", lambda self, fail: None)
     with Pipeline(buffer(), sample_count=N, collector="process", backend="manual",
                   packer_threads=3) as pipe:
@@ -158,7 +158,7 @@ def test_the_packer_process_is_given_the_thread_count_asked_for(
 
 
 def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
-    """Kills xǁPipelineǁ__init__ mutant 139 (the message dropped)."""
+    """Kills xǁPipelineǁ__init__ mutant 143 (the message dropped)."""
     threads = set(threading.enumerate())
     with pytest.raises(ValueError) as info:
         Pipeline(buffer(), sample_count=N, backend="manual", collector=SlotsOnlyLink(4, WIDTH))
@@ -169,7 +169,7 @@ def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
 
 @pytest.mark.parametrize("trace", [False, True])
 def test_the_backend_is_told_whether_tracing_is_on(trace: bool) -> None:
-    """Kills xǁPipelineǁ__init__ mutant 165 (``backend.trace(None)``)."""
+    """Kills xǁPipelineǁ__init__ mutant 169 (``backend.trace(None)``)."""
 
     class Told(ManualBackend):
         def __init__(self) -> None:
@@ -186,7 +186,7 @@ def test_the_backend_is_told_whether_tracing_is_on(trace: bool) -> None:
 
 def test_checked_mode_counts_four_checks_per_tick() -> None:
     """Per tick: the pack (before submit), the copy's start (the backend reports it
-    to the checker), the acquire and the release. Kills xǁPipelineǁ__init__ mutant 193
+    to the checker), the acquire and the release. Kills xǁPipelineǁ__init__ mutant 199
     (the backend not given the checker: no copy checks)."""
     with Pipeline(buffer(), sample_count=N, backend="manual", checked=True) as pipe:
         run_ticks(pipe, 0, 3)
@@ -239,7 +239,7 @@ def test_a_request_carries_the_buffers_ptr_and_size_and_the_hot_slot() -> None:
     """Each request: ``min_snapshot_ptr`` defaults to the buffer's ptr now (80 rows
     ever written) and is the caller's when given; the snapshot is (ptr, size) = (80,
     64); the hot slot is -1 when no batch is hot, else its slot. Kills
-    xǁPipelineǁ_request mutants 4, 10, 13, 15, 16 and 20-24."""
+    xǁPipelineǁ_request mutants 4, 10, 14, 16, 17 and 21-25."""
     rb = buffer()
     link = Sending(rb, 2, N)
     with Pipeline(rb, sample_count=N, collector=link, liveness_timeout=MARGIN_S) as pipe:
@@ -319,7 +319,7 @@ def test_pack_and_copy_spans_name_their_tick_slot_and_sizes() -> None:
     """The pack span carries the snapshot size the packer sampled from, the copy span
     the bytes it moved; statistics add those bytes up. Kills xǁPipelineǁ_on_pack_done
     mutants 21-23 and 28-30, xǁPipelineǁ_on_copy_complete mutants 11, 12 and 18-20,
-    xǁPipelineǁ_span mutant 9 and xǁPipelineǁ__init__ mutant 159 (the slot's bytes)."""
+    xǁPipelineǁ_span mutant 9 and xǁPipelineǁ__init__ mutant 163 (the slot's bytes)."""
     with Pipeline(buffer(), sample_count=N, backend="manual", trace=True) as pipe:
         run_ticks(pipe, 0, 2)
         assert pipe.tracer is not None
@@ -451,7 +451,7 @@ def test_host_slots_of_another_dtype_than_the_rows_are_refused_by_name(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_a_source_without_storage_takes_host_slots_of_one_dtype(dtype: torch.dtype) -> None:
-    """Kills xǁPipelineǁ__init__ mutants 143 and 146 (the dtype asked of a
+    """Kills xǁPipelineǁ__init__ mutants 147 and 150 (the dtype asked of a
     ``storage`` the source does not have)."""
     with Pipeline(NoStorage(buffer()), sample_count=N, backend="manual",
                   collector=slots_of(dtype, dtype)) as pipe:
@@ -460,7 +460,7 @@ def test_a_source_without_storage_takes_host_slots_of_one_dtype(dtype: torch.dty
 
 def test_a_watchdog_verdict_fails_the_pipeline_for_good() -> None:
     """The verdict is raised to the waiting learner and is the pipeline's failure:
-    later calls raise it again, chained. Kills xǁPipelineǁ_wait_locked mutant 33."""
+    later calls raise it again, chained. Kills xǁPipelineǁ_wait_locked mutant 42."""
 
     class Dead(ManualBackend):
         def check_alive(self) -> str | None:
