@@ -21,6 +21,7 @@ from replay_fsm.runtime.links import ExternalCollector
 from replay_fsm.wire import PackDone, PackRequest, decode, encode
 
 from .drive import packed, reference, run_ticks
+from .support import SlotsOnlyLink, finishes_within
 
 N = 16
 
@@ -30,6 +31,16 @@ def buffer(rows: int = 300) -> ReplayBuffer:
     if rows:
         rb.add_packed(torch.randn(rows, rb.width))
     return rb
+
+
+def collector_died(pipe: Pipeline, tick: int) -> str:
+    """The CollectorDied message of sampling ``tick`` (run it in finishes_within: a
+    wait that never ends fails the test instead of hanging it)."""
+    try:
+        pipe.sample_large_batch(tick, N)
+    except CollectorDied as exc:
+        return str(exc)
+    return "returned a batch"
 
 
 def exact(pipe: Pipeline, tick: int, batch: dict[str, torch.Tensor]) -> bool:
@@ -52,6 +63,23 @@ def test_a_claim_admits_one_writer_per_generation() -> None:
     assert h.claims.tolist() == [1, 2]
 
 
+def test_a_claim_tells_generations_apart_past_float_precision() -> None:
+    """The cells are int64: a float32 cell would hold 2**24 + 1 as 2**24 and admit
+    a second writer of that generation."""
+    h = PackerHandle.create(2, N, 8)
+    big = 2**24 + 1
+    assert h.claim(0, big, 1.0) is True
+    assert h.claim(0, big, 1.0) is False
+    assert h.claims.dtype == torch.int64
+
+
+def test_the_request_channel_is_sized_to_the_bound() -> None:
+    """Room for one live request per slot and the ring_depth the learner may have
+    packed (ChannelLink.take's bound), and no more: its rows are shared memory."""
+    for depth in (2, 3):
+        assert PackerHandle.create(depth, N, 8).requests.capacity == 2 * depth
+
+
 def test_a_claim_gives_up_on_a_lock_held_past_its_timeout() -> None:
     """Whoever holds the lock may have died in it: a claim waits at most its
     timeout, says so (None) and sets nothing."""
@@ -63,6 +91,28 @@ def test_a_claim_gives_up_on_a_lock_held_past_its_timeout() -> None:
         h.claim_lock.release()
     assert h.claims.tolist() == [0, 0]
     assert h.claim(0, 1, 1.0) is True
+
+
+def test_a_learner_never_waits_on_a_claim_lock_held_forever() -> None:
+    """A packer process killed inside the lock holds it for good: the learner's take
+    gives up after its timeout (no pack), and the pipeline's wait ends by the
+    watchdog's verdict (here: no collector attached) instead of hanging."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
+                  liveness_timeout=60) as pipe:
+        handle = pipe.packer_handle()
+        request = PackRequest(tick=0, slot=0, generation=1, seed=0, sample_count=N,
+                              min_snapshot_ptr=-1)
+        assert handle.claim_lock.acquire(timeout=1.0)
+        try:
+            ok, got = finishes_within(lambda: Packer(handle, rb).take(request, 0.01))
+            assert ok and got == [False]
+            pipe.start_prepare(0, N)
+            ok, got = finishes_within(lambda: collector_died(pipe, 0))
+            assert ok and "Packer.attach" in got[0], got
+        finally:
+            handle.claim_lock.release()
+        assert pipe.statistics().learner_packs == 0
 
 
 def claim_there(handle: PackerHandle) -> None:
@@ -111,6 +161,11 @@ def test_a_request_the_learner_packed_is_dropped_by_the_packer() -> None:
     h.requests.put(encode(first)[0])
     assert learner.take(first, 1.0) is True
     assert learner.take(first, 1.0) is False  # taken once
+    # Its message went to this process's consumer, not into the ring the packer's
+    # process shares: a view of the channel elsewhere sees nothing.
+    elsewhere = Channel.__new__(Channel)
+    elsewhere.__setstate__(h.done.__getstate__())
+    assert elsewhere.backlog == 0 and h.done.backlog == 1
     before = h.host_slots[0].clone()
     assert packer.service(timeout=0) is False  # dropped
     assert torch.equal(h.host_slots[0], before) and packer.packed_count == 0
@@ -148,7 +203,7 @@ def test_local_posts_are_taken_first_and_counted() -> None:
     ch.post_local([7, 8, 9])
     assert ch.put([1, 1, 1], timeout=0) and ch.put([2, 2, 2], timeout=0)
     assert ch.backlog == 3
-    with pytest.raises(ValueError, match="carries no text"):
+    with pytest.raises(ValueError, match=r"^this channel carries no text \(text_bytes=0\)$"):
         Channel(2, 3).post_local([1, 2, 3], "no room")
     ch.close()
     with pytest.raises(ChannelClosed):
@@ -210,8 +265,8 @@ def test_the_learner_waits_for_the_rows_a_request_needs() -> None:
     with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
                   liveness_timeout=60) as pipe:
         pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr + 10)
-        with pytest.raises(CollectorDied, match="Packer.attach"):
-            pipe.sample_large_batch(0, N)
+        ok, got = finishes_within(lambda: collector_died(pipe, 0))
+        assert ok and "Packer.attach" in got[0], got
         assert pipe.statistics().learner_packs == 0
     with Pipeline(rb, sample_count=N, collector="external", attach_timeout=60,
                   liveness_timeout=60) as pipe:
@@ -294,12 +349,37 @@ def test_a_take_that_raises_fails_the_run() -> None:
 
 
 def test_a_learner_pack_against_a_closed_link_is_no_pack() -> None:
+    """Stopped, or closed while the learner packs (its message cannot be posted):
+    no pack either way. A link without a packer handle never packs."""
     rb = buffer()
-    link = ExternalCollector(rb, 2, N, attach_timeout=60)
     request = PackRequest(tick=0, slot=0, generation=1, seed=0, sample_count=N,
                           min_snapshot_ptr=-1)
+    link = ExternalCollector(rb, 2, N, attach_timeout=60)
+    link.handle.done.close()
+    assert link.take(request, 1.0) is False
     link.stop(1.0)
     assert link.take(request, 1.0) is False
+    assert SlotsOnlyLink(N, rb.width).take(request, 1.0) is False
+
+
+def test_the_learner_packs_every_tick_a_dropping_packer_leaves() -> None:
+    """A collector that only ever drops (its service calls come after the learner
+    packed): the learner packs every tick, past the first ring, and the packer none."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60) as pipe:
+        handle = pipe.packer_handle()
+        packer = Packer.attach(handle, rb)
+
+        def run() -> int:
+            for tick in range(5):
+                while handle.requests.backlog:
+                    packer.service(timeout=0)  # drops the ticks the learner packed
+                pipe.start_prepare(tick, N)
+                assert exact(pipe, tick, pipe.sample_large_batch(tick, N)), tick
+                pipe.after_tick()
+            return pipe.statistics().learner_packs
+        ok, got = finishes_within(run)
+        assert ok and got == [5] and packer.packed_count == 0
 
 
 def test_learner_packs_must_be_a_bool() -> None:
