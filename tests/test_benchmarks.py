@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)  # every benchmark once, on a machine that may be busy
 def test_bench_quick_runs_and_writes_results() -> None:
     out = subprocess.run([sys.executable, "benchmarks/run_all.py", "--quick"], cwd=ROOT,
                          capture_output=True, text=True, timeout=900)

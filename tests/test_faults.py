@@ -129,7 +129,10 @@ def test_a_stopped_packer_process_makes_the_waiting_learner_raise() -> None:
     """SIGSTOP: alive, but silent. The heartbeat stops and the wait ends in
     CollectorDied within the liveness bound; close() then has to kill it."""
     from replay_fsm import CollectorDied
-    pipe = Pipeline(buffer(), sample_count=8, collector="process", liveness_timeout=1.0)
+    # learner_packs=False: ticks 0 and 1 must be the packer's, so that it has attached
+    # and beats a heartbeat before it is stopped.
+    pipe = Pipeline(buffer(), sample_count=8, collector="process", liveness_timeout=1.0,
+                    learner_packs=False)
     try:
         for _tick, _ in pipe.ticks(0, 2):
             pass
@@ -152,7 +155,10 @@ def test_a_killed_external_collector_makes_the_waiting_learner_raise() -> None:
     from .collectors import external_loop
 
     rb = buffer()
-    pipe = Pipeline(rb, sample_count=8, collector="external", liveness_timeout=60)
+    # learner_packs=False: tick 0 must be the collector's, so that its pid is in the
+    # handle before it is killed.
+    pipe = Pipeline(rb, sample_count=8, collector="external", liveness_timeout=60,
+                    learner_packs=False)
     proc = mp.get_context("spawn").Process(target=external_loop,
                                            args=(pipe.packer_handle(), rb))
     proc.start()
