@@ -1,12 +1,18 @@
-"""The learner packs a batch the packer has not started (Pipeline(learner_packs=True),
-specs/LEARNER_PACKS.md): one writer per request (the claim), every batch INV-DATA's
-whoever packed it, a taken request costs the packer a drop and no message, the
-bounds that keep a stopped packer from overflowing the request channel, and
-learner_packs=False leaving every pack to the collector."""
+"""The learner packs the chunks of a batch the packer has not reached
+(Pipeline(learner_packs=True), specs/LEARNER_PACKS.md): one writer per chunk (the
+claim cells), one pack-done message per request from whoever counts its last chunk,
+every batch INV-DATA's whoever packed it, a failed chunk abandoning the request, a
+taken request costing the packer a drop and no message, the bounds that keep a
+stopped packer from overflowing the request channel, and learner_packs=False
+leaving every pack to the collector."""
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import threading
+from collections.abc import Callable, Iterator
+from unittest import mock
 
 import pytest
 import torch
@@ -14,14 +20,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replay_fsm import CollectorDied, Pipeline, PipelineFailed, ReplayBuffer
+from replay_fsm.data import packer as packer_module
 from replay_fsm.data.channel import Channel, ChannelClosed
-from replay_fsm.data.packer import Packer, PackerHandle
+from replay_fsm.data.packer import (
+    CHUNK_MIN_ROWS,
+    MAX_CHUNKS,
+    NO_CHUNK,
+    Packer,
+    PackerHandle,
+    chunk_count,
+)
 from replay_fsm.errors import PackerError
 from replay_fsm.runtime.links import ExternalCollector
 from replay_fsm.wire import PackDone, PackRequest, decode, encode
 
 from .drive import packed, reference, run_ticks
-from .support import SlotsOnlyLink, finishes_within
+from .support import MARGIN_S, SlotsOnlyLink, finishes_within
 
 N = 16
 
@@ -50,17 +64,68 @@ def exact(pipe: Pipeline, tick: int, batch: dict[str, torch.Tensor]) -> bool:
 # -- the claim -----------------------------------------------------------------
 
 
-def test_a_claim_admits_one_writer_per_generation() -> None:
-    """The claim cell holds the generation last claimed: the first caller of a
-    generation writes it, the second is told no, a newer generation is free again,
-    an older one never (a request the packer reads late stays dropped)."""
-    h = PackerHandle.create(2, N, 8)
-    assert h.claim(1, 1, 1.0) is True
-    assert h.claim(1, 1, 1.0) is False
-    assert h.claim(0, 1, 1.0) is True  # another slot's cell
-    assert h.claim(1, 2, 1.0) is True
-    assert h.claim(1, 1, 1.0) is False
-    assert h.claims.tolist() == [1, 2]
+@contextlib.contextmanager
+def chunks_of(rows: int) -> Iterator[None]:
+    """Handles created inside are split in chunks of ``rows`` rows (N // rows chunks
+    of a request of N rows), so that small requests exercise several chunks."""
+    with mock.patch.object(packer_module, "CHUNK_MIN_ROWS", rows):
+        yield
+
+
+def request(slot: int = 0, generation: int = 1, seed: int = 0, tick: int = 0
+            ) -> PackRequest:
+    return PackRequest(tick=tick, slot=slot, generation=generation, seed=seed,
+                       sample_count=N, min_snapshot_ptr=-1)
+
+
+def test_a_request_is_split_in_at_most_max_chunks_of_at_least_min_rows() -> None:
+    assert [chunk_count(r) for r in (0, 1, CHUNK_MIN_ROWS - 1, CHUNK_MIN_ROWS,
+                                     2 * CHUNK_MIN_ROWS + 1, 100 * CHUNK_MIN_ROWS)] == [
+        1, 1, 1, 1, 2, MAX_CHUNKS]
+    with chunks_of(5):
+        h = PackerHandle.create(2, N, 8)
+    assert h.chunks == 3 and h.chunk_bounds == [0, 5, 10, 16]  # every row, once
+
+
+def test_each_chunk_has_one_writer_and_the_last_one_written_completes_it() -> None:
+    """The claim cells hand out each chunk of a generation once, in order, whoever
+    asks; advance counts a written chunk and says when the last one is written; the
+    request's first claim fixes the snapshot every writer uses."""
+    with chunks_of(4):
+        h = PackerHandle.create(2, N, 8)
+    assert h.chunks == 4
+    assert h.claim(1, 1, 50, 1.0) == 0
+    assert h.claim(1, 1, 99, 1.0) == 1  # a second writer: the next chunk
+    assert h.snapshot(1)[0] == 50  # the first claim's ptr, for both
+    assert h.claim(0, 1, 7, 1.0) == 0  # another slot's cells
+    assert h.advance(1, 1, 1.0) == (2, False)
+    assert h.advance(1, 1, 1.0) == (3, False)
+    assert h.advance(1, 1, 1.0) == (NO_CHUNK, False)
+    assert h.claim(1, 1, 99, 1.0) == NO_CHUNK  # every chunk claimed
+    assert h.advance(1, 1, 1.0) == (NO_CHUNK, True)  # the fourth written: the last
+    assert h.claims[1].tolist()[:3] == [1, 4, 4]
+    assert h.claim(1, 2, 60, 1.0) == 0  # a newer request starts over
+    assert h.snapshot(1)[0] == 60
+    assert h.claim(1, 1, 99, 1.0) == NO_CHUNK  # an older one never comes back
+    with pytest.raises(RuntimeError, match="slot 1 holds request 2 while a chunk of "
+                                           "request 1 was being written"):
+        h.advance(1, 1, 1.0)
+
+
+def test_a_failed_writer_abandons_the_request() -> None:
+    """After abandon no chunk is handed out and no writer completes the request (the
+    failed writer posts the error); an older generation's abandon changes nothing."""
+    with chunks_of(4):
+        h = PackerHandle.create(2, N, 8)
+    assert h.claim(0, 3, 0, 1.0) == 0
+    assert h.claim(0, 3, 0, 1.0) == 1
+    h.abandon(0, 2, 1.0)
+    assert h.claim(0, 3, 0, 1.0) == 2
+    h.abandon(0, 3, 1.0)
+    assert h.claim(0, 3, 0, 1.0) == NO_CHUNK
+    for _ in range(3):
+        assert h.advance(0, 3, 1.0) == (NO_CHUNK, False)
+    assert h.advance(0, 3, 1.0) == (NO_CHUNK, False)  # all four counted, still failed
 
 
 def test_a_claim_tells_generations_apart_past_float_precision() -> None:
@@ -68,8 +133,8 @@ def test_a_claim_tells_generations_apart_past_float_precision() -> None:
     a second writer of that generation."""
     h = PackerHandle.create(2, N, 8)
     big = 2**24 + 1
-    assert h.claim(0, big, 1.0) is True
-    assert h.claim(0, big, 1.0) is False
+    assert h.claim(0, big, 0, 1.0) == 0
+    assert h.claim(0, big, 0, 1.0) == NO_CHUNK
     assert h.claims.dtype == torch.int64
 
 
@@ -80,17 +145,22 @@ def test_the_request_channel_is_sized_to_the_bound() -> None:
         assert PackerHandle.create(depth, N, 8).requests.capacity == 2 * depth
 
 
-def test_a_claim_gives_up_on_a_lock_held_past_its_timeout() -> None:
-    """Whoever holds the lock may have died in it: a claim waits at most its
-    timeout, says so (None) and sets nothing."""
-    h = PackerHandle.create(2, N, 8)
+def test_claims_give_up_on_a_lock_held_past_their_timeout() -> None:
+    """Whoever holds the lock may have died in it: a claim or an advance waits at
+    most its timeout, says so (None) and sets nothing."""
+    with chunks_of(4):
+        h = PackerHandle.create(2, N, 8)
+    assert h.claim(0, 1, 0, 1.0) == 0
+    before = h.claims.tolist()
     assert h.claim_lock.acquire(timeout=1.0)
     try:
-        assert h.claim(0, 1, 0.01) is None
+        assert h.claim(0, 1, 0, 0.01) is None
+        assert h.claim(1, 1, 0, 0.01) is None
+        assert h.advance(0, 1, 0.01) is None
     finally:
         h.claim_lock.release()
-    assert h.claims.tolist() == [0, 0]
-    assert h.claim(0, 1, 1.0) is True
+    assert h.claims.tolist() == before
+    assert h.advance(0, 1, 1.0) == (1, False)
 
 
 def test_a_learner_never_waits_on_a_claim_lock_held_forever() -> None:
@@ -101,12 +171,10 @@ def test_a_learner_never_waits_on_a_claim_lock_held_forever() -> None:
     with Pipeline(rb, sample_count=N, collector="external", attach_timeout=0.3,
                   liveness_timeout=60) as pipe:
         handle = pipe.packer_handle()
-        request = PackRequest(tick=0, slot=0, generation=1, seed=0, sample_count=N,
-                              min_snapshot_ptr=-1)
         assert handle.claim_lock.acquire(timeout=1.0)
         try:
-            ok, got = finishes_within(lambda: Packer(handle, rb).take(request, 0.01))
-            assert ok and got == [False]
+            ok, got = finishes_within(lambda: Packer(handle, rb).take(request(), 0.01))
+            assert ok and got == [None]
             pipe.start_prepare(0, N)
             ok, got = finishes_within(lambda: collector_died(pipe, 0))
             assert ok and "Packer.attach" in got[0], got
@@ -116,19 +184,21 @@ def test_a_learner_never_waits_on_a_claim_lock_held_forever() -> None:
 
 
 def claim_there(handle: PackerHandle) -> None:
-    if handle.claim(1, 3, 10.0) is not True:
+    if (handle.claim(1, 3, 0, 10.0), handle.chunks, handle.chunk_bounds) != (
+            0, 4, [0, 4, 8, 12, 16]):
         raise SystemExit(3)
 
 
 def test_the_claims_travel_with_the_handle() -> None:
     """A handle sent to a spawned packer process shares the claim cells and their
-    lock (shared memory, a named semaphore), not copies of them."""
-    h = PackerHandle.create(2, N, 8)
+    lock (shared memory, a named semaphore), not copies of them, and its chunks."""
+    with chunks_of(4):
+        h = PackerHandle.create(2, N, 8)
     child = mp.get_context("spawn").Process(target=claim_there, args=(h,))
     child.start()
     child.join(60)
     assert child.exitcode == 0
-    assert h.claim(1, 3, 1.0) is False and h.claims.tolist() == [0, 3]
+    assert h.claim(1, 3, 0, 1.0) == 1 and h.claims[1].tolist()[:2] == [3, 2]
 
 
 def test_a_packer_that_cannot_get_the_lock_keeps_the_request() -> None:
@@ -137,9 +207,7 @@ def test_a_packer_that_cannot_get_the_lock_keeps_the_request() -> None:
     rb = buffer()
     h = PackerHandle.create(2, N, rb.width)
     packer = Packer(h, rb)
-    request = PackRequest(tick=0, slot=0, generation=1, seed=7, sample_count=N,
-                          min_snapshot_ptr=-1)
-    h.requests.put(encode(request)[0])
+    h.requests.put(encode(request(seed=7))[0])
     assert h.claim_lock.acquire(timeout=1.0)
     try:
         assert packer.service(timeout=0) is False
@@ -156,11 +224,10 @@ def test_a_request_the_learner_packed_is_dropped_by_the_packer() -> None:
     rb = buffer()
     h = PackerHandle.create(2, N, rb.width)
     packer, learner = Packer(h, rb), Packer(h, rb)
-    first = PackRequest(tick=0, slot=0, generation=1, seed=100, sample_count=N,
-                        min_snapshot_ptr=-1)
+    first = request(seed=100)
     h.requests.put(encode(first)[0])
-    assert learner.take(first, 1.0) is True
-    assert learner.take(first, 1.0) is False  # taken once
+    assert learner.take(first, 1.0) == 1
+    assert learner.take(first, 1.0) == 0  # taken once
     # Its message went to this process's consumer, not into the ring the packer's
     # process shares: a view of the channel elsewhere sees nothing.
     elsewhere = Channel.__new__(Channel)
@@ -175,12 +242,132 @@ def test_a_request_the_learner_packed_is_dropped_by_the_packer() -> None:
     assert torch.equal(before, reference_rows(rb, done))
     assert h.done.backlog == 0
     packer.service(timeout=0.01)  # idle: draws seed 101 ahead
-    second = PackRequest(tick=1, slot=1, generation=1, seed=101, sample_count=N,
-                         min_snapshot_ptr=-1)
+    second = request(slot=1, seed=101, tick=1)
     h.requests.put(encode(second)[0])
     assert packer.service(timeout=1.0) is True
     assert packer.drawn_ahead == 1 and packer.packed_count == 1
-    assert learner.take(second, 1.0) is False  # the packer has it
+    assert learner.take(second, 1.0) == 0  # the packer has it
+
+
+class Interleaved:
+    """Wraps a buffer's gather: its ``at``-th call (from 1) first runs ``meanwhile``,
+    as a peer would between a writer's claim and its count."""
+
+    def __init__(self, rb: ReplayBuffer, at: int, meanwhile: Callable[[], object]
+                 ) -> None:
+        self.gather, self.at, self.meanwhile = rb.gather, at, meanwhile
+        self.calls = 0
+        self.got: list[object] = []
+
+    def __call__(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        if self.calls == self.at:
+            self.got.append(self.meanwhile())
+        return self.gather(indices, out)
+
+
+def split_run(learner_first: bool, at: int = 1) -> tuple[ReplayBuffer, PackerHandle,
+                                                        Packer, Packer, Interleaved]:
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    packer, learner = Packer(h, rb), Packer(h, rb)
+    h.requests.put(encode(request(seed=5))[0])
+    def peer() -> object:
+        rb.add_packed(torch.randn(50, rb.width))  # the second writer sees more rows
+        if learner_first:
+            return packer.service(timeout=0)
+        return learner.take(request(seed=5), 1.0)
+    rb.gather = Interleaved(rb, at, peer)  # type: ignore[method-assign]
+    return rb, h, packer, learner, rb.gather  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize("learner_first", [False, True])
+def test_the_packer_and_the_learner_split_a_request_by_chunks(learner_first: bool) -> None:
+    """The second writer arrives while the first writes chunk 0 (rows were added
+    meanwhile): it takes chunks 1-3, the first writes none more, and the first (it
+    counts the last chunk) posts the one message, to its own consumer; the rows are
+    INV-DATA's for the first claim's snapshot, whoever wrote them."""
+    rb, h, packer, learner, peer = split_run(learner_first)
+    if learner_first:
+        assert learner.take(request(seed=5), 1.0) == 1
+        assert peer.got == [True]  # the packer wrote chunks 1-3
+    else:
+        assert packer.service(timeout=0) is True
+        assert peer.got == [3]  # the learner wrote chunks 1-3
+    assert packer.packed_count == 1 and peer.calls == 4  # four chunks, one gather each
+    elsewhere = Channel.__new__(Channel)  # the ring the other process would read
+    elsewhere.__setstate__(h.done.__getstate__())
+    assert elsewhere.backlog == (0 if learner_first else 1)
+    got = h.done.get(timeout=0)
+    assert got is not None and h.done.get(timeout=0) is None  # one message
+    done = decode(PackDone, *got)  # type: ignore[misc]
+    assert (done.tick, done.generation, done.error, done.snapshot_ptr) == (0, 1, None, 300)
+    assert torch.equal(h.host_slots[0], reference_rows(rb, done))
+    assert h.claims[0].tolist()[:4] == [1, 4, 4, 0]
+
+
+def test_a_chunk_that_fails_abandons_the_request_with_one_message() -> None:
+    """The learner, writing chunks 1-3 inside the packer's chunk 0, fails on its
+    second: it posts the error; the packer writes no chunk more and posts nothing."""
+    rb, h, packer, learner, peer = split_run(learner_first=False)
+    gather = peer.gather
+
+    def failing(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        failing.calls += 1  # type: ignore[attr-defined]
+        if failing.calls == 2:  # type: ignore[attr-defined]
+            raise OSError("gather failed")
+        return gather(indices, out)
+    failing.calls = 0  # type: ignore[attr-defined]
+    peer.gather = failing  # the learner's calls come through here
+    assert packer.service(timeout=0) is True
+    assert peer.got == [1]  # the learner wrote chunk 1, failed on chunk 2
+    got = h.done.get(timeout=0)
+    assert got is not None and "OSError: gather failed" in str(got[1])
+    assert h.done.get(timeout=0) is None  # one message
+    # The packer wrote its chunk without failing: it counts it (packed_count's
+    # meaning); the cells say two chunks written and the request failed.
+    assert packer.packed_count == 1 and h.claims[0].tolist()[:4] == [1, 4, 2, 1]
+
+
+def test_a_writer_that_cannot_count_its_chunk_fails_after_its_patience() -> None:
+    """The claim lock taken and kept while the learner writes a chunk (a packer
+    stopped inside it): the learner retries the count for HOLD_PATIENCE_S, then
+    posts an error naming the lock's holder; nothing hangs."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    learner = Packer(h, rb)
+    rb.gather = Interleaved(rb, 1, lambda: h.claim_lock.acquire(timeout=1.0)
+                            )  # type: ignore[method-assign]
+    try:
+        with mock.patch.object(packer_module, "HOLD_PATIENCE_S", 0.05):
+            ok, got = finishes_within(lambda: learner.take(request(), 1.0))
+    finally:
+        h.claim_lock.release()
+    assert ok and got == [1]
+    done = h.done.get(timeout=0)
+    assert done is not None and "the claim lock stayed taken" in str(done[1])
+
+
+def test_a_packer_that_cannot_count_its_chunk_stops_when_its_channel_closes() -> None:
+    """The packer's side retries the count while its learner lives; a closed channel
+    (the learner stopped) ends it: no message, no error."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    packer = Packer(h, rb)
+    h.requests.put(encode(request())[0])
+
+    def stop_inside() -> None:
+        assert h.claim_lock.acquire(timeout=1.0)
+        h.requests.close()
+    rb.gather = Interleaved(rb, 1, stop_inside)  # type: ignore[method-assign]
+    try:
+        ok, got = finishes_within(lambda: packer.service(timeout=0))
+    finally:
+        h.claim_lock.release()
+    assert ok and got == [False] and h.done.backlog == 0 and packer.packed_count == 0
 
 
 def reference_rows(rb: ReplayBuffer, done: PackDone) -> torch.Tensor:
@@ -302,18 +489,59 @@ def test_only_the_oldest_requested_tick_is_packed_by_the_learner() -> None:
 
 
 def test_the_learners_pack_shows_in_the_trace_and_the_statistics() -> None:
+    """No collector attached: the learner packs tick 0's four chunks; one
+    learner_pack span (inside the wait) says so, and the statistics count them."""
     rb = buffer()
-    with Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
-                  trace=True) as pipe:
+    with chunks_of(4):
+        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                        trace=True)
+    with pipe:
         pipe.start_prepare(0, N)
-        pipe.sample_large_batch(0, N)
+        assert exact(pipe, 0, pipe.sample_large_batch(0, N))
         assert pipe.tracer is not None
         spans = [e for e in pipe.tracer.events() if e["kind"] == "span"]
         mine = [e for e in spans if e["name"] == "learner_pack"]
-        assert [(e["actor"], e["tick"], e["slot"]) for e in mine] == [("learner", 0, 0)]
+        assert [(e["actor"], e["tick"], e["slot"], e["args"]["chunks"]) for e in mine] == [
+            ("learner", 0, 0, 4)]
         wait = next(e for e in spans if e["name"] == "wait")
         assert wait["start_ns"] <= mine[0]["start_ns"] <= mine[0]["end_ns"] <= wait["end_ns"]
-        assert pipe.statistics().learner_packs == 1
+        stats = pipe.statistics()
+        assert (stats.learner_packs, stats.learner_chunks) == (1, 4)
+
+
+def test_the_learner_takes_only_the_chunks_the_packer_has_not_reached() -> None:
+    """The collector's packer (a thread here) is inside chunk 0 of tick 0 when the
+    learner waits for it: the learner writes chunks 1-3 meanwhile, the packer
+    posts the batch, and the statistics count one learner pack of three chunks."""
+    rb = buffer()
+    with chunks_of(4):
+        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                        checked=True)
+    with pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)
+        inside, go_on = threading.Event(), threading.Event()
+        gather, learner_calls = rb.gather, []
+
+        def hooked(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            if threading.current_thread() is worker:
+                inside.set()
+                assert go_on.wait(MARGIN_S)  # the packer sits in chunk 0 ...
+            else:
+                learner_calls.append(1)
+                if len(learner_calls) == 3:  # ... until the learner claimed chunk 3
+                    go_on.set()
+            return gather(indices, out)
+        rb.gather = hooked  # type: ignore[method-assign]
+        pipe.start_prepare(0, N)
+        worker = threading.Thread(target=packer.service, args=(MARGIN_S,), daemon=True)
+        worker.start()
+        assert inside.wait(MARGIN_S)
+        ok, got = finishes_within(lambda: pipe.sample_large_batch(0, N))
+        go_on.set()
+        worker.join(MARGIN_S)
+        assert ok and exact(pipe, 0, got[0])
+        stats = pipe.statistics()
+        assert (stats.learner_packs, stats.learner_chunks, packer.packed_count) == (1, 3, 1)
 
 
 def test_a_learners_pack_that_fails_fails_the_run_chained() -> None:
@@ -330,7 +558,7 @@ def test_a_learners_pack_that_fails_fails_the_run_chained() -> None:
 
 
 class RaisingTake(ExternalCollector):
-    def take(self, request: PackRequest, timeout: float) -> bool:
+    def take(self, request: PackRequest, timeout: float) -> int | None:
         raise OSError("claim lock gone")
 
 
@@ -352,14 +580,12 @@ def test_a_learner_pack_against_a_closed_link_is_no_pack() -> None:
     """Stopped, or closed while the learner packs (its message cannot be posted):
     no pack either way. A link without a packer handle never packs."""
     rb = buffer()
-    request = PackRequest(tick=0, slot=0, generation=1, seed=0, sample_count=N,
-                          min_snapshot_ptr=-1)
     link = ExternalCollector(rb, 2, N, attach_timeout=60)
     link.handle.done.close()
-    assert link.take(request, 1.0) is False
+    assert link.take(request(), 1.0) == 0
     link.stop(1.0)
-    assert link.take(request, 1.0) is False
-    assert SlotsOnlyLink(N, rb.width).take(request, 1.0) is False
+    assert link.take(request(), 1.0) == 0
+    assert SlotsOnlyLink(N, rb.width).take(request(), 1.0) == 0
 
 
 def test_the_learner_packs_every_tick_a_dropping_packer_leaves() -> None:
@@ -390,17 +616,19 @@ def test_learner_packs_must_be_a_bool() -> None:
 # -- racing --------------------------------------------------------------------
 
 
-@given(depth=st.sampled_from([2, 3]),
+@given(depth=st.sampled_from([2, 3]), chunk_rows=st.sampled_from([N, 4]),
        serves=st.lists(st.integers(0, 3), min_size=1, max_size=10))
 def test_a_paused_packer_and_the_learner_share_the_ticks_exactly(
-        depth: int, serves: list[int]) -> None:
+        depth: int, chunk_rows: int, serves: list[int]) -> None:
     """An attached collector that services only now and then (``serves[t]`` calls
-    before tick t is sampled): every batch is INV-DATA's, each tick packed once,
-    by the packer or by the learner."""
+    before tick t is sampled), requests in one chunk or four: every batch is
+    INV-DATA's, each tick packed once, by the packer or by the learner."""
     rb = buffer()
     ticks = len(serves)
-    with Pipeline(rb, sample_count=N, collector="external", ring_depth=depth,
-                  liveness_timeout=60, checked=True) as pipe:
+    with chunks_of(chunk_rows):
+        pipe = Pipeline(rb, sample_count=N, collector="external", ring_depth=depth,
+                        liveness_timeout=60, checked=True)
+    with pipe:
         handle = pipe.packer_handle()
         packer = Packer.attach(handle, rb)
         for tick, calls in enumerate(serves):
@@ -416,19 +644,25 @@ def test_a_paused_packer_and_the_learner_share_the_ticks_exactly(
         stats = pipe.statistics()
         assert stats.packs == ticks == stats.ticks
         assert stats.learner_packs + packer.packed_count == ticks
+        assert stats.learner_chunks == stats.learner_packs * (N // chunk_rows)
         if serves[0] == 0:  # tick 0 unserved: the learner packed it
             assert stats.learner_packs >= 1
 
 
+@pytest.mark.parametrize("chunk_rows", [N, 4])
 @pytest.mark.parametrize("collector", ["thread", "process"])
-def test_every_batch_is_exact_with_the_packer_racing_the_learner(collector: str) -> None:
+def test_every_batch_is_exact_with_the_packer_racing_the_learner(
+        collector: str, chunk_rows: int) -> None:
     """The seed-style loop requests a tick right before it samples it, so the
-    packer and the learner race for every first request; every batch is exact and
-    every tick packed once."""
+    packer and the learner race for every first request, chunk by chunk when a
+    request has four; every batch is exact and every tick packed once."""
     rb = buffer()
-    with Pipeline(rb, sample_count=N, collector=collector, liveness_timeout=60,
-                  checked=True) as pipe:
+    with chunks_of(chunk_rows):
+        pipe = Pipeline(rb, sample_count=N, collector=collector, liveness_timeout=60,
+                        checked=True)
+    with pipe:
         for start in range(0, 60, 3):
             run_ticks(pipe, start, start + 3)
         stats = pipe.statistics()
         assert stats.packs == 60 == stats.ticks
+        assert stats.learner_chunks <= stats.learner_packs * (N // chunk_rows)

@@ -64,8 +64,8 @@ MUTATIONS: dict[str, Mutant] = {
         "            if state in AVAILABLE | {SlotState.SUBMITTED}:\n                break",
         ("tests/test_pipeline.py",)),
     "pack into the hot slot": Mutant(
-        "replay_fsm/data/packer.py", "out=self.handle.host_slots[request.slot])",
-        "out=self.handle.host_slots[(request.slot - 1) % len(self.handle.host_slots)])",
+        "replay_fsm/data/packer.py", "out, bounds = handle.host_slots[request.slot],",
+        "out, bounds = handle.host_slots[(request.slot - 1) % len(handle.host_slots)],",
         ("tests/test_packer.py", "tests/test_pipeline.py")),
     "reuse the previous tick's seed": Mutant(
         "replay_fsm/core.py", "seed=self.base_seed + tick,", "seed=self.base_seed + tick - 1,",

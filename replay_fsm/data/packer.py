@@ -5,10 +5,12 @@ process; in process mode the user's collector process calls
 ``Packer.attach(handle, replay_buffer)`` once and ``service()`` between
 environment steps, where the seed's collector serviced its queue.
 
-The learner may pack a request the packer has not started (``Packer.take``, see
-specs/LEARNER_PACKS.md). Exactly one of them writes a request's host slot: each
-claims it first, under one lock, in a cell per slot holding the generation last
-claimed (INV-HOST-WAR).
+The learner may pack the part of a request the packer has not reached (``Packer.take``,
+see specs/LEARNER_PACKS.md). A request's rows are split in chunks; the packer and the
+learner each claim a chunk before writing it, under one lock, in cells per slot
+(the request's generation, the next chunk to claim, the chunks written), so every
+chunk has exactly one writer (INV-HOST-WAR), and whoever writes the last chunk posts
+the request's one pack-done message.
 """
 
 from __future__ import annotations
@@ -30,6 +32,24 @@ from .sampling import sample_indices
 
 ERROR_TEXT_BYTES = 16384
 LEARNER_CHECK_S = 0.25  # how often a packer looks whether its learner still lives
+# A request is split in at most MAX_CHUNKS chunks of at least CHUNK_MIN_ROWS rows: a
+# learner that waits takes the chunks the packer has not reached, so it waits for at
+# most the one chunk the packer is writing. A chunk costs one more lock round and
+# one more gather call (microseconds), a small fraction of the rows' gather.
+MAX_CHUNKS = 8
+CHUNK_MIN_ROWS = 1024
+# A writer that wrote a chunk must count it (under the claim lock), or the request
+# never completes. The lock is held for microseconds; one a live peer holds for
+# this long means a stopped or hung process, and the learner's take then fails.
+HOLD_PATIENCE_S = 60.0
+NO_CHUNK = -1  # claim/advance: nothing left for the caller to write
+# The claim cells' columns, per slot.
+GENERATION, NEXT, WRITTEN, FAILED, SNAPSHOT_PTR, START_NS = range(6)
+
+
+def chunk_count(rows: int) -> int:
+    """How many chunks a request of ``rows`` rows is split into."""
+    return max(1, min(MAX_CHUNKS, rows // CHUNK_MIN_ROWS))
 
 
 def process_alive(pid: int) -> bool:
@@ -65,10 +85,13 @@ class PackerHandle:
     # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), and the
     # pid of the learner that created the handle; shared.
     packer_state: torch.Tensor
-    # Per slot, the generation of the last request claimed by its writer (the packer
-    # or the learner), shared; read and set only under claim_lock (a spawn Lock).
+    # Per slot (int64, shared; read and set only under claim_lock, a spawn Lock): the
+    # generation of the request being written, its next chunk to claim, its chunks
+    # written, whether a writer failed, and the snapshot ptr and start time its first
+    # writer took (every writer of a request draws the same rows).
     claims: torch.Tensor
     claim_lock: Any
+    chunks: int = 1  # per request; the bounds split the rows evenly
 
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int) -> PackerHandle:
@@ -82,13 +105,16 @@ class PackerHandle:
             host_slots=[torch.zeros(sample_count, width).share_memory_()
                         for _ in range(ring_depth)],
             packer_state=state,
-            claims=torch.zeros(ring_depth, dtype=torch.int64).share_memory_(),
+            claims=torch.zeros(ring_depth, START_NS + 1, dtype=torch.int64).share_memory_(),
             claim_lock=mp.get_context("spawn").Lock(),
+            chunks=chunk_count(sample_count),
         )
 
     def __post_init__(self) -> None:
         self._state_np = self.packer_state.numpy()  # reads cost ns, not a torch call
         self._claims_np = self.claims.numpy()
+        rows = self.host_slots[0].shape[0]
+        self.chunk_bounds = [rows * c // self.chunks for c in range(self.chunks + 1)]
 
     def __getstate__(self) -> dict[str, object]:
         state = self.__dict__.copy()
@@ -119,20 +145,70 @@ class PackerHandle:
         return (self.requests.semaphore_names + self.done.semaphore_names
                 + (semaphore_name(self.claim_lock),))
 
-    def claim(self, slot: int, generation: int, timeout: float) -> bool | None:
-        """Become the one writer of ``slot`` for request ``generation``: True when
-        this caller writes it, False when the other side claimed it first, None when
-        the lock stayed taken for ``timeout`` seconds (its holder may have died in
-        it; a claim holds it for microseconds)."""
+    def claim(self, slot: int, generation: int, snapshot_ptr: int, timeout: float
+              ) -> int | None:
+        """The first chunk of request ``generation`` in ``slot`` for this caller to
+        write; NO_CHUNK when every chunk is claimed, or when the slot holds a newer
+        request (this one was packed and released). The request's first claim
+        records ``snapshot_ptr`` and the time for all its writers (``snapshot``).
+        None when the lock stayed taken for ``timeout`` seconds (its holder may have
+        died in it; a claim holds it for microseconds)."""
         if not self.claim_lock.acquire(timeout=timeout):
             return None
         try:
-            if self._claims_np[slot] >= generation:
-                return False
-            self._claims_np[slot] = generation
-            return True
+            cells = self._claims_np[slot]
+            if cells[GENERATION] > generation:
+                return NO_CHUNK
+            if cells[GENERATION] < generation:
+                cells[:] = (generation, 0, 0, 0, snapshot_ptr, time.monotonic_ns())
+            return self._next_locked(cells)
         finally:
             self.claim_lock.release()
+
+    def advance(self, slot: int, generation: int, timeout: float
+                ) -> tuple[int, bool] | None:
+        """Count the caller's chunk of request ``generation`` as written and claim its
+        next: (that chunk or NO_CHUNK, whether every chunk is now written and none
+        failed: the caller then posts the request's pack-done message). None when the
+        lock stayed taken for ``timeout`` seconds; nothing is counted then."""
+        if not self.claim_lock.acquire(timeout=timeout):
+            return None
+        try:
+            cells = self._claims_np[slot]
+            if cells[GENERATION] != generation:
+                raise RuntimeError(f"slot {slot} holds request {cells[GENERATION]} while "
+                                   f"a chunk of request {generation} was being written")
+            cells[WRITTEN] += 1
+            return (self._next_locked(cells),
+                    bool(cells[WRITTEN] == self.chunks and not cells[FAILED]))
+        finally:
+            self.claim_lock.release()
+
+    def abandon(self, slot: int, generation: int, timeout: float) -> None:
+        """A writer of request ``generation`` failed (it posts the error itself): no
+        chunk of it is claimed any more, and no writer posts it as packed."""
+        if not self.claim_lock.acquire(timeout=timeout):
+            return  # the error is posted anyway and fails the run
+        try:
+            cells = self._claims_np[slot]
+            if cells[GENERATION] == generation:
+                cells[NEXT] = self.chunks
+                cells[FAILED] = 1
+        finally:
+            self.claim_lock.release()
+
+    def snapshot(self, slot: int) -> tuple[int, int]:
+        """(ptr, start ns) the request in ``slot`` was first claimed at. Read by a
+        writer after its claim: the cells do not change until the request is packed."""
+        cells = self._claims_np[slot]
+        return int(cells[SNAPSHOT_PTR]), int(cells[START_NS])
+
+    def _next_locked(self, cells: Any) -> int:
+        chunk = int(cells[NEXT])
+        if chunk >= self.chunks:
+            return NO_CHUNK
+        cells[NEXT] = chunk + 1
+        return chunk
 
     def close(self) -> None:
         self.requests.close()
@@ -179,6 +255,8 @@ class Packer:
         # while the learner lingers as a zombie nobody has reaped yet.
         self._learner_is_parent = os.getppid() == self._learner_pid
         self._next_learner_check_ns = 0
+        # Requests this side wrote chunks of and did not fail in itself (another
+        # writer of the same request may have failed, and posted the error).
         self.packed_count = 0
 
     @classmethod
@@ -222,31 +300,36 @@ class Packer:
                 if timeout > 0:
                     time.sleep(min(timeout, 0.0005))  # collector has not caught up yet
                 return False
-            claimed = self.handle.claim(request.slot, request.generation, LEARNER_CHECK_S)
-            if claimed is None:
+            chunk = self.handle.claim(request.slot, request.generation,
+                                      self.replay_buffer.ptr, LEARNER_CHECK_S)
+            if chunk is None:
                 return False  # kept pending; the next call first checks the learner
             self._pending = None
-            if not claimed:
+            if chunk == NO_CHUNK:
                 self._last_seed = request.seed  # the learner packed it: speculate on
                 return False
-            self._pack(request)
+            self._pack(request, chunk)
             return True
         except ChannelClosed:
             return False
 
-    def take(self, request: PackRequest, timeout: float) -> bool:
-        """The learner's side: pack ``request`` on this thread unless the packer
-        claimed it first, and post its pack-done message to this process's consumer
-        (``Channel.post_local``). Returns whether this call packed it; waits at most
-        ``timeout`` seconds for the claim lock.
+    def take(self, request: PackRequest, timeout: float) -> int | None:
+        """The learner's side: pack the chunks of ``request`` the packer has not
+        claimed, on this thread; whoever writes the last chunk posts the pack-done
+        message (the learner to this process's consumer, ``Channel.post_local``).
+        Returns how many chunks this call wrote (0: none was left), None when the
+        claim lock stayed taken for ``timeout`` seconds.
 
         Raises:
             ChannelClosed: the channel closed while packing.
+            RuntimeError: the claim lock stayed taken for HOLD_PATIENCE_S after a
+                chunk was written (its holder is stopped or hung).
         """
-        if not self.handle.claim(request.slot, request.generation, timeout):
-            return False
-        self._pack(request, local=True)
-        return True
+        chunk = self.handle.claim(request.slot, request.generation,
+                                  self.replay_buffer.ptr, timeout)
+        if chunk is None or chunk == NO_CHUNK:
+            return None if chunk is None else 0
+        return self._pack(request, chunk, local=True)
 
     def _speculate(self) -> None:
         if self._last_seed is None:
@@ -273,38 +356,73 @@ class Packer:
         self.handle.unlink()
         self.replay_buffer.unlink()
 
-    def _pack(self, request: PackRequest, *, local: bool = False) -> None:
-        start = time.monotonic_ns()  # system-wide clock: comparable across processes
-        rb = self.replay_buffer
-        # One counter read: size is min(ptr, capacity) by construction, and two reads
-        # could give a pair that never existed together while an add runs.
-        ptr = rb.ptr
+    def _pack(self, request: PackRequest, chunk: int, *, local: bool = False) -> int:
+        """Write ``chunk`` of ``request`` and every further chunk this side claims;
+        post the pack-done message when this side wrote the last one, or the
+        traceback when a chunk raised. Returns the chunks written."""
+        handle, rb = self.handle, self.replay_buffer
+        # Every writer of the request uses its first writer's snapshot: one ptr read,
+        # so size is min(ptr, capacity) by construction (two reads could give a pair
+        # that never existed together while an add runs).
+        ptr, start = handle.snapshot(request.slot)
         size = min(ptr, rb.capacity)
-        error = None
+        written, last, error = 0, False, None
         try:
             if request.sample_count != self._indices.shape[0]:
                 raise ValueError(f"request for {request.sample_count} rows, host slots "
                                  f"hold {self._indices.shape[0]}")
-            if (request.seed, size) == self._drawn:
-                indices = self._next_indices  # drawn while idle (``_speculate``)
-                self.drawn_ahead += 1
-            else:
-                indices = sample_indices(size, request.sample_count, request.seed,
-                                         out=self._indices, generator=self._generator)
-            self._drawn = None
-            self._last_seed = request.seed
-            rb.gather(indices, out=self.handle.host_slots[request.slot])
+            indices = self._draw(request.seed, size)
+            out, bounds = handle.host_slots[request.slot], handle.chunk_bounds
+            while chunk != NO_CHUNK:
+                lo, hi = bounds[chunk], bounds[chunk + 1]
+                rb.gather(indices[lo:hi], out=out[lo:hi])
+                written += 1
+                chunk, last = self._advance(request, local)
+        except ChannelClosed:
+            raise
         except Exception:
             error = traceback.format_exc()
-        done = PackDone(tick=request.tick, slot=request.slot, generation=request.generation,
-                        seed=request.seed, sample_count=request.sample_count,
-                        snapshot_ptr=ptr, snapshot_size=size, pack_start_ns=start,
-                        pack_end_ns=time.monotonic_ns(), error=error)
-        if local:
-            self.handle.done.post_local(*encode(done))
+            handle.abandon(request.slot, request.generation, LEARNER_CHECK_S)
+        self.packed_count += written > 0 and error is None
+        if last or error is not None:
+            done = PackDone(tick=request.tick, slot=request.slot,
+                            generation=request.generation, seed=request.seed,
+                            sample_count=request.sample_count, snapshot_ptr=ptr,
+                            snapshot_size=size, pack_start_ns=start,
+                            pack_end_ns=time.monotonic_ns(), error=error)
+            if local:
+                handle.done.post_local(*encode(done))
+            else:
+                handle.done.put(*encode(done))
+        return written
+
+    def _draw(self, seed: int, size: int) -> torch.Tensor:
+        if (seed, size) == self._drawn:
+            indices = self._next_indices  # drawn while idle (``_speculate``)
+            self.drawn_ahead += 1
         else:
-            self.handle.done.put(*encode(done))
-        self.packed_count += error is None
+            indices = sample_indices(size, self._indices.shape[0], seed,
+                                     out=self._indices, generator=self._generator)
+        self._drawn = None
+        self._last_seed = seed
+        return indices
+
+    def _advance(self, request: PackRequest, learner: bool) -> tuple[int, bool]:
+        """``PackerHandle.advance``, waited for: a written chunk must be counted.
+        The packer waits while its learner lives; the learner HOLD_PATIENCE_S."""
+        deadline = time.monotonic() + HOLD_PATIENCE_S
+        while True:
+            got = self.handle.advance(request.slot, request.generation, LEARNER_CHECK_S)
+            if got is not None:
+                return got
+            if self.handle.requests.closed:
+                raise ChannelClosed()
+            if learner and time.monotonic() > deadline:
+                raise RuntimeError(f"the claim lock stayed taken for {HOLD_PATIENCE_S:.0f}"
+                                   " s: its holder (the packer) is stopped or hung")
+            if not learner and not self._learner_alive():
+                self._orphaned()
+                raise ChannelClosed()
 
 
 def serve_forever(handle: PackerHandle, replay_buffer: ReplayBuffer,

@@ -73,12 +73,14 @@ class CollectorLink(abc.ABC):
             ChannelClosed: the link was closed.
         """
 
-    def take(self, request: PackRequest, timeout: float) -> bool:
-        """Pack ``request`` on the calling (learner) thread if the collector has not
-        started it, and post its pack-done message as the collector would; waits
-        at most ``timeout`` seconds for the claim. Returns whether it did. By
-        default a link's collector cannot be relieved: False."""
-        return False
+    def take(self, request: PackRequest, timeout: float) -> int | None:
+        """Pack the part of ``request`` the collector has not reached on the calling
+        (learner) thread; whoever packs its last part posts its pack-done message.
+        Returns how many parts (chunks) this call packed, 0 when none is left to
+        take; None when it could not look now (the claim lock stayed taken for
+        ``timeout`` seconds, or too many requests wait unread): ask again later. By
+        default a link's collector cannot be relieved: 0."""
+        return 0
 
     def watch(self, process: Any, what: str) -> None:
         """Report ``process`` (anything with ``is_alive()``, ``pid``, ``exitcode``)
@@ -136,18 +138,20 @@ class ChannelLink(CollectorLink):
         got = self.handle.done.get(timeout=timeout)
         return None if got is None else decode(PackDone, *got)
 
-    def take(self, request: PackRequest, timeout: float) -> bool:
+    def take(self, request: PackRequest, timeout: float) -> int | None:
         packer = self._learner_packer
+        if packer is None:
+            return 0
         # A request taken here stays in the request channel until the packer drops
         # it. Taking only while at most ring_depth requests wait there keeps those at
         # most ring_depth, so the channel (2 * ring_depth) always has room for the
         # live ones: a paused packer makes the learner wait, never overflow.
-        if packer is None or packer.handle.requests.backlog > self._ring_depth:
-            return False
+        if packer.handle.requests.backlog > self._ring_depth:
+            return None
         try:
             return packer.take(request, timeout)
         except ChannelClosed:
-            return False  # closed meanwhile: the pipeline raises PipelineClosed
+            return 0  # closed meanwhile: the pipeline raises PipelineClosed
 
     def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
         if self._handle is None:

@@ -25,9 +25,9 @@ class Observer:
     def span(self, name: str, actor: Actor, start_ns: int, end_ns: int, *,
              tick: int | None = None, slot: int | None = None, **args: Any) -> None:
         """A piece of work: ``pack`` (packer), ``copy`` (copy engine, with ``bytes``),
-        ``wait`` (learner, blocked on a batch), ``learner_pack`` (learner, packing a
-        batch the packer had not started, within its wait; the batch's ``pack``
-        span follows), on the monotonic clock."""
+        ``wait`` (learner, blocked on a batch), ``learner_pack`` (learner, packing the
+        ``chunks`` of a batch the packer had not reached, within its wait; the
+        batch's ``pack`` span follows), on the monotonic clock."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,10 @@ class Statistics:
     dwell_s: dict[str, float] = field(default_factory=dict)  # per state, all slots
     checks: int = 0  # checked mode's interval checks (0 when off)
     last_copy_s: float = 0.0  # submit-to-complete time of the latest copy
-    learner_packs: int = 0  # of the packs, those the learner made itself (learner_packs)
+    # Of the packs, those the learner made itself, in whole or in part (learner_packs),
+    # and how many chunks it wrote of them (PackerHandle.chunks per pack).
+    learner_packs: int = 0
+    learner_chunks: int = 0
 
 
 class StatisticsObserver(Observer):
@@ -51,6 +54,7 @@ class StatisticsObserver(Observer):
 
     def __init__(self, ring_depth: int) -> None:
         self.ticks = self.requests = self.packs = self.stalls = self.learner_packs = 0
+        self.learner_chunks = 0
         self.wait_ns = self.bytes = 0
         self.last_copy_ns = 0
         self._dwell_ns = dict.fromkeys(SlotState, 0)
@@ -70,6 +74,7 @@ class StatisticsObserver(Observer):
             self.packs += 1
         elif name == "learner_pack":
             self.learner_packs += 1
+            self.learner_chunks += int(args.get("chunks", 1))
         elif name == "copy":
             self.bytes += int(args.get("bytes", 0))
             self.last_copy_ns = end_ns - start_ns
@@ -86,4 +91,5 @@ class StatisticsObserver(Observer):
             ticks=self.ticks, requests=self.requests, packs=self.packs,
             learner_wait_s=self.wait_ns / 1e9, stalls=self.stalls, bytes_moved=self.bytes,
             dwell_s={s.value: ns / 1e9 for s, ns in dwell.items()}, checks=checks,
-            last_copy_s=self.last_copy_ns / 1e9, learner_packs=self.learner_packs)
+            last_copy_s=self.last_copy_ns / 1e9, learner_packs=self.learner_packs,
+            learner_chunks=self.learner_chunks)

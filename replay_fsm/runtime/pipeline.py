@@ -482,9 +482,9 @@ class Pipeline:
         return slot if self._core.state(slot) in AVAILABLE else None
 
     def _take_locked(self, tick: int, slot: int) -> bool:
-        """Pack ``tick`` on this thread if it is the oldest requested tick, its rows
-        are there (``min_snapshot_ptr``) and the packer has not claimed it; the lock
-        is released meanwhile. Returns whether this call packed it."""
+        """Pack the chunks of ``tick`` the packer has not claimed, on this thread, if
+        it is the oldest requested tick and its rows are there (``min_snapshot_ptr``);
+        the lock is released meanwhile. Returns whether this call packed any."""
         request = self._requests[slot]
         if (request is None or self._core.pending[0][0] != tick
                 or self.replay_buffer.ptr < request.min_snapshot_ptr):
@@ -495,18 +495,19 @@ class Pipeline:
         try:
             took = self._link.take(request, WAIT_SLICE_S)
         except Exception as exc:  # noqa: BLE001 - failed below, under the lock
-            took, error = False, exc
+            took, error = None, exc
         finally:
             self._cv.acquire()
         if error is not None:
             # The claim may be ours with no message sent: the slot could never fill.
             self._fail_locked(error)
             self._raise_if_unusable()
+        if took is not None:
+            self._requests[slot] = None  # every chunk is claimed now: none to take
         if took:
-            self._requests[slot] = None
             self._span("learner_pack", Actor.LEARNER, start, time.monotonic_ns(),
-                       tick=tick, slot=slot)
-        return took
+                       tick=tick, slot=slot, chunks=took)
+        return bool(took)
 
     def _acquire(self, tick: int) -> dict[str, torch.Tensor]:
         with self._cv:
