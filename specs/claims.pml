@@ -57,8 +57,12 @@ ltl inv_host_war_requested { [] ALL(WRITES_REQUESTED) }
 /* ... never while a copy from H[k] is ordered or running ... */
 #define NO_WRITE_UNDER_COPY(k) (!(H_WRITE(k) && (ordered[k] || copying[k])))
 ltl inv_host_war_copy { [] ALL(NO_WRITE_UNDER_COPY) }
-/* ... and by one writer at a time: never the packer and the learner both. */
-#define ONE_WRITER(k) (!(hwrite[k] && lwrite[k]))
+/* ... and every chunk of it by one writer: while slot k is REQUESTED its request's
+   C chunks are each unclaimed, being written by the packer or by the learner, or
+   written, and no more (a chunk claimed twice counts twice; the model counts, it
+   does not name chunks). A dead packer's chunk is lost: the watchdog ends the run. */
+#define ONE_WRITER(k) (st[k] != REQUESTED || packer_dead || \
+                       left[k] + hwrite[k] + lwrite[k] + done[k] == C)
 ltl inv_host_one_writer { [] ALL(ONE_WRITER) }
 
 /* INV-DEVICE-WAR: G[k] is not written while reads of it, possibly from a HOT
@@ -89,7 +93,7 @@ ltl inv_close { [] ((learner_done -> ALL(CLOSED_DRAINED)) &&
 #ifdef PACKER_FAULTS
 /* INV-LIVE, second half: a packer that died or went silent makes the learner raise
    once it waits for a request no one serves: not packed, not being packed by the
-   learner, and one the learner may not take (claimed, or too many packed). */
+   learner, and one the learner may not take (no chunk left, or too many started). */
 #define UNSERVED(k) (st[k] == REQUESTED && !packed[k])
 #define ORPHANED (WAITING && UNSERVED(acq_slot) && !lwrite[acq_slot] && !TAKE_GUARD)
 ltl inv_live_watchdog { [] (((packer_dead || packer_silent) && ORPHANED) ->
@@ -147,10 +151,13 @@ ltl w_pump_while_waiting { [] !(WAITING && ANY(PUMPING)) }
 #endif
 /* INV-LIVE: the learner waits for a batch. */
 ltl w_learner_waits { [] !WAITING }
-/* INV-HOST-WAR: the learner packs a batch, while the packer packs another. */
+/* INV-HOST-WAR: the learner packs a batch, the packer packs one while the learner
+   packs another, and both write chunks of the same batch at once. */
 #define LEARNER_WRITING(k) lwrite[k]
 ltl w_learner_packs { [] !ANY(LEARNER_WRITING) }
 ltl w_two_writers { [] !(ANY(WRITING) && ANY(LEARNER_WRITING)) }
+#define SHARED(k) (hwrite[k] && lwrite[k])
+ltl w_shared_request { [] !ANY(SHARED) }
 #ifdef PACKER_FAULTS
 /* INV-LIVE watchdog: a dead or a silent packer with a request pending. */
 ltl w_dead_packer_request { [] !(packer_dead && ANY(UNSERVED)) }

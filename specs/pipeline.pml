@@ -20,10 +20,11 @@
    -DMPS       the transfer thread only defers the order; the learner's pump issues
                the copy and waits for it (device synchronize) while it waits for a
                batch; release synchronizes the device, so reads end at release.
-   The learner may pack the oldest requested tick itself when the packer has not
-   claimed it (Pipeline(learner_packs=True), specs/LEARNER_PACKS.md): the packer and
-   the learner each claim a request in one atomic step (the claim lock) before
-   writing H[k], so exactly one of them writes it.
+   The learner may pack the chunks of the oldest requested tick the packer has not
+   reached (Pipeline(learner_packs=True), specs/LEARNER_PACKS.md): a request has C
+   chunks (-DC=, default 2); the packer and the learner each claim a chunk in one
+   atomic step (the claim lock) before writing it into H[k], so every chunk has one
+   writer, and whoever counts the last chunk written posts the pack-done message.
    Faults:
    -DFAULTS    once, any actor fails the pipeline or someone closes it.
    -DPACKER_FAULTS  the packer may die (even mid-write) or go silent (alive, never
@@ -41,6 +42,9 @@
 #endif
 #ifndef T
 #define T 5
+#endif
+#ifndef C
+#define C 2
 #endif
 #define NONE 255
 
@@ -85,12 +89,13 @@ inline step(k, ev) {
 }
 
 byte tick_of[D] = NONE; /* the tick slot k holds from request until release (Core) */
-byte htick[D] = NONE;   /* the tick whose rows are in H[k] */
+byte htick[D] = NONE;   /* the tick whose rows are all in H[k] (NONE while written) */
 byte gtick[D] = NONE;   /* the tick whose rows are in G[k] (unused with ZEROCOPY) */
-bool hwrite[D];         /* the packer is writing H[k] */
-bool lwrite[D];         /* the learner is writing H[k], in the packer's place */
-bool claimed[D];        /* the request in slot k has its writer (the claim cells) */
-byte stale = 0;         /* requests the learner packed that the packer has not dropped */
+bool hwrite[D];         /* the packer is writing a chunk of H[k] */
+bool lwrite[D];         /* the learner is writing a chunk of H[k], in the packer's place */
+byte left[D];           /* chunks of slot k's request no one claimed (the claim cells) */
+byte done[D];           /* chunks of slot k's request written and counted */
+byte stale = 0;         /* requests the learner started that the packer has not dropped */
 bool packed[D];         /* a pack-done message for slot k is in flight */
 bool ordered[D];        /* a copy order for slot k exists and its copy has not started */
 bool copying[D];        /* a copy reads H[k] and writes G[k] */
@@ -134,12 +139,14 @@ byte busy = NONE;       /* the slot whose submit blocks the transfer thread */
 #define WAITING (LIVE && hot == NONE && next_acq < next_req && st[acq_slot] != READY)
 /* Pipeline._check_liveness: a dead packer, or no heartbeat while a request waits. */
 #define PACKER_GONE (packer_dead || (packer_silent && ANY(IS_REQUESTED)))
-/* Pipeline._take_locked: the learner waits for the oldest requested tick, which no
-   one claimed. ChannelLink.take lets it only while at most D requests wait in the
-   channel; the requests it packed stay there until the packer drops them, and one
-   more may be held by the packer: so at most D + 1 it has packed are not dropped. */
+/* Pipeline._take_locked: the learner waits for the oldest requested tick, which has
+   chunks no one claimed. ChannelLink.take lets it start one only while at most D
+   requests wait in the channel; the requests it started stay there until the packer
+   reads them, and one more may be held by the packer: so at most D + 1 it started
+   are not dropped. (The real take checks that bound once per take, before its first
+   chunk; the model checks it only for a request's first chunk: more runs.) */
 #define TAKE_GUARD (LIVE && next_acq < next_req && st[acq_slot] == REQUESTED && \
-                    !claimed[acq_slot] && stale <= D)
+                    left[acq_slot] > 0 && (left[acq_slot] < C || stale <= D))
 
 #define FAIL_SLOT(k) step(k, ev_fail);
 #define CLOSE_SLOT(k) step(k, ev_close);
@@ -179,7 +186,7 @@ inline close_pipeline() {
 #ifndef LEARNER_REQUEST
 #define LEARNER_REQUEST \
   :: d_step { REQ_GUARD -> REFINE_PRE(1) \
-       tick_of[req_slot] = next_req; claimed[req_slot] = false; \
+       tick_of[req_slot] = next_req; left[req_slot] = C; done[req_slot] = 0; \
        step(req_slot, ev_request); \
        next_req++; req_slot = (req_slot + 1) % D; REFINE_POST }
 #endif
@@ -205,15 +212,22 @@ inline close_pipeline() {
 #ifndef LEARNER_EXTRA
 #define LEARNER_EXTRA
 #endif
-/* The learner packs the tick it waits for: the claim (one step under the claim
-   lock), the write, the pack-done message (to the transfer worker, as the packer's). */
+/* A chunk of H[k] written is counted (PackerHandle.advance, under the claim lock);
+   the count that completes the request posts its pack-done message (the learner's
+   to the transfer worker, as the packer's). */
+#define CHUNK_WRITTEN(k) done[k]++; \
+  if :: done[k] == C -> htick[k] = tick_of[k]; \
+                        if :: st[k] == REQUESTED -> packed[k] = true :: else fi \
+     :: else fi
+/* The learner packs chunks of the tick it waits for: the claim (one step under the
+   claim lock), the write, the count. */
 #ifndef LEARNER_CLAIM
-#define LEARNER_CLAIM d_step { TAKE_GUARD -> claimed[acq_slot] = true; stale++; \
-                               lwrite[acq_slot] = true }
+#define LEARNER_CLAIM d_step { TAKE_GUARD -> if :: left[acq_slot] == C -> stale++ :: else fi; \
+                               left[acq_slot]--; lwrite[acq_slot] = true; \
+                               htick[acq_slot] = NONE }
 #endif
 #define LEARNER_PACK :: LEARNER_CLAIM; \
-  d_step { lwrite[acq_slot] = false; htick[acq_slot] = tick_of[acq_slot]; \
-           if :: st[acq_slot] == REQUESTED -> packed[acq_slot] = true :: else fi }
+  d_step { lwrite[acq_slot] = false; CHUNK_WRITTEN(acq_slot) }
 #ifdef MPS
 #ifndef PUMP
 /* AcceleratorBackend.pump: copy, synchronize, on_complete, on the learner thread,
@@ -271,20 +285,21 @@ end: do FOR_SLOTS(FINISH_READS) od
 /* -- the packer: one request at a time (Packer.service) ---------------------- */
 
 #ifndef PACKABLE
-#define PACKABLE(k) (st[k] == REQUESTED && !claimed[k])
+#define PACKABLE(k) (st[k] == REQUESTED && left[k] > 0)
 #endif
-/* The claim and the start of the write in one step: Packer.service claims under
-   the claim lock before it gathers. */
+/* The claim of a chunk and the start of its write in one step: the packer claims
+   under the claim lock before it gathers, one chunk at a time. (The real packer
+   goes on with the same request's next chunk, then reads requests in order; the
+   model lets it claim any chunk left: more runs.) */
 #define PACK_START(k) :: d_step { !packer_silent && !ANY(WRITING) && PACKABLE(k) -> \
-                                  claimed[k] = true; hwrite[k] = true }
-#define PACK_END(k) :: d_step { hwrite[k] -> hwrite[k] = false; htick[k] = tick_of[k]; \
-                                if :: st[k] == REQUESTED -> packed[k] = true :: else fi }
+                                  left[k]--; hwrite[k] = true; htick[k] = NONE }
+#define PACK_END(k) :: d_step { hwrite[k] -> hwrite[k] = false; CHUNK_WRITTEN(k) }
 #define STOP_WRITING(k) hwrite[k] = false;
 active proctype packer() {
 end: do
   FOR_SLOTS(PACK_START)
   FOR_SLOTS(PACK_END)
-  :: d_step { !packer_silent && stale > 0 -> stale-- } /* drops one the learner packed */
+  :: d_step { !packer_silent && stale > 0 -> stale-- } /* reads one the learner started */
 #ifdef PACKER_FAULTS
   :: d_step { !packer_silent && !ANY(WRITING) -> packer_silent = true }
   :: d_step { !packer_silent -> FOR_SLOTS(STOP_WRITING) packer_dead = true }; break

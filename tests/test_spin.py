@@ -69,7 +69,7 @@ def expected_claims(backend: str | None, faults: tuple[str, ...]) -> set[str]:
 def expected_witnesses(backend: str | None, faults: tuple[str, ...]) -> set[str]:
     names = {"w_hot_beside_ready", "w_ring_full", "w_ring_wraps", "w_two_ready",
              "w_oldest_submitted", "w_wait_under_write", "w_pack_during_reads",
-             "w_learner_waits", "w_learner_packs", "w_two_writers"}
+             "w_learner_waits", "w_learner_packs", "w_two_writers", "w_shared_request"}
     if backend != "ZEROCOPY":
         names |= {"w_pack_during_copy", "w_copy_during_reads"}
     if backend in (None, "CUDA"):

@@ -94,10 +94,13 @@ BROKEN = {
         ("inv_live_watchdog", "inv_live", "inv_live_ready", "inv_order_every"),
         lambda f, d: f["learner_raised"] == "0" and "1" in (f["packer_dead"],
                                                              f["packer_silent"])),
-    # INV-HOST-WAR, one writer: the learner's claim read and set in two steps.
+    # INV-HOST-WAR, one writer per chunk: the learner's claim read and set in two
+    # steps, so a chunk the packer claimed in between is claimed again: the slot's
+    # C = 2 chunks count to more than two.
     "learner_claim_unlocked": Broken(
         "broken/learner_claim_unlocked.pml", ("inv_host_one_writer",),
-        lambda f, d: _some_slot(f, d, lambda s: s("hwrite") == "1" and s("lwrite") == "1")),
+        lambda f, d: _some_slot(f, d, lambda s: s("st") == "REQUESTED" and sum(
+            int(s(name)) for name in ("left", "hwrite", "lwrite", "done")) > 2)),
     # Backends: each way one could break its ordering.
     "cuda_no_release_wait": Broken(
         "broken/cuda_no_release_wait.pml", ("inv_device_war",),
