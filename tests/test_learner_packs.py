@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing as mp
 import threading
 from collections.abc import Callable, Iterator
+from typing import Any
 from unittest import mock
 
 import pytest
@@ -348,6 +349,31 @@ def test_a_writer_that_cannot_count_its_chunk_fails_after_its_patience() -> None
     assert ok and got == [1]
     done = h.done.get(timeout=0)
     assert done is not None and "the claim lock stayed taken" in str(done[1])
+
+
+def hold_and_exit(lock: Any) -> None:
+    lock.acquire()  # and exit holding it, as a packer killed inside it would
+
+
+def test_a_learner_that_cannot_count_its_chunk_fails_at_once_when_the_packer_died() -> None:
+    """The packer process died holding the claim lock (it stays taken for good): the
+    learner's count does not wait out HOLD_PATIENCE_S, it fails naming the dead
+    packer as soon as it sees it gone."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    learner = Packer(h, rb)
+
+    def die_inside() -> None:
+        child = mp.get_context("spawn").Process(target=hold_and_exit, args=(h.claim_lock,))
+        child.start()
+        child.join(MARGIN_S)
+        h.packer_state[0] = child.pid  # the attached packer, now dead
+    rb.gather = Interleaved(rb, 1, die_inside)  # type: ignore[method-assign]
+    ok, got = finishes_within(lambda: learner.take(request(), 1.0))
+    assert ok and got == [1]
+    done = h.done.get(timeout=0)
+    assert done is not None and "died holding the claim lock" in str(done[1])
 
 
 def test_a_packer_that_cannot_count_its_chunk_stops_when_its_channel_closes() -> None:

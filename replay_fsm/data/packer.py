@@ -409,7 +409,8 @@ class Packer:
 
     def _advance(self, request: PackRequest, learner: bool) -> tuple[int, bool]:
         """``PackerHandle.advance``, waited for: a written chunk must be counted.
-        The packer waits while its learner lives; the learner HOLD_PATIENCE_S."""
+        The packer waits while its learner lives; the learner HOLD_PATIENCE_S, or
+        until it sees that the packer process holding the lock died."""
         deadline = time.monotonic() + HOLD_PATIENCE_S
         while True:
             got = self.handle.advance(request.slot, request.generation, LEARNER_CHECK_S)
@@ -417,9 +418,15 @@ class Packer:
                 return got
             if self.handle.requests.closed:
                 raise ChannelClosed()
-            if learner and time.monotonic() > deadline:
-                raise RuntimeError(f"the claim lock stayed taken for {HOLD_PATIENCE_S:.0f}"
-                                   " s: its holder (the packer) is stopped or hung")
+            if learner:
+                pid = self.handle.packer_pid
+                if pid not in (0, os.getpid()) and not process_alive(pid):
+                    raise RuntimeError(f"the packer process (pid {pid}) died holding "
+                                       "the claim lock")
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"the claim lock stayed taken for "
+                                       f"{HOLD_PATIENCE_S:.0f} s: its holder (the "
+                                       "packer) is stopped or hung")
             if not learner and not self._learner_alive():
                 self._orphaned()
                 raise ChannelClosed()
