@@ -36,7 +36,7 @@ from replay_fsm.runtime.links import ExternalCollector
 from replay_fsm.wire import PackDone, PackRequest, decode, encode
 
 from .drive import packed, reference, run_ticks
-from .support import MARGIN_S, SlotsOnlyLink, finishes_within
+from .support import MARGIN_S, Exited, SlotsOnlyLink, finishes_within
 
 N = 16
 
@@ -331,24 +331,58 @@ def test_a_chunk_that_fails_abandons_the_request_with_one_message() -> None:
     assert packer.packed_count == 1 and h.claims[0].tolist()[:4] == [1, 4, 2, 1]
 
 
-def test_a_writer_that_cannot_count_its_chunk_fails_after_its_patience() -> None:
-    """The claim lock taken and kept while the learner writes a chunk (a packer
-    stopped inside it): the learner retries the count for HOLD_PATIENCE_S, then
-    posts an error naming the lock's holder; nothing hangs."""
+def raised_by(fn: Callable[[], object]) -> object:
+    """What ``fn`` raised, or what it returned (run it in finishes_within)."""
+    try:
+        return fn()
+    except Exception as exc:  # noqa: BLE001 - the test inspects it
+        return exc
+
+
+def stuck_count(at: int = 1) -> tuple[ReplayBuffer, PackerHandle, Packer]:
+    """A learner whose ``at``-th chunk is written while the claim lock is taken and
+    kept (a packer stopped inside it): that chunk cannot be counted."""
     with chunks_of(4):
         rb = buffer()
         h = PackerHandle.create(2, N, rb.width)
-    learner = Packer(h, rb)
-    rb.gather = Interleaved(rb, 1, lambda: h.claim_lock.acquire(timeout=1.0)
+    rb.gather = Interleaved(rb, at, lambda: h.claim_lock.acquire(timeout=1.0)
                             )  # type: ignore[method-assign]
+    return rb, h, Packer(h, rb)
+
+
+def test_a_learner_that_cannot_count_its_chunk_fails_after_its_patience() -> None:
+    """The learner retries the count for HOLD_PATIENCE_S, then raises naming the
+    lock's holder: the request can never complete, and nothing is posted."""
+    rb, h, learner = stuck_count()
     try:
         with mock.patch.object(packer_module, "HOLD_PATIENCE_S", 0.05):
-            ok, got = finishes_within(lambda: learner.take(request(), 1.0))
+            ok, got = finishes_within(lambda: raised_by(lambda: learner.take(request(), 1.0)))
     finally:
         h.claim_lock.release()
-    assert ok and got == [1]
-    done = h.done.get(timeout=0)
-    assert done is not None and "the claim lock stayed taken" in str(done[1])
+    assert ok and isinstance(got[0], RuntimeError), got
+    assert "the claim lock stayed taken for 0 s: its holder (the packer) is stopped" in str(
+        got[0])
+    assert h.done.get(timeout=0) is None
+
+
+def test_a_learner_that_cannot_count_its_chunk_asks_give_up_at_every_retry() -> None:
+    """``give_up`` (the pipeline's watchdog) is asked at every retry of the count,
+    and what it raises ends the take at once."""
+    rb, h, learner = stuck_count(at=2)
+    asked: list[int] = []
+
+    def give_up() -> None:
+        asked.append(1)
+        if len(asked) == 3:
+            raise OSError("the collector is gone")
+    try:
+        ok, got = finishes_within(lambda: raised_by(
+            lambda: learner.take(request(), 1.0, give_up)))
+    finally:
+        h.claim_lock.release()
+    assert ok and isinstance(got[0], OSError) and len(asked) == 3, (got, asked)
+    assert h.done.get(timeout=0) is None
+    assert h.claims[0].tolist()[:4] == [1, 2, 1, 0]  # the second chunk never counted
 
 
 def hold_and_exit(lock: Any) -> None:
@@ -370,10 +404,71 @@ def test_a_learner_that_cannot_count_its_chunk_fails_at_once_when_the_packer_die
         child.join(MARGIN_S)
         h.packer_state[0] = child.pid  # the attached packer, now dead
     rb.gather = Interleaved(rb, 1, die_inside)  # type: ignore[method-assign]
-    ok, got = finishes_within(lambda: learner.take(request(), 1.0))
-    assert ok and got == [1]
-    done = h.done.get(timeout=0)
-    assert done is not None and "died holding the claim lock" in str(done[1])
+    ok, got = finishes_within(lambda: raised_by(lambda: learner.take(request(), 1.0)))
+    assert ok and isinstance(got[0], RuntimeError), got
+    assert "died holding the claim lock" in str(got[0])
+
+
+def test_a_stuck_count_ends_in_the_watchdogs_verdict() -> None:
+    """In the pipeline: the learner's chunk cannot be counted while the collector
+    it watches has exited; the watchdog's verdict (CollectorDied) ends the take and
+    the run, within the wait, not after HOLD_PATIENCE_S."""
+    rb = buffer()
+    with chunks_of(4):
+        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    with pipe:
+        handle = pipe.packer_handle()
+
+        def stop_inside() -> None:
+            assert handle.claim_lock.acquire(timeout=1.0)
+            pipe.watch(Exited(), "the test's collector")
+        rb.gather = Interleaved(rb, 1, stop_inside)  # type: ignore[method-assign]
+        pipe.start_prepare(0, N)
+        try:
+            ok, got = finishes_within(lambda: raised_by(
+                lambda: pipe.sample_large_batch(0, N)))
+        finally:
+            handle.claim_lock.release()
+        assert ok and isinstance(got[0], CollectorDied), got
+        assert "the test's collector (pid 4242) exited with code -9" in str(got[0])
+
+
+def test_two_threads_waiting_for_one_tick_take_it_once() -> None:
+    """A second thread waiting for the tick the first is packing does not take
+    chunks of it too (the two would share one packer's drawn indices): it waits."""
+    rb = buffer()
+    with chunks_of(4):
+        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                        checked=True)
+    with pipe:
+        first = threading.current_thread()
+        waited, gathered = threading.Event(), threading.Event()
+        verdict = pipe._watchdog.verdict
+
+        def watched(*args: Any) -> Any:
+            if threading.current_thread() is not first:
+                waited.set()  # the second thread went past the take, to the watchdog
+            return verdict(*args)
+        pipe._watchdog.verdict = watched  # type: ignore[method-assign]
+
+        def second_thread() -> None:
+            threading.Thread(target=pipe.wait_until_ready, args=(0, N), daemon=True).start()
+            # Either it waits (right) or it gathers a chunk (wrong); both end this.
+            assert waited.wait(MARGIN_S) or gathered.is_set()
+        gather = rb.gather
+
+        def hooked(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+            if threading.current_thread() is not first:
+                gathered.set()
+                waited.set()
+            return gather(indices, out)
+        rb.gather = hooked  # type: ignore[method-assign]
+        rb.gather = Interleaved(rb, 1, second_thread)  # type: ignore[method-assign]
+        pipe.start_prepare(0, N)
+        assert exact(pipe, 0, pipe.sample_large_batch(0, N))
+        stats = pipe.statistics()
+        assert not gathered.is_set()
+        assert (stats.learner_packs, stats.learner_chunks) == (1, 4)
 
 
 def test_a_packer_that_cannot_count_its_chunk_stops_when_its_channel_closes() -> None:
@@ -584,7 +679,8 @@ def test_a_learners_pack_that_fails_fails_the_run_chained() -> None:
 
 
 class RaisingTake(ExternalCollector):
-    def take(self, request: PackRequest, timeout: float) -> int | None:
+    def take(self, request: PackRequest, timeout: float, *,
+             give_up: Callable[[], None] | None = None) -> int | None:
         raise OSError("claim lock gone")
 
 

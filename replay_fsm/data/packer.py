@@ -20,6 +20,7 @@ import os
 import signal
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,10 +276,11 @@ class Packer:
     def service(self, timeout: float = 0.0) -> bool:
         """Serve at most one request, waiting up to ``timeout`` seconds for one.
 
-        A request stays pending while ``ptr < min_snapshot_ptr``; one the learner
-        claimed first (it packed it itself) is dropped. Returns whether a request
-        was served: its pack-done message posted, or, when packing raised, that
-        tick's failure with the traceback text.
+        A request stays pending while ``ptr < min_snapshot_ptr``; one whose every
+        chunk the learner claimed first (it packs them itself) is dropped. Returns
+        whether a request was served: chunks of it written (its pack-done message
+        is posted by whichever side counts its last chunk) or, when packing raised,
+        that tick's failure posted with the traceback text.
         """
         now = self._beat[0] = time.monotonic_ns()
         if now >= self._next_learner_check_ns:
@@ -313,23 +315,31 @@ class Packer:
         except ChannelClosed:
             return False
 
-    def take(self, request: PackRequest, timeout: float) -> int | None:
+    def take(self, request: PackRequest, timeout: float,
+             give_up: Callable[[], None] | None = None) -> int | None:
         """The learner's side: pack the chunks of ``request`` the packer has not
         claimed, on this thread; whoever writes the last chunk posts the pack-done
         message (the learner to this process's consumer, ``Channel.post_local``).
         Returns how many chunks this call wrote (0: none was left), None when the
-        claim lock stayed taken for ``timeout`` seconds.
+        claim lock stayed taken for ``timeout`` seconds. A chunk that raises is
+        reported as the packer's are: its traceback in the pack-done message.
+
+        A written chunk must be counted under the claim lock. While it cannot be,
+        ``give_up`` is called at every retry (the pipeline's watchdog: what it raises
+        ends the take).
 
         Raises:
             ChannelClosed: the channel closed while packing.
-            RuntimeError: the claim lock stayed taken for HOLD_PATIENCE_S after a
-                chunk was written (its holder is stopped or hung).
+            RuntimeError: a written chunk could not be counted: the packer process
+                holding the claim lock died, or the lock stayed taken for
+                HOLD_PATIENCE_S (its holder is stopped or hung). The request can
+                never complete; the caller fails its run.
         """
         chunk = self.handle.claim(request.slot, request.generation,
                                   self.replay_buffer.ptr, timeout)
         if chunk is None or chunk == NO_CHUNK:
             return None if chunk is None else 0
-        return self._pack(request, chunk, local=True)
+        return self._pack(request, chunk, local=True, give_up=give_up)
 
     def _speculate(self) -> None:
         if self._last_seed is None:
@@ -356,10 +366,12 @@ class Packer:
         self.handle.unlink()
         self.replay_buffer.unlink()
 
-    def _pack(self, request: PackRequest, chunk: int, *, local: bool = False) -> int:
+    def _pack(self, request: PackRequest, chunk: int, *, local: bool = False,
+              give_up: Callable[[], None] | None = None) -> int:
         """Write ``chunk`` of ``request`` and every further chunk this side claims;
         post the pack-done message when this side wrote the last one, or the
-        traceback when a chunk raised. Returns the chunks written."""
+        traceback when a chunk raised. Returns the chunks written. A chunk that
+        cannot be counted raises (``_advance``): nothing is posted then."""
         handle, rb = self.handle, self.replay_buffer
         # Every writer of the request uses its first writer's snapshot: one ptr read,
         # so size is min(ptr, capacity) by construction (two reads could give a pair
@@ -372,16 +384,19 @@ class Packer:
                 raise ValueError(f"request for {request.sample_count} rows, host slots "
                                  f"hold {self._indices.shape[0]}")
             indices = self._draw(request.seed, size)
-            out, bounds = handle.host_slots[request.slot], handle.chunk_bounds
-            while chunk != NO_CHUNK:
-                lo, hi = bounds[chunk], bounds[chunk + 1]
-                rb.gather(indices[lo:hi], out=out[lo:hi])
-                written += 1
-                chunk, last = self._advance(request, local)
-        except ChannelClosed:
-            raise
         except Exception:
             error = traceback.format_exc()
+        out, bounds = handle.host_slots[request.slot], handle.chunk_bounds
+        while error is None and chunk != NO_CHUNK:
+            lo, hi = bounds[chunk], bounds[chunk + 1]
+            try:
+                rb.gather(indices[lo:hi], out=out[lo:hi])
+            except Exception:
+                error = traceback.format_exc()
+                break
+            written += 1
+            chunk, last = self._advance(request, local, give_up)
+        if error is not None:
             handle.abandon(request.slot, request.generation, LEARNER_CHECK_S)
         self.packed_count += written > 0 and error is None
         if last or error is not None:
@@ -407,10 +422,12 @@ class Packer:
         self._last_seed = seed
         return indices
 
-    def _advance(self, request: PackRequest, learner: bool) -> tuple[int, bool]:
-        """``PackerHandle.advance``, waited for: a written chunk must be counted.
-        The packer waits while its learner lives; the learner HOLD_PATIENCE_S, or
-        until it sees that the packer process holding the lock died."""
+    def _advance(self, request: PackRequest, learner: bool,
+                 give_up: Callable[[], None] | None = None) -> tuple[int, bool]:
+        """``PackerHandle.advance``, waited for: a written chunk must be counted, or
+        the request never completes. The packer waits while its learner lives. The
+        learner asks ``give_up`` at every retry, and stops when the packer process
+        died (it holds the lock for good) or after HOLD_PATIENCE_S."""
         deadline = time.monotonic() + HOLD_PATIENCE_S
         while True:
             got = self.handle.advance(request.slot, request.generation, LEARNER_CHECK_S)
@@ -418,18 +435,20 @@ class Packer:
                 return got
             if self.handle.requests.closed:
                 raise ChannelClosed()
-            if learner:
-                pid = self.handle.packer_pid
-                if pid not in (0, os.getpid()) and not process_alive(pid):
-                    raise RuntimeError(f"the packer process (pid {pid}) died holding "
-                                       "the claim lock")
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"the claim lock stayed taken for "
-                                       f"{HOLD_PATIENCE_S:.0f} s: its holder (the "
-                                       "packer) is stopped or hung")
-            if not learner and not self._learner_alive():
-                self._orphaned()
-                raise ChannelClosed()
+            if not learner:
+                if not self._learner_alive():
+                    self._orphaned()
+                    raise ChannelClosed()
+                continue
+            if give_up is not None:
+                give_up()
+            pid = self.handle.packer_pid
+            if pid not in (0, os.getpid()) and not process_alive(pid):
+                raise RuntimeError(f"the packer process (pid {pid}) died holding the "
+                                   "claim lock")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the claim lock stayed taken for {HOLD_PATIENCE_S:.0f}"
+                                   " s: its holder (the packer) is stopped or hung")
 
 
 def serve_forever(handle: PackerHandle, replay_buffer: ReplayBuffer,

@@ -73,13 +73,22 @@ class CollectorLink(abc.ABC):
             ChannelClosed: the link was closed.
         """
 
-    def take(self, request: PackRequest, timeout: float) -> int | None:
+    def take(self, request: PackRequest, timeout: float, *,
+             give_up: Callable[[], None] | None = None) -> int | None:
         """Pack the part of ``request`` the collector has not reached on the calling
         (learner) thread; whoever packs its last part posts its pack-done message.
         Returns how many parts (chunks) this call packed, 0 when none is left to
         take; None when it could not look now (the claim lock stayed taken for
-        ``timeout`` seconds, or too many requests wait unread): ask again later. By
-        default a link's collector cannot be relieved: 0."""
+        ``timeout`` seconds, or too many requests wait unread): ask again later.
+        ``give_up`` is called while a part written cannot be counted (the collector
+        holds the claim lock); what it raises ends the take. By default a link's
+        collector cannot be relieved: 0.
+
+        Raises:
+            Exception: a part written could not be counted (``give_up``'s error, or
+                a RuntimeError naming the lock's holder): the request can never
+                complete, and the caller fails its run.
+        """
         return 0
 
     def watch(self, process: Any, what: str) -> None:
@@ -138,7 +147,8 @@ class ChannelLink(CollectorLink):
         got = self.handle.done.get(timeout=timeout)
         return None if got is None else decode(PackDone, *got)
 
-    def take(self, request: PackRequest, timeout: float) -> int | None:
+    def take(self, request: PackRequest, timeout: float, *,
+             give_up: Callable[[], None] | None = None) -> int | None:
         packer = self._learner_packer
         if packer is None:
             return 0
@@ -149,7 +159,7 @@ class ChannelLink(CollectorLink):
         if packer.handle.requests.backlog > self._ring_depth:
             return None
         try:
-            return packer.take(request, timeout)
+            return packer.take(request, timeout, give_up)
         except ChannelClosed:
             return 0  # closed meanwhile: the pipeline raises PipelineClosed
 

@@ -489,21 +489,31 @@ class Pipeline:
         if (request is None or self._core.pending[0][0] != tick
                 or self.replay_buffer.ptr < request.min_snapshot_ptr):
             return False
+        # Taken off before the lock is released: a second thread waiting for the same
+        # tick does not take it too (its chunks would draw on this one's indices).
+        self._requests[slot] = None
         start = time.monotonic_ns()
         error: Exception | None = None
+
+        def give_up() -> None:
+            # Called, without the lock, while a written chunk cannot be counted (the
+            # claim lock's holder is stopped or dead): the watchdog's verdict ends it.
+            failure = self._watchdog.verdict(tick, slot, SlotState.REQUESTED, 0.0)
+            if failure is not None:
+                raise failure
         self._cv.release()
         try:
-            took = self._link.take(request, WAIT_SLICE_S)
+            took = self._link.take(request, WAIT_SLICE_S, give_up=give_up)
         except Exception as exc:  # noqa: BLE001 - failed below, under the lock
             took, error = None, exc
         finally:
             self._cv.acquire()
         if error is not None:
-            # The claim may be ours with no message sent: the slot could never fill.
+            # A chunk may be ours and never counted: the slot could never fill.
             self._fail_locked(error)
             self._raise_if_unusable()
-        if took is not None:
-            self._requests[slot] = None  # every chunk is claimed now: none to take
+        if took is None and self._core.pending and self._core.pending[0][0] == tick:
+            self._requests[slot] = request  # could not look now: again next slice
         if took:
             self._span("learner_pack", Actor.LEARNER, start, time.monotonic_ns(),
                        tick=tick, slot=slot, chunks=took)
