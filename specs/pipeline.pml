@@ -219,15 +219,25 @@ inline close_pipeline() {
   if :: done[k] == C -> htick[k] = tick_of[k]; \
                         if :: st[k] == REQUESTED -> packed[k] = true :: else fi \
      :: else fi
-/* The learner packs chunks of the tick it waits for: the claim (one step under the
-   claim lock), the write, the count. */
+/* The next chunk of slot k's request for the writer that just counted one (the
+   count and the claim are one step: PackerHandle.advance). Like the code, it does
+   not look whether the pipeline is still live or the slot still REQUESTED. */
+#define NEXT_CHUNK(k, writing) \
+  if :: left[k] > 0 -> left[k]--; writing[k] = true; htick[k] = NONE :: else fi
+/* The learner packs chunks of the tick it waits for: the first claim (one step
+   under the claim lock), then write, count and claim the next, until none is left
+   (Packer.take). */
 #ifndef LEARNER_CLAIM
 #define LEARNER_CLAIM d_step { TAKE_GUARD -> if :: left[acq_slot] == C -> stale++ :: else fi; \
                                left[acq_slot]--; lwrite[acq_slot] = true; \
                                htick[acq_slot] = NONE }
 #endif
 #define LEARNER_PACK :: LEARNER_CLAIM; \
-  d_step { lwrite[acq_slot] = false; CHUNK_WRITTEN(acq_slot) }
+  packing: do \
+  :: d_step { lwrite[acq_slot] -> lwrite[acq_slot] = false; CHUNK_WRITTEN(acq_slot); \
+              NEXT_CHUNK(acq_slot, lwrite) } \
+  :: !lwrite[acq_slot] -> break \
+  od
 #ifdef MPS
 #ifndef PUMP
 /* AcceleratorBackend.pump: copy, synchronize, on_complete, on the learner thread,
@@ -287,13 +297,15 @@ end: do FOR_SLOTS(FINISH_READS) od
 #ifndef PACKABLE
 #define PACKABLE(k) (st[k] == REQUESTED && left[k] > 0)
 #endif
-/* The claim of a chunk and the start of its write in one step: the packer claims
-   under the claim lock before it gathers, one chunk at a time. (The real packer
-   goes on with the same request's next chunk, then reads requests in order; the
-   model lets it claim any chunk left: more runs.) */
+/* The claim of a request's first chunk for the packer and the start of its write
+   in one step: the packer claims under the claim lock before it gathers, one chunk
+   at a time, and goes on with the same request's next chunk until none is left.
+   (The real packer reads requests in order; the model lets it start any request
+   with a chunk left: more runs.) */
 #define PACK_START(k) :: d_step { !packer_silent && !ANY(WRITING) && PACKABLE(k) -> \
                                   left[k]--; hwrite[k] = true; htick[k] = NONE }
-#define PACK_END(k) :: d_step { hwrite[k] -> hwrite[k] = false; CHUNK_WRITTEN(k) }
+#define PACK_END(k) :: d_step { hwrite[k] -> hwrite[k] = false; CHUNK_WRITTEN(k); \
+                                NEXT_CHUNK(k, hwrite) }
 #define STOP_WRITING(k) hwrite[k] = false;
 active proctype packer() {
 end: do

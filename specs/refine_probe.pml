@@ -8,7 +8,7 @@
    next_req, next_acq, acq_slot, hot, failed, closed (mtypes as SPIN numbers them);
    <guards> has bit 0, 1, 2 set when the learner, at the head of its loop, may
    request, acquire or release; <kind> is 1, 2, 3 for request, acquire, release.
-   While the learner packs a batch itself (lwrite[acq_slot]) it is inside its
+   While the learner packs chunks of a batch itself (at `packing`) it is inside its
    sample_large_batch, between the head's steps: its guards are the head's.
 
    The probe is a process that can always take one step, which changes nothing: a
@@ -52,7 +52,7 @@ c_code {
   }
 }
 
-#define AT_HEAD (learner@head || lwrite[acq_slot])
+#define AT_HEAD (learner@head || learner@packing)
 byte probe_guards;
 active proctype probe() {
 end: do
