@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing as mp
+import os
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -259,9 +260,11 @@ class Interleaved:
         self.gather, self.at, self.meanwhile = rb.gather, at, meanwhile
         self.calls = 0
         self.got: list[object] = []
+        self.rows: list[int] = []  # per call, in the order the gathers start
 
     def __call__(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         self.calls += 1
+        self.rows.append(len(indices))
         if self.calls == self.at:
             self.got.append(self.meanwhile())
         return self.gather(indices, out)
@@ -297,6 +300,7 @@ def test_the_packer_and_the_learner_split_a_request_by_chunks(learner_first: boo
         assert packer.service(timeout=0) is True
         assert peer.got == [3]  # the learner wrote chunks 1-3
     assert packer.packed_count == 1 and peer.calls == 4  # four chunks, one gather each
+    assert peer.rows == [N // 4] * 4  # each writes its chunk's rows, no more
     elsewhere = Channel.__new__(Channel)  # the ring the other process would read
     elsewhere.__setstate__(h.done.__getstate__())
     assert elsewhere.backlog == (0 if learner_first else 1)
@@ -327,8 +331,33 @@ def test_a_chunk_that_fails_abandons_the_request_with_one_message() -> None:
     assert got is not None and "OSError: gather failed" in str(got[1])
     assert h.done.get(timeout=0) is None  # one message
     # The packer wrote its chunk without failing: it counts it (packed_count's
-    # meaning); the cells say two chunks written and the request failed.
-    assert packer.packed_count == 1 and h.claims[0].tolist()[:4] == [1, 4, 2, 1]
+    # meaning), the learner does not; the cells say two chunks written and the
+    # request failed.
+    assert (packer.packed_count, learner.packed_count) == (1, 0)
+    assert h.claims[0].tolist()[:4] == [1, 4, 2, 1]
+
+
+def test_a_chunk_that_fails_under_a_held_claim_lock_is_still_reported() -> None:
+    """A chunk raises while the claim lock is taken (its holder stopped): marking
+    the request failed waits only LEARNER_CHECK_S for the lock, and the error is
+    posted anyway; nothing blocks."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    learner = Packer(h, rb)
+
+    def stuck_then_fail(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        assert h.claim_lock.acquire(timeout=1.0)
+        raise OSError("gather failed")
+    rb.gather = stuck_then_fail  # type: ignore[method-assign]
+    try:
+        ok, got = finishes_within(lambda: learner.take(request(), 1.0))
+    finally:
+        h.claim_lock.release()
+    assert ok and got == [0]
+    done = h.done.get(timeout=0)
+    assert done is not None and "OSError: gather failed" in str(done[1])
+    assert h.claims[0].tolist()[:4] == [1, 1, 0, 0]  # the lock was taken: not marked
 
 
 def raised_by(fn: Callable[[], object]) -> object:
@@ -367,8 +396,10 @@ def test_a_learner_that_cannot_count_its_chunk_fails_after_its_patience() -> Non
 
 def test_a_learner_that_cannot_count_its_chunk_asks_give_up_at_every_retry() -> None:
     """``give_up`` (the pipeline's watchdog) is asked at every retry of the count,
-    and what it raises ends the take at once."""
+    and what it raises ends the take at once. The packer process in the handle is
+    alive (this process's parent stands in for it): that alone ends nothing."""
     rb, h, learner = stuck_count(at=2)
+    h.packer_state[0] = os.getppid()
     asked: list[int] = []
 
     def give_up() -> None:
@@ -430,7 +461,7 @@ def test_a_stuck_count_ends_in_the_watchdogs_verdict() -> None:
         finally:
             handle.claim_lock.release()
         assert ok and isinstance(got[0], CollectorDied), got
-        assert "the test's collector (pid 4242) exited with code -9" in str(got[0])
+        assert "tick 0: the test's collector (pid 4242) exited with code -9" in str(got[0])
 
 
 def test_two_threads_waiting_for_one_tick_take_it_once() -> None:
@@ -469,6 +500,32 @@ def test_two_threads_waiting_for_one_tick_take_it_once() -> None:
         stats = pipe.statistics()
         assert not gathered.is_set()
         assert (stats.learner_packs, stats.learner_chunks) == (1, 4)
+
+
+def test_a_packer_that_cannot_count_its_chunk_retries_while_its_learner_lives() -> None:
+    """The claim lock is taken while the packer writes a chunk and freed once the
+    packer has looked whether its learner lives: the packer counts the chunk at its
+    next try and completes the request."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    packer = Packer(h, rb)
+    h.requests.put(encode(request())[0])
+    looked: list[bool] = []
+    alive = packer._learner_alive
+
+    def learner_alive() -> bool:
+        looked.append(True)
+        if len(looked) == 2:  # the first look is service's own, before the claim
+            h.claim_lock.release()
+        return alive()
+    packer._learner_alive = learner_alive  # type: ignore[method-assign]
+    rb.gather = Interleaved(rb, 1, lambda: h.claim_lock.acquire(timeout=1.0)
+                            )  # type: ignore[method-assign]
+    ok, got = finishes_within(lambda: packer.service(timeout=0))
+    assert ok and got == [True] and len(looked) == 2
+    done = h.done.get(timeout=0)
+    assert done is not None and done[1] is None and packer.packed_count == 1
 
 
 def test_a_packer_that_cannot_count_its_chunk_stops_when_its_channel_closes() -> None:
@@ -682,6 +739,31 @@ class RaisingTake(ExternalCollector):
     def take(self, request: PackRequest, timeout: float, *,
              give_up: Callable[[], None] | None = None) -> int | None:
         raise OSError("claim lock gone")
+
+
+class LateTake(ExternalCollector):
+    """Its first take cannot look now (None: the claim lock was taken, or too many
+    requests waited); later ones take."""
+
+    calls = 0
+
+    def take(self, request: PackRequest, timeout: float, *,
+             give_up: Callable[[], None] | None = None) -> int | None:
+        self.calls += 1
+        return None if self.calls == 1 else super().take(request, timeout,
+                                                          give_up=give_up)
+
+
+def test_a_take_that_could_not_look_is_tried_again() -> None:
+    """A take that answered None leaves the request to take at a later slice of the
+    same wait (tick 3, in slot 1: the request is found by its tick, not its slot)."""
+    rb = buffer()
+    link = LateTake(rb, 2, N, attach_timeout=60)
+    with Pipeline(rb, sample_count=N, collector=link, liveness_timeout=60) as pipe:
+        pipe.start_prepare(3, N)
+        ok, got = finishes_within(lambda: pipe.sample_large_batch(3, N))
+        assert ok and exact(pipe, 3, got[0])
+        assert link.calls == 2 and pipe.statistics().learner_packs == 1
 
 
 def test_a_take_that_raises_fails_the_run() -> None:
