@@ -27,7 +27,8 @@ class Observer:
         """A piece of work: ``pack`` (packer), ``copy`` (copy engine, with ``bytes``),
         ``wait`` (learner, blocked on a batch), ``learner_pack`` (learner, packing the
         ``chunks`` of a batch the packer had not reached, within its wait; the
-        batch's ``pack`` span follows), on the monotonic clock."""
+        batch's ``pack`` span comes with its pack-done message, before or after),
+        on the monotonic clock."""
 
 
 @dataclass(frozen=True)
