@@ -337,8 +337,10 @@ class Packer:
         """
         chunk = self.handle.claim(request.slot, request.generation,
                                   self.replay_buffer.ptr, timeout)
-        if chunk is None or chunk == NO_CHUNK:
-            return None if chunk is None else 0
+        if chunk is None:
+            return None
+        if chunk == NO_CHUNK:
+            return 0
         return self._pack(request, chunk, local=True, give_up=give_up)
 
     def _speculate(self) -> None:
