@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -46,9 +48,15 @@ def timed_learn(case: dict[str, Any], pipeline: bool, steps: int) -> float:
     extra = {"replay_buffer_class": PipelineReplayBuffer} if pipeline else {}
     model = getattr(stable_baselines3, case["algo"])(
         "MlpPolicy", case["env"], seed=0, device="cpu", **case["kwargs"], **extra)
-    t0 = time.perf_counter()
-    model.learn(steps)
-    elapsed = time.perf_counter() - t0
+    with tempfile.TemporaryDirectory() as logs:  # else a new SB3-<time> folder is left
+        os.environ.setdefault("SB3_LOGDIR", logs)  # in the temp folder at every learn
+        try:
+            t0 = time.perf_counter()
+            model.learn(steps)
+            elapsed = time.perf_counter() - t0
+        finally:
+            if os.environ["SB3_LOGDIR"] == logs:
+                del os.environ["SB3_LOGDIR"]
     if pipeline:
         model.replay_buffer.close()
     return elapsed

@@ -4,6 +4,7 @@ SAC, TD3 and DQN training with it."""
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,13 @@ from replay_fsm.sampling import expected_batch  # noqa: E402
 
 OBS = spaces.Box(-1e6, 1e6, (2, 3), np.float32)  # 2-D on purpose: rows are flattened
 ACT = spaces.Box(-1, 1, (2,), np.float32)
+
+
+@pytest.fixture(autouse=True)
+def sb3_logs_in_tmp_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SB3's ``learn`` makes a log folder, by default a new ``SB3-<time>`` in the
+    system's temp folder that nothing removes: put it where pytest cleans up."""
+    monkeypatch.setenv("SB3_LOGDIR", str(tmp_path / "sb3-logs"))
 
 
 def step(rng: np.random.Generator, n_envs: int, done: Any = False,
