@@ -108,6 +108,7 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
     others and raises."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
@@ -116,7 +117,10 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"replay_fsm-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
-                          max_restarts=0, monitor_interval=0.1, start_method="spawn")
+                          max_restarts=0, monitor_interval=0.1, start_method="spawn",
+                          # the launcher's per-rank logs: by default a new folder in
+                          # the system's temp folder at every launch, never removed
+                          logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")))
     try:
         results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,7 +32,12 @@ def options(out: Path, **extra: object) -> DemoConfig:
 
 @pytest.mark.slow
 def test_two_ranks_draw_different_reproducible_batches(tmp_path: Path) -> None:
+    temp = Path(tempfile.gettempdir())
+    before = set(temp.glob("torchelastic_*"))
     results = launch(2, options(tmp_path))
+    # the launcher's logs are the run's, not new folders left in the temp folder
+    assert (tmp_path / "launcher-logs").is_dir()
+    assert set(temp.glob("torchelastic_*")) <= before
     s0, s1 = results[0], results[1]
     assert (s0["rank"], s1["rank"]) == (0, 1)
     assert s0["base_seed"] == rank_seed(5, 0) and s1["base_seed"] == rank_seed(5, 1)
