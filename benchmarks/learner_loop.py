@@ -22,7 +22,10 @@ stall; p50 and p99 of the tick and the learner's stall per tick (time blocked on
 its batch) stand beside it. Contention is a dimension: every contender runs with 0,
 1 and 2 background CPU-bound processes, and its ratio is to compute-only measured
 under the same load. Contenders are interleaved round by round (ABBA), so drift in
-the machine's load hits them alike.
+the machine's load hits them alike. Beside each tick figure stands where the cores
+went during the timed ticks (Linux /proc): the CPU time of the learner's process and
+of the processes working for it (a packer process), and that of the background
+processes, each over the wall time.
 """
 
 from __future__ import annotations
@@ -35,7 +38,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -98,10 +102,27 @@ def make_compute(width: int, hidden: int, reps: int, device: torch.device
     return step
 
 
+def cpu_seconds(pids: Sequence[int]) -> float | None:
+    """The CPU time (user + system, seconds, every thread) the processes ``pids`` used
+    so far; None where /proc cannot tell (not Linux, or one exited)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            return None
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
 class Contender:
     name = ""
 
     def open(self) -> None: ...
+
+    def helpers(self) -> list[int]:
+        """The pids of the processes working for this contender (a packer process)."""
+        return []
 
     def tick(self, t: int) -> float:
         """One learner tick; returns the seconds the learner was blocked on its batch."""
@@ -257,6 +278,10 @@ class ReplayFSM(Contender):
             self.pipe.start_prepare(t, self.n)
         self.requested = self.depth - 1
 
+    def helpers(self) -> list[int]:
+        process = self.pipe.collector_process
+        return [] if process is None else [process.pid]
+
     def tick(self, t: int) -> float:
         t0 = time.perf_counter()
         self.pipe.sample_large_batch(self.next, self.n)  # blocks only if not ready
@@ -315,16 +340,27 @@ def two_cpus() -> tuple[int, int] | None:
     return (cpus[0], cpus[1]) if len(cpus) >= 2 else None
 
 
-def run_ticks(c: Contender, ticks: int) -> tuple[list[float], list[float]]:
-    """Tick times and learner stalls (seconds) of ``ticks`` ticks after a warm-up."""
+def run_ticks(c: Contender, ticks: int, background: Sequence[int] = ()
+              ) -> tuple[list[float], list[float], tuple[float, float, float] | None]:
+    """Tick times and learner stalls (seconds) of ``ticks`` ticks after a warm-up, and
+    the CPU seconds used meanwhile by the learner's process with its helpers and by
+    the ``background`` processes, with the wall seconds (None where /proc cannot
+    tell)."""
     for t in range(3):
         c.tick(t)
+    helpers = c.helpers()
+    ours0, bg0 = cpu_seconds(helpers), cpu_seconds(background)
+    own0, wall0 = time.process_time(), time.perf_counter()
     times, stalls = [], []
     for t in range(3, 3 + ticks):
         t0 = time.perf_counter()
         stalls.append(c.tick(t))
         times.append(time.perf_counter() - t0)
-    return times, stalls
+    own1, wall1 = time.process_time(), time.perf_counter()
+    ours1, bg1 = cpu_seconds(helpers), cpu_seconds(background)
+    if ours0 is None or ours1 is None or bg0 is None or bg1 is None:
+        return times, stalls, None
+    return times, stalls, (own1 - own0 + ours1 - ours0, bg1 - bg0, wall1 - wall0)
 
 
 def quantile(values: list[float], q: float) -> float:
@@ -364,14 +400,22 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
         times: dict[str, list[float]] = {c.name: [] for c in contenders}
         stalls: dict[str, list[float]] = {c.name: [] for c in contenders}
         packed_here: dict[str, list[int]] = {c.name: [0, 0] for c in contenders}
-        with BackgroundLoad(load):
+        # CPU seconds: (ours, background, wall), or None once /proc could not tell.
+        cores: dict[str, list[float] | None] = {c.name: [0.0, 0.0, 0.0] for c in contenders}
+        with BackgroundLoad(load) as background:
+            pids = [p.pid for p in background.procs]
             for r in range(rounds):
                 for c in (contenders if r % 2 == 0 else contenders[::-1]):
                     c.open()
                     try:
-                        t, s = run_ticks(c, ticks)
+                        t, s, used = run_ticks(c, ticks, pids)
                     finally:
                         c.close()
+                    total = cores[c.name]
+                    if used is None or total is None:
+                        cores[c.name] = None
+                    else:
+                        cores[c.name] = [a + b for a, b in zip(total, used, strict=True)]
                     means[c.name].append(sum(t) / len(t))
                     times[c.name] += t
                     stalls[c.name] += s
@@ -388,6 +432,10 @@ def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: t
                 "p99_ms": quantile(times[c.name], 0.99) * 1e3,
                 "stall_ms": statistics.fmean(stalls[c.name]) * 1e3,
                 "rows_per_s": n / mean, "GBps": nbytes / mean / 1e9}
+            used = cores[c.name]
+            if used is not None:  # cores used while it ticked
+                rows[c.name]["cores_ours"] = used[0] / used[2]
+                rows[c.name]["cores_background"] = used[1] / used[2]
             if isinstance(c, ReplayFSM):  # warm-up ticks included
                 mine, all_ticks = packed_here[c.name]
                 rows[c.name]["learner_packs_per_tick"] = mine / max(all_ticks, 1)
@@ -427,6 +475,11 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool]:
                 "over_ideal": double["tick_over_ideal"],
                 "like_for_like_over_it": rows[LIKE_FOR_LIKE]["mean_tick_ms"]
                 / double["mean_tick_ms"]}
+        for column, rows in result[regime]["columns"].items():
+            if column != "load0" and "missing" not in rows.get(PINNED, {"missing": ""}):
+                out[f"{regime} {column}: the pinned row (the recipe for a shared machine) "
+                    "<= synchronous"] = (rows[PINNED]["mean_tick_ms"]
+                                         <= rows["synchronous sampling"]["mean_tick_ms"])
         out[f"{regime} load0: {LIKE_FOR_LIKE} <= 1.02 x bare double buffer (the "
             "pipeline adds nothing to the co-run floor)"] = (
             result[regime]["double_buffer"]["load0"]["like_for_like_over_it"] <= 1.02)
@@ -483,6 +536,10 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     def units(share: float) -> int:  # first-layer units for ~share x the pack
         return min(128, max(16, 16 * round(8 * share * pack_s / base)))
 
+    reps = max(1, round((2.0 * pack_s - base) / per_rep))
+    # Once more from the step at that depth: a busy moment during the 8-layer probe
+    # would otherwise set the compute-bound regime far from 2x the pack.
+    per_rep = max((cost(128, reps) - base) / reps, 1e-6)
     regimes = {  # (hidden units, hidden layers)
         "compute-bound": (128, max(1, round((2.0 * pack_s - base) / per_rep))),
         "balanced": (units(1.0), 0),
@@ -509,10 +566,13 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
             print(table(f"learner loop, {name}, {column[4:]} background processes "
                         f"({device}; mean tick = wall / ticks, median of {rounds} rounds)", [
                 (k, f"{v['mean_tick_ms']:.2f}", f"{v['tick_over_ideal']:.3f}",
-                 f"{v['p50_ms']:.2f}", f"{v['p99_ms']:.2f}", f"{v['stall_ms']:.2f}")
-                if "missing" not in v else (k, v["missing"], "", "", "", "")
+                 f"{v['p50_ms']:.2f}", f"{v['p99_ms']:.2f}", f"{v['stall_ms']:.2f}",
+                 f"{v.get('cores_ours', float('nan')):.2f} / "
+                 f"{v.get('cores_background', float('nan')):.2f}")
+                if "missing" not in v else (k, v["missing"], "", "", "", "", "")
                 for k, v in table_rows.items()
-            ], ("contender", "mean ms", "x compute", "p50 ms", "p99 ms", "stall ms")))
+            ], ("contender", "mean ms", "x compute", "p50 ms", "p99 ms", "stall ms",
+                "cores ours / bg")))
             print("learner packs per tick: " + ", ".join(
                 f"{k[len('replay_fsm '):]} {v['learner_packs_per_tick']:.2f}"
                 for k, v in table_rows.items() if "learner_packs_per_tick" in v))

@@ -21,26 +21,90 @@ def _load(name: str, suffix: str = "") -> dict | None:
 def _loop_table(regime: str, result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     columns = result["columns"]
     loads = list(columns)
+    loaded = loads[1:]
+    cores = all("cores_ours" in v for c in loads for v in columns[c].values()
+                if "missing" not in v)
     head = " | ".join(f"x compute, {c[4:]} bg" for c in loads)
+    cores_head = (f" cores ours ({' / '.join(c[4:] for c in loads)} bg) | cores bg "
+                  f"({' / '.join(c[4:] for c in loaded)} bg) |" if cores else "")
     out = [f"**Learner loop, {regime}** ({cfg['rows']} rows x {cfg['width']} float32, "
            f"batches of {cfg['batch']}, learner on {cfg['learner_threads']} thread; mean "
            f"tick = wall / ticks, median of {cfg['rounds']} interleaved rounds of "
-           f"{cfg['ticks']} ticks; \"bg\" = background CPU-bound processes)", "",
+           f"{cfg['ticks']} ticks; \"bg\" = background CPU-bound processes"
+           + ("; cores = CPU seconds over wall seconds while it ticked, ours = the "
+              "learner's process and its packer process" if cores else "") + ")", "",
            f"| contender | {head} | mean ms (0 bg) | p50 / p99 ms (0 bg) | stall ms/tick (0 bg) "
-           f"| learner packs / tick ({' / '.join(c[4:] for c in loads)} bg) |",
-           "| --- |" + " --- |" * (len(loads) + 4)]
+           f"| learner packs / tick ({' / '.join(c[4:] for c in loads)} bg) |{cores_head}",
+           "| --- |" + " --- |" * (len(loads) + 4 + 2 * cores)]
     for name, v0 in columns[loads[0]].items():
         if "missing" in v0:
-            out.append(f"| {name} | {v0['missing']} |" + " |" * (len(loads) + 3))
+            out.append(f"| {name} | {v0['missing']} |" + " |" * (len(loads) + 3 + 2 * cores))
             continue
         ratios = " | ".join(f"{columns[c][name]['tick_over_ideal']:.3f}" for c in loads)
         packs = " / ".join(f"{columns[c][name]['learner_packs_per_tick']:.2f}" for c in loads
                            if "learner_packs_per_tick" in columns[c][name])
-        out.append(f"| {name} | {ratios} | {v0['mean_tick_ms']:.2f} | "
-                   f"{v0['p50_ms']:.2f} / {v0['p99_ms']:.2f} | {v0['stall_ms']:.2f} | "
-                   f"{packs} |")
+        row = (f"| {name} | {ratios} | {v0['mean_tick_ms']:.2f} | "
+               f"{v0['p50_ms']:.2f} / {v0['p99_ms']:.2f} | {v0['stall_ms']:.2f} | "
+               f"{packs} |")
+        if cores:
+            row += (" " + " / ".join(f"{columns[c][name]['cores_ours']:.2f}" for c in loads)
+                    + " | " + " / ".join(f"{columns[c][name]['cores_background']:.2f}"
+                                         for c in loaded) + " |")
+        out.append(row)
     out.append("")
     return out
+
+
+def _cores_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
+    """Where the cores went with one background process: ours against synchronous
+    sampling's and the background's, over every regime (pinned apart)."""
+    rows = [f[r]["columns"]["load1"] for r in regimes if "load1" in f[r]["columns"]]
+    if not rows or not all("cores_ours" in v for t in rows for v in t.values()
+                           if "missing" not in v):
+        return []
+    ours = [v["cores_ours"] for t in rows for k, v in t.items()
+            if k.startswith("replay_fsm") and "pinned" not in k and "missing" not in v]
+    pinned = [v["cores_ours"] for t in rows for k, v in t.items()
+              if "pinned" in k and "missing" not in v]
+    bg = [v["cores_background"] for t in rows for k, v in t.items()
+          if k.startswith("replay_fsm") and "pinned" not in k and "missing" not in v]
+    sync = [t["synchronous sampling"]["cores_ours"] for t in rows]
+    out = [f"**Where the cores go under load.** With one background process, the "
+           f"unpinned replay_fsm rows used {min(ours):.2f}-{max(ours):.2f} cores "
+           f"(learner and packer together) while the background process kept "
+           f"{min(bg):.2f}-{max(bg):.2f}, and synchronous sampling used "
+           f"{min(sync):.2f}-{max(sync):.2f}"]
+    if pinned:
+        out[0] += f"; pinned, {min(pinned):.2f}-{max(pinned):.2f}"
+    two = [f[r]["columns"]["load2"] for r in regimes if "load2" in f[r]["columns"]]
+    if two:
+        ours2 = [v["cores_ours"] for t in two for k, v in t.items()
+                 if k.startswith("replay_fsm") and "pinned" not in k and "missing" not in v]
+        sync2 = [t["synchronous sampling"]["cores_ours"] for t in two]
+        out[0] += (f". With two, the kernel shared the cores out more evenly: the unpinned "
+                   f"rows got {min(ours2):.2f}-{max(ours2):.2f} cores, synchronous "
+                   f"sampling {min(sync2):.2f}-{max(sync2):.2f}")
+    out[0] += ". What a pipeline gains is the second core; where it gets little more " \
+              "than one, it can only match synchronous sampling, and its own work decides " \
+              "which is ahead."
+    idle = [f[r]["columns"]["load0"] for r in regimes]
+
+    def cpu_ms(row: dict[str, Any]) -> float:  # CPU time per tick, every process of ours
+        return float(row["mean_tick_ms"] * row["cores_ours"])
+    spent = [cpu_ms(v) / cpu_ms(t["synchronous sampling"]) for t in idle
+             for k, v in t.items() if k.startswith("replay_fsm") and "missing" not in v
+             and "packs off" not in k]
+    double = [cpu_ms(t["bare double buffer (floor)"]) / cpu_ms(t["synchronous sampling"])
+              for t in idle]
+    out[0] += (f" And the same work costs more CPU when it overlaps: with no background "
+               f"load, the bare double buffer spent {min(double):.2f}-{max(double):.2f} x "
+               f"synchronous sampling's CPU time per tick (mean tick x cores; the gather "
+               f"and the learner's step slow each other through the memory bandwidth and "
+               f"the shared cache), and the replay_fsm rows {min(spent):.2f}-"
+               f"{max(spent):.2f} x (what they spend beyond the double buffer is not "
+               f"pinned down yet: issue #18). On about one core, an overlapped tick is "
+               f"the longer one.")
+    return [*out, ""]
 
 
 def _floor_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
@@ -95,6 +159,7 @@ def section(suffix: str = "") -> str:
                     "the same batch) measured in the same rounds.", ""]
         if all("compute_over_gather" in f[r] for r in regimes):
             out += _floor_paragraph(f, regimes)
+        out += _cores_paragraph(f, regimes)
         out += ["The budget's claims, checked on these numbers:", ""]
         out += [f"- {'holds' if ok else '**missed**'}: {claim}"
                 for claim, ok in f["verdicts"].items()]
