@@ -475,11 +475,9 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool]:
                 "over_ideal": double["tick_over_ideal"],
                 "like_for_like_over_it": rows[LIKE_FOR_LIKE]["mean_tick_ms"]
                 / double["mean_tick_ms"]}
-        for column, rows in result[regime]["columns"].items():
-            if column != "load0" and "missing" not in rows.get(PINNED, {"missing": ""}):
+            if column != "load0" and PINNED in rows and "missing" not in rows[PINNED]:
                 out[f"{regime} {column}: the pinned row (the recipe for a shared machine) "
-                    "<= synchronous"] = (rows[PINNED]["mean_tick_ms"]
-                                         <= rows["synchronous sampling"]["mean_tick_ms"])
+                    "<= synchronous"] = rows[PINNED]["mean_tick_ms"] <= sync
         out[f"{regime} load0: {LIKE_FOR_LIKE} <= 1.02 x bare double buffer (the "
             "pipeline adds nothing to the co-run floor)"] = (
             result[regime]["double_buffer"]["load0"]["like_for_like_over_it"] <= 1.02)
@@ -536,12 +534,15 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     def units(share: float) -> int:  # first-layer units for ~share x the pack
         return min(128, max(16, 16 * round(8 * share * pack_s / base)))
 
-    reps = max(1, round((2.0 * pack_s - base) / per_rep))
+    def layers(per_rep: float) -> int:  # hidden layers for ~2x the pack
+        return max(1, round((2.0 * pack_s - base) / per_rep))
+
+    reps = layers(per_rep)
     # Once more from the step at that depth: a busy moment during the 8-layer probe
     # would otherwise set the compute-bound regime far from 2x the pack.
     per_rep = max((cost(128, reps) - base) / reps, 1e-6)
     regimes = {  # (hidden units, hidden layers)
-        "compute-bound": (128, max(1, round((2.0 * pack_s - base) / per_rep))),
+        "compute-bound": (128, layers(per_rep)),
         "balanced": (units(1.0), 0),
         "data-bound": (units(0.4), 0)}
     if len(set(regimes.values())) < len(regimes):

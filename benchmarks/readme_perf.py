@@ -18,12 +18,23 @@ def _load(name: str, suffix: str = "") -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _has_cores(tables: list[dict[str, Any]]) -> bool:
+    """Whether every measured row of these columns carries its cores (runs before
+    the cores were measured do not)."""
+    return all("cores_ours" in v for t in tables for v in t.values() if "missing" not in v)
+
+
+def _replay_rows(table: dict[str, Any], *, pinned: bool) -> list[dict[str, Any]]:
+    """The measured replay_fsm rows of a column: the pinned one, or the others."""
+    return [v for k, v in table.items() if k.startswith("replay_fsm") and "missing" not in v
+            and ("pinned" in k) == pinned]
+
+
 def _loop_table(regime: str, result: dict[str, Any], cfg: dict[str, Any]) -> list[str]:
     columns = result["columns"]
     loads = list(columns)
     loaded = loads[1:]
-    cores = all("cores_ours" in v for c in loads for v in columns[c].values()
-                if "missing" not in v)
+    cores = _has_cores(list(columns.values()))
     head = " | ".join(f"x compute, {c[4:]} bg" for c in loads)
     cores_head = (f" cores ours ({' / '.join(c[4:] for c in loads)} bg) | cores bg "
                   f"({' / '.join(c[4:] for c in loaded)} bg) |" if cores else "")
@@ -59,15 +70,11 @@ def _cores_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
     """Where the cores went with one background process: ours against synchronous
     sampling's and the background's, over every regime (pinned apart)."""
     rows = [f[r]["columns"]["load1"] for r in regimes if "load1" in f[r]["columns"]]
-    if not rows or not all("cores_ours" in v for t in rows for v in t.values()
-                           if "missing" not in v):
+    if not rows or not _has_cores(rows):
         return []
-    ours = [v["cores_ours"] for t in rows for k, v in t.items()
-            if k.startswith("replay_fsm") and "pinned" not in k and "missing" not in v]
-    pinned = [v["cores_ours"] for t in rows for k, v in t.items()
-              if "pinned" in k and "missing" not in v]
-    bg = [v["cores_background"] for t in rows for k, v in t.items()
-          if k.startswith("replay_fsm") and "pinned" not in k and "missing" not in v]
+    ours = [v["cores_ours"] for t in rows for v in _replay_rows(t, pinned=False)]
+    pinned = [v["cores_ours"] for t in rows for v in _replay_rows(t, pinned=True)]
+    bg = [v["cores_background"] for t in rows for v in _replay_rows(t, pinned=False)]
     sync = [t["synchronous sampling"]["cores_ours"] for t in rows]
     out = [f"**Where the cores go under load.** With one background process, the "
            f"unpinned replay_fsm rows used {min(ours):.2f}-{max(ours):.2f} cores "
@@ -78,8 +85,7 @@ def _cores_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
         out[0] += f"; pinned, {min(pinned):.2f}-{max(pinned):.2f}"
     two = [f[r]["columns"]["load2"] for r in regimes if "load2" in f[r]["columns"]]
     if two:
-        ours2 = [v["cores_ours"] for t in two for k, v in t.items()
-                 if k.startswith("replay_fsm") and "pinned" not in k and "missing" not in v]
+        ours2 = [v["cores_ours"] for t in two for v in _replay_rows(t, pinned=False)]
         sync2 = [t["synchronous sampling"]["cores_ours"] for t in two]
         out[0] += (f". With two, the kernel shared the cores out more evenly: the unpinned "
                    f"rows got {min(ours2):.2f}-{max(ours2):.2f} cores, synchronous "

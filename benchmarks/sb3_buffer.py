@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -42,21 +40,19 @@ CASES: dict[str, dict[str, Any]] = {
 
 def timed_learn(case: dict[str, Any], pipeline: bool, steps: int) -> float:
     import stable_baselines3
+    from stable_baselines3.common.logger import Logger
 
     from replay_fsm.integrations.sb3 import PipelineReplayBuffer
 
     extra = {"replay_buffer_class": PipelineReplayBuffer} if pipeline else {}
     model = getattr(stable_baselines3, case["algo"])(
         "MlpPolicy", case["env"], seed=0, device="cpu", **case["kwargs"], **extra)
-    with tempfile.TemporaryDirectory() as logs:  # else a new SB3-<time> folder is left
-        os.environ.setdefault("SB3_LOGDIR", logs)  # in the temp folder at every learn
-        try:
-            t0 = time.perf_counter()
-            model.learn(steps)
-            elapsed = time.perf_counter() - t0
-        finally:
-            if os.environ["SB3_LOGDIR"] == logs:
-                del os.environ["SB3_LOGDIR"]
+    # SB3's own logger at verbose 0 writes nothing, into a new SB3-<time> folder in
+    # the temp folder at every learn: the same logger, with no folder.
+    model.set_logger(Logger(folder=None, output_formats=[]))
+    t0 = time.perf_counter()
+    model.learn(steps)
+    elapsed = time.perf_counter() - t0
     if pipeline:
         model.replay_buffer.close()
     return elapsed
