@@ -140,6 +140,29 @@ def _floor_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
     return out
 
 
+def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any]) -> list[str]:
+    """The budget's claims with each one's ratio (against its bound) and the range of
+    that ratio over the rounds, and how many of them the rounds leave undecided."""
+    out = ["The budget's claims, checked on these numbers" + (
+        " (the claim's ratio from the rounds' medians, its bound, and the lowest and "
+        "highest ratio of a single round)" if detail else "") + ":", ""]
+    undecided = 0
+    for claim, ok in verdicts.items():
+        line = f"- {'holds' if ok else '**missed**'}: {claim}"
+        d = detail.get(claim)
+        if d:
+            low, high = min(d["rounds"]), max(d["rounds"])
+            line += f": {d['ratio']:.3f} (bound {d['bound']:.2f}; rounds {low:.3f}-{high:.3f})"
+            undecided += low <= d["bound"] < high
+        out.append(line)
+    out.append("")
+    if detail:
+        out += [f"In {undecided} of these {len(verdicts)} claims the rounds fall on both "
+                "sides of the bound: for those, this machine's round-to-round noise is "
+                "larger than the margin, and another run may turn the verdict.", ""]
+    return out
+
+
 def section(suffix: str = "") -> str:
     out = [BEGIN, ""]
     first = next((r for r in (_load(n, suffix) for n in ("learner_loop", "packing",
@@ -166,10 +189,7 @@ def section(suffix: str = "") -> str:
         if all("compute_over_gather" in f[r] for r in regimes):
             out += _floor_paragraph(f, regimes)
         out += _cores_paragraph(f, regimes)
-        out += ["The budget's claims, checked on these numbers:", ""]
-        out += [f"- {'holds' if ok else '**missed**'}: {claim}"
-                for claim, ok in f["verdicts"].items()]
-        out.append("")
+        out += _verdicts(f["verdicts"], f.get("verdict_detail", {}))
     inter = _load("interference", suffix)
     if inter:
         out += ["**What a neighbour costs the learner's compute** (median step time beside "

@@ -40,3 +40,52 @@ def test_readme_performance_section_is_generated_from_the_json() -> None:
     readme = (ROOT / "README.md").read_text()
     assert readme_perf.section() in readme
     assert readme_perf.checkpoint_section() in readme
+
+
+def _load_benchmark(name: str):  # type: ignore[no-untyped-def]
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
+
+
+def test_verdicts_come_from_the_medians_and_record_each_round() -> None:
+    """A claim holds on the rounds' medians; its detail keeps each round's ratio, and
+    the README counts a claim whose rounds straddle its bound as undecided."""
+    loop = _load_benchmark("learner_loop")
+    readme_perf = _load_benchmark("readme_perf")
+
+    def row(*round_ms: float) -> dict[str, object]:
+        ordered = sorted(round_ms)
+        return {"mean_tick_ms": ordered[len(ordered) // 2], "round_ms": list(round_ms),
+                "tick_over_ideal": 1.0}
+
+    def column(ours: tuple[float, float, float]) -> dict[str, object]:
+        return {"compute only (ideal)": row(10, 10, 10), "bare gather only": row(5, 5, 5),
+                "synchronous sampling": row(20, 20, 20),
+                "torchrl ReplayBuffer prefetch=1": row(30, 30, 30),
+                "torchrl ReplayBuffer prefetch=2": {"missing": "not installed"},
+                loop.BareDoubleBuffer.name: row(10, 10, 10), loop.LIKE_FOR_LIKE: row(*ours),
+                loop.PINNED: row(10, 10, 10),
+                loop.NO_LEARNER_PACKS: row(99, 99, 99)}  # the control: never held to it
+
+    result = {regime: {"columns": {"load0": column((10, 10.1, 10.1)),
+                                   "load1": column((19, 21, 22))}}
+              for regime in loop.REGIMES}
+    verdicts = loop.verdicts(result)
+    detail = result["verdict_detail"]
+    every = "balanced load1: every replay_fsm row <= synchronous"
+    assert verdicts[every] is False  # median 21 > 20, though round 0 was below
+    assert detail[every]["ratio"] == 21 / 20 and detail[every]["bound"] == 1.0
+    assert detail[every]["rounds"] == [19 / 20, 21 / 20, 22 / 20]
+    like = (f"compute-bound load0: {loop.LIKE_FOR_LIKE} <= 1.02 x bare double buffer "
+            "(the pipeline adds nothing to the co-run floor)")
+    assert verdicts[like] is True and detail[like]["ratio"] == 10.1 / 10
+    assert verdicts["data-bound load0: best replay_fsm row (pinned included) <= 1.05 x "
+                    "max(compute, bare gather)"] is True
+    assert verdicts["balanced load1: best replay_fsm <= every other prefetcher"] is True
+    text = "\n".join(readme_perf._verdicts(verdicts, detail))
+    assert "- **missed**: " + every + ": 1.050 (bound 1.00; rounds 0.950-1.100)" in text
+    # The three "every row" claims at load1 straddle 1.0; nothing else does.
+    assert f"In 3 of these {len(verdicts)} claims the rounds fall on both sides" in text
