@@ -28,8 +28,9 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "INVARIANTS": "spec", "TRANSITIONS": "spec", "Actor": "spec", "Event": "spec",
     "SlotState": "spec", "Core": "core",
-    "CollectorDied": "errors", "IllegalTransition": "errors", "PackerError": "errors",
-    "PipelineClosed": "errors", "PipelineFailed": "errors", "ProtocolError": "errors",
+    "CollectorDied": "errors", "DataStalled": "errors", "IllegalTransition": "errors",
+    "PackerError": "errors", "PipelineClosed": "errors", "PipelineFailed": "errors",
+    "ProtocolError": "errors", "TransferFailed": "errors",
 
     "ReplayBuffer": "data.buffer", "Packer": "data.packer", "PackerHandle": "data.packer",
     "Pipeline": "runtime.pipeline", "Statistics": "runtime.pipeline",
@@ -37,10 +38,10 @@ _EXPORTS = {
 }
 __all__ = [
     "INVARIANTS", "TRANSITIONS", "Actor", "CheckpointError", "CollectorDied", "Core",
-    "Event",
+    "DataStalled", "Event",
     "IllegalTransition", "Packer", "PackerError", "PackerHandle", "Pipeline",
     "PipelineClosed", "PipelineFailed", "ProtocolError", "ReplayBuffer", "SlotState",
-    "Statistics", "TransferBackend",
+    "Statistics", "TransferBackend", "TransferFailed",
 ]
 
 
@@ -64,11 +65,13 @@ if TYPE_CHECKING:
     from .data.packer import Packer, PackerHandle
     from .errors import (
         CollectorDied,
+        DataStalled,
         IllegalTransition,
         PackerError,
         PipelineClosed,
         PipelineFailed,
         ProtocolError,
+        TransferFailed,
     )
     from .runtime.pipeline import Pipeline, Statistics
     from .spec import INVARIANTS, TRANSITIONS, Actor, Event, SlotState

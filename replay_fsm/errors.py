@@ -28,6 +28,11 @@ class CollectorDied(PipelineFailed):
     """The packer (thread or process) that serves pack requests is gone."""
 
 
+class DataStalled(PipelineFailed):
+    """A request waited for rows (``min_snapshot_ptr``) and none was added to the
+    replay buffer for ``stall_timeout`` seconds: whatever writes the rows stopped."""
+
+
 class TransferFailed(PipelineFailed):
     """The copy side is gone: the copy engine or the transfer worker died, or a copy
     did not complete within the liveness bound."""

@@ -62,6 +62,9 @@ def test_the_timeouts_given_reach_the_pipeline_and_the_link() -> None:
         assert h.pipe._link._stall_ns == 5 * 10**8
     with Hand(stall_timeout=None) as h:
         assert h.pipe._link._stall_ns is None
+        # The seed's link bounds a wait for rows (stall_timeout); the pipeline inside
+        # never adds a bound of its own, so None waits for rows for ever, as asked.
+        assert h.pipe.pipeline.stall_timeout is None
 
 
 @pytest.mark.parametrize("missing", ["collector_pack_request_queue",

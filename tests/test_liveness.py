@@ -13,12 +13,13 @@ import time
 import pytest
 import torch
 
-from replay_fsm import CollectorDied, Pipeline, PipelineFailed, ReplayBuffer
+from replay_fsm import CollectorDied, DataStalled, Pipeline, PipelineFailed, ReplayBuffer
 from replay_fsm.errors import TransferFailed
 from replay_fsm.runtime.links import ThreadCollector
+from replay_fsm.runtime.liveness import RowWatch
 from replay_fsm.transfer.emulated import EmulatedBackend
 
-from .support import MARGIN_S
+from .support import MARGIN_S, finishes_within
 
 
 def buffer() -> ReplayBuffer:
@@ -121,6 +122,45 @@ def test_a_slow_collector_that_still_beats_is_not_declared_dead() -> None:
         pipe.start_prepare(0, 8, min_snapshot_ptr=10**9)  # data that never comes
         assert pipe.wait_until_ready(0, 8, timeout=1.0) is False
         assert not pipe.closed and pipe.statistics().stalls == 1
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_a_wait_for_rows_that_stopped_coming_raises_data_stalled(collector: str) -> None:
+    """The packer lives and beats, but the rows a request waits for never come (the
+    process that adds them died): the wait without a timeout raises DataStalled once
+    no row was added for stall_timeout, instead of waiting for ever."""
+    with Pipeline(buffer(), sample_count=8, collector=collector, liveness_timeout=60,
+                  stall_timeout=0.3) as pipe:
+        pipe.start_prepare(0, 8, min_snapshot_ptr=500)  # the buffer has 100 rows
+        ok, got = finishes_within(lambda: pytest.raises(DataStalled, pipe.sample_large_batch,
+                                                        0, 8))
+        assert ok, "sample_large_batch waited for rows past stall_timeout + MARGIN_S"
+        got[0].match(r"^tick 0 waits for 500 rows \(min_snapshot_ptr\); the replay buffer "
+                     r"has had 100 for \d+\.\d s \(stall_timeout\): is whatever adds "
+                     r"the rows still running\?$")
+        with pytest.raises(DataStalled):  # sticky, and still a DataStalled
+            pipe.wait_until_ready(0, 8, timeout=0)
+
+
+def test_rows_still_coming_keep_a_wait_for_rows_going() -> None:
+    """RowWatch on a set clock: each row added restarts the stall bound; the bound is
+    inclusive; rows that are there, or no bound (None), never end the wait."""
+    s = 10**9
+    watch = RowWatch(1.0)
+    assert watch.verdict(0, 100, 5, 0) is None
+    assert watch.verdict(0, 100, 5, s) is None  # exactly stall_timeout: not yet
+    assert watch.verdict(0, 100, 6, s + 1) is None  # a row came: the bound restarts
+    assert watch.verdict(0, 100, 6, 2 * s + 1) is None
+    stalled = watch.verdict(0, 100, 6, 2 * s + 2)
+    assert isinstance(stalled, DataStalled)
+    assert "waits for 100 rows (min_snapshot_ptr); the replay buffer has had 6 for 1.0 s" \
+        in str(stalled)
+    assert watch.verdict(0, 100, 100, 9 * s) is None  # the rows are there: packer's part
+    assert watch.verdict(0, 200, 100, 10 * s) is None  # waiting for rows again: anew
+    assert watch.verdict(0, 200, 100, 11 * s + 1) is not None
+    forever = RowWatch(None)
+    assert forever.verdict(0, 100, 5, 0) is None
+    assert forever.verdict(0, 100, 5, 10**6 * s) is None
 
 
 def test_a_silent_collector_whose_pack_is_done_is_not_blamed() -> None:

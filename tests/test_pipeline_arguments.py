@@ -54,6 +54,10 @@ def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
      "attach_timeout must be a finite number of seconds > 0, got True"),
     ({"attach_timeout": "60"}, ValueError,
      "attach_timeout must be a finite number of seconds > 0, got '60'"),
+    ({"stall_timeout": 0}, ValueError,
+     "stall_timeout must be a finite number of seconds > 0 or None, got 0"),
+    ({"stall_timeout": float("nan")}, ValueError,
+     "stall_timeout must be a finite number of seconds > 0 or None, got nan"),
 ])
 def test_a_bad_argument_is_named(kwargs: dict, error: type, message: str) -> None:
     args = {"sample_count": 8, **kwargs}

@@ -141,7 +141,8 @@ class CPUPinnedDoubleBufferReplayPipeline:
         self._pipe = Pipeline(buffer, device=self._device,
                               sample_count=self._sample_count, ring_depth=RING_DEPTH,
                               collector=self._link, backend=self._backend,
-                              liveness_timeout=liveness_timeout)
+                              liveness_timeout=liveness_timeout,
+                              stall_timeout=None)  # the link's stall_timeout decides
         self._pipe.add_observer(_Copies(self._copied))
         self._gpu_packed = [self._backend.device_slot(i) for i in range(RING_DEPTH)]
 

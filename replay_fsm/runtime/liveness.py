@@ -6,14 +6,16 @@ While the learner waits on a slot, each slice of the wait asks:
 - SUBMITTED: can the backend's copy engine still complete copies, and has the copy
   completed within ``timeout`` of the start of this wait?
 The first "no" becomes the pipeline's failure: ``CollectorDied`` for the collector
-side, ``TransferFailed`` for the copy side.
+side, ``TransferFailed`` for the copy side. A REQUESTED tick whose rows are not in the
+replay buffer yet (``min_snapshot_ptr``) has nothing to do with either: its wait asks
+whether rows still come (``RowWatch``), and ``DataStalled`` ends it when they stopped.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import CollectorDied, PipelineFailed, TransferFailed
+from ..errors import CollectorDied, DataStalled, PipelineFailed, TransferFailed
 from ..spec import SlotState
 from ..transfer.base import TransferBackend
 from .links import CollectorLink
@@ -46,3 +48,29 @@ class Watchdog:
                     f"tick {tick}: the copy into slot {slot} did not complete within "
                     f"{self.timeout:g} s (liveness_timeout)")
         return None
+
+
+class RowWatch:
+    """One wait's watch on the rows its tick needs: while the buffer holds fewer than
+    that, a row added is the writer's sign of life. ``timeout`` None: no bound."""
+
+    def __init__(self, timeout: float | None) -> None:
+        self.timeout = timeout
+        self._seen: tuple[int, int] | None = None  # (rows ever written, since ns)
+
+    def verdict(self, tick: int, needed: int, rows: int, now_ns: int) -> DataStalled | None:
+        """The failure that ends the wait for ``tick`` (which waits for ``needed``
+        rows ever written; the buffer has seen ``rows`` at ``now_ns``), or None."""
+        if rows >= needed or self.timeout is None:
+            self._seen = None  # not waiting for rows (now): the packer's part
+            return None
+        if self._seen is None or self._seen[0] != rows:
+            self._seen = (rows, now_ns)
+            return None
+        silent = (now_ns - self._seen[1]) / 1e9
+        if silent <= self.timeout:
+            return None
+        return DataStalled(
+            f"tick {tick} waits for {needed} rows (min_snapshot_ptr); the replay buffer "
+            f"has had {rows} for {silent:.1f} s (stall_timeout): is whatever adds the "
+            "rows still running?")

@@ -36,7 +36,7 @@ from ..transfer.base import TransferBackend
 from ..wire import CopyOrder, PackDone, PackRequest, TransitionRecord
 from .checked import Checker
 from .links import WAIT_SLICE_S, ChannelLink, CollectorLink, make_link
-from .liveness import Watchdog
+from .liveness import RowWatch, Watchdog
 from .observers import Observer, Statistics, StatisticsObserver
 from .tracer import Tracer
 from .worker import TransferWorker
@@ -66,6 +66,10 @@ class Pipeline:
             (a packer heartbeat, a copy completing) before the learner raises.
         attach_timeout: collector="external": seconds from the first request within
             which a collector must call ``Packer.attach``.
+        stall_timeout: seconds a wait for a tick whose rows are not there yet
+            (``min_snapshot_ptr``) may go with no row added to the replay buffer
+            before the learner raises ``DataStalled``: whatever writes the rows
+            stopped. None waits for rows for ever.
         checked: record reader and writer intervals per slot and raise on any
             overlap the invariants forbid; poison released device slots with NaN.
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
@@ -89,14 +93,17 @@ class Pipeline:
                  backend: str | TransferBackend | None = None,
                  backend_options: dict[str, Any] | None = None,
                  liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
-                 checked: bool = False, trace: bool = False, trace_capacity: int = 1 << 16,
+                 stall_timeout: float | None = 60.0, checked: bool = False,
+                 trace: bool = False, trace_capacity: int = 1 << 16,
                  packer_threads: int | None = None, learner_packs: bool = True) -> None:
         sample_count = as_count("sample_count", sample_count, 1)
         for name, value in (("liveness_timeout", liveness_timeout),
-                            ("attach_timeout", attach_timeout)):
+                            ("attach_timeout", attach_timeout),
+                            ("stall_timeout", 1.0 if stall_timeout is None else stall_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
                     0 < value < float("inf")):
-                raise ValueError(f"{name} must be a finite number of seconds > 0, got "
+                raise ValueError(f"{name} must be a finite number of seconds > 0"
+                                 f"{' or None' if name == 'stall_timeout' else ''}, got "
                                  f"{value!r}")
         missing = [a for a in ("layout", "width", "ptr", "size", "gather")
                    if not hasattr(replay_buffer, a)]
@@ -113,6 +120,7 @@ class Pipeline:
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
+        self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self._cv = threading.Condition()
         self._closed = False
         # What close() had to force (a process killed, a thread left behind).
@@ -165,8 +173,10 @@ class Pipeline:
         self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
                        for i in range(self.ring_depth)]
         # Per slot: the request the learner may still pack itself (learner_packs), the
-        # pack-done message of the tick it holds, and when its copy began.
+        # rows its tick waits for (min_snapshot_ptr), the pack-done message of the
+        # tick it holds, and when its copy began.
         self._requests: list[PackRequest | None] = [None] * self.ring_depth
+        self._rows_needed = [0] * self.ring_depth
         self._packs: list[PackDone | None] = [None] * self.ring_depth
         self._copy_submit_ns = [0] * self.ring_depth
         self._checker: Checker | None = None
@@ -240,6 +250,7 @@ class Pipeline:
             ptr = self.replay_buffer.ptr
             request = self._core.request(
                 tick_id, ptr if min_snapshot_ptr is None else min_snapshot_ptr)
+            self._rows_needed[request.slot] = request.min_snapshot_ptr
             if self.learner_packs:
                 self._requests[request.slot] = request
             hot = self._core.hot_slot
@@ -272,11 +283,12 @@ class Pipeline:
         """Wait until ``tick_id`` is READY (or HOT); False if ``timeout`` ran out.
 
         Even without a timeout the wait ends: a dead collector or copy engine
-        raises within ``liveness_timeout``.
+        raises within ``liveness_timeout``, and a wait for rows that stopped coming
+        (``min_snapshot_ptr``) within ``stall_timeout``.
 
         Raises:
             ProtocolError: the tick was never requested.
-            CollectorDied, TransferFailed, PipelineFailed, PipelineClosed.
+            CollectorDied, DataStalled, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
         if timeout is not None and (isinstance(timeout, bool) or not isinstance(
@@ -294,7 +306,7 @@ class Pipeline:
         Raises:
             ProtocolError: the tick was never requested, or another tick is hot.
             ValueError: ``sample_count`` differs from the allocated one.
-            CollectorDied, TransferFailed, PipelineFailed, PipelineClosed.
+            CollectorDied, DataStalled, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
         return self._call("sample_large_batch", self._acquire, as_tick(tick_id))
@@ -455,6 +467,7 @@ class Pipeline:
         if slot is None:
             raise ProtocolError(f"tick {tick} was not requested; call start_prepare first")
         started = None
+        rows: RowWatch | None = None  # made when the wait is for rows
         while True:
             self._pump_locked()
             self._raise_if_unusable()
@@ -470,6 +483,10 @@ class Pipeline:
                     tick, slot):
                 continue  # packed here; its pack-done message goes to the worker
             failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9)
+            if failure is None and state is SlotState.REQUESTED:
+                rows = rows or RowWatch(self.stall_timeout)
+                failure = rows.verdict(tick, self._rows_needed[slot],
+                                       self.replay_buffer.ptr, now)
             if failure is not None:
                 self._fail_locked(failure)
                 raise failure
