@@ -16,14 +16,21 @@ def _demo(args: argparse.Namespace) -> int:
                         collector=args.collector, out=args.out, checked=args.checked,
                         sample_count=args.sample_count, progress=not args.no_progress,
                         learner_threads=args.learner_threads or None)
+    if args.nproc < 1:
+        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc > 1:
         from .distributed import launch
-        results = launch(args.nproc, config)
+        where = (f"per-rank summaries and one merged trace in {args.out}/ "
+                 "(summary-rank<k>.json, trace.json)")
+        try:
+            results = launch(args.nproc, config)
+        except KeyboardInterrupt:
+            print(f"interrupted; {where}")
+            return 130  # the shell's code for Ctrl-C
         for rank, summary in sorted(results.items()):
             print(f"rank {rank}: {summary['ticks']} ticks, {summary['tick_ms']:.2f} ms/tick, "
                   f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}")
-        print(f"per-rank summaries and one merged trace in {args.out}/ "
-              "(summary-rank<k>.json, trace.json)")
+        print(where)
         return 0
     from .demo import format_summary, run
     summary = run(config)
@@ -72,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="run a small off-policy trainer through the pipeline")
-    demo.add_argument("--ticks", type=int, default=300)
+    demo.add_argument("--ticks", type=int, default=300,
+                      help="learner ticks; the comparison with synchronous sampling then "
+                      "runs 60 more of each")
     demo.add_argument("--device", default="cpu")
     demo.add_argument("--ring-depth", type=int, default=2)
     demo.add_argument("--collector", choices=["process", "thread"], default="process")
@@ -110,15 +119,41 @@ def main(argv: list[str] | None = None) -> int:
     exp.set_defaults(fn=_explore)
 
     args = ap.parse_args(argv)
+    made = _new_folders(getattr(args, "out", None))
     try:
         return int(args.fn(args))
     except KeyboardInterrupt:
+        _remove_if_empty(made)
         return 130
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
+        _remove_if_empty(made)
         if os.environ.get("REPLAY_FSM_DEBUG"):
             raise
         print(f"replay-fsm {args.command}: error: {exc}".splitlines()[0], file=sys.stderr)
         return 2
+
+
+def _new_folders(out: str | None) -> list[Path]:
+    """The folders a command that writes to ``out`` may make: ``out`` and its
+    parents that do not exist yet, deepest first."""
+    if not out:
+        return []
+    path, made = Path(out).absolute(), []
+    while not os.path.lexists(path) and path != path.parent:
+        made.append(path)
+        path = path.parent
+    return made
+
+
+def _remove_if_empty(folders: list[Path]) -> None:
+    """Remove the folders a failed command made and left empty, deepest first."""
+    for folder in folders:
+        if not folder.exists():
+            continue  # never made (a file name, or a run that failed first)
+        try:
+            folder.rmdir()  # only an empty folder; a file of that name stays
+        except OSError:
+            return
 
 
 if __name__ == "__main__":

@@ -982,3 +982,13 @@ def test_a_failed_save_closes_its_file_even_as_descriptor_0(
     if not got_0:
         pytest.skip("another thread opened a file as descriptor 0 during the test")
     assert os.listdir(tmp_path) == []  # and its temporary file is gone
+
+
+def test_saving_into_a_missing_folder_names_the_path_asked(tmp_path: Path) -> None:
+    """Not the temporary file save writes first: the user never named that."""
+    rb = ReplayBuffer(16, 2, 1)
+    target = tmp_path / "ckpt" / "replay.rfsm"
+    with pytest.raises(FileNotFoundError) as info:
+        rb.save(target)
+    assert info.value.filename == str(target) and ".tmp" not in str(info.value)
+    assert not (tmp_path / "ckpt").exists()

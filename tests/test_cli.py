@@ -73,3 +73,60 @@ def test_the_console_script_runs_as_installed() -> None:
     out = subprocess.run([sys.executable, "-m", "replay_fsm.cli", "diagram"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("stateDiagram-v2"), out.stderr
+
+
+def test_demo_with_fewer_than_one_rank(capsys: pytest.CaptureFixture[str], tmp_path: Path
+                                       ) -> None:
+    for bad in ("0", "-1"):  # never a silent single-process run
+        err = one_line_error(capsys, main(["demo", "--nproc", bad, "--ticks", "2",
+                                           "--out", str(tmp_path), "--no-progress"]))
+        assert f"--nproc must be >= 1, got {bad}" in err
+
+
+def test_explore_with_bad_ticks(capsys: pytest.CaptureFixture[str]) -> None:
+    for bad in ("-1", "0"):  # not a deadlock, not "no violation" about nothing
+        err = one_line_error(capsys, main(["explore", "--ticks", bad]))
+        assert f"ticks must be an int >= 1, got {bad}" in err
+
+
+def test_a_failed_command_leaves_no_empty_folder_behind(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The folders a failed run made for --out go again when they stayed empty; a
+    folder that was there before stays, and so does anything written into one."""
+    new = tmp_path / "new" / "deeper"
+    one_line_error(capsys, main(["demo", "--ring-depth", "1", "--ticks", "2",
+                                 "--out", str(new), "--no-progress"]))
+    assert not (tmp_path / "new").exists() and tmp_path.is_dir()
+    (tmp_path / "kept").mkdir()
+    (tmp_path / "kept" / "mine.txt").write_text("a user's file")
+    one_line_error(capsys, main(["demo", "--ring-depth", "1", "--ticks", "2",
+                                 "--out", str(tmp_path / "kept" / "run"), "--no-progress"]))
+    assert not (tmp_path / "kept" / "run").exists()
+    assert (tmp_path / "kept" / "mine.txt").read_text() == "a user's file"
+
+
+def test_sac_checks_its_out_before_it_trains(capsys: pytest.CaptureFixture[str],
+                                             tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An --out that cannot be written fails at once, not after the whole run."""
+    from replay_fsm.trainers import run
+
+    def never(config: object) -> None:
+        raise AssertionError("trained although --out cannot be written")
+
+    monkeypatch.setattr(run, "train", never)
+    monkeypatch.setattr(run, "compare", never)
+    taken = tmp_path / "a-file"
+    taken.write_text("")
+    for out in (taken, taken / "sac.json", tmp_path / "folder.json"):
+        if out.suffix == ".json" and out.parent == tmp_path:
+            out.mkdir()  # a .json path that is a folder
+        err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--ticks", "2",
+                                           "--out", str(out), "--no-progress"]))
+        assert ("a-file" if "a-file" in str(out) else "folder.json") in err, err
+
+
+def test_python_dash_m_replay_fsm_is_the_command() -> None:
+    out = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.startswith("stateDiagram-v2"), out.stderr

@@ -163,8 +163,11 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     chunk_rows = max(1, chunk_bytes // (rb.width * 4))
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                               suffix=".tmp")
+    try:
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
+                                   suffix=".tmp")
+    except OSError as exc:  # named for the path asked, not the temporary file's
+        raise type(exc)(exc.errno, exc.strerror, path) from exc
     checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
     try:
         writer = _Writer(rb, fd, chunk_rows, checksummer)

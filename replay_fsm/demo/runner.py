@@ -187,7 +187,8 @@ def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoCon
             "sync_tick_ms": wall["sync"] / ticks * 1e3,
             "pipeline_stall_ms": stall["pipeline"] / ticks * 1e3,
             "sync_stall_ms": stall["sync"] / ticks * 1e3,
-            "speedup_vs_sync": wall["sync"] / wall["pipeline"], "ticks_each": ticks}
+            "speedup_vs_sync": wall["sync"] / wall["pipeline"], "ticks_each": ticks,
+            "blocks": COMPARE_BLOCKS}
 
 
 
@@ -212,8 +213,9 @@ def format_summary(s: dict[str, Any], out: str | Path) -> str:
     ]
     if c:
         rows += [
-            ("pipelined vs synchronous", f"interleaved blocks, {c['ticks_each']} ticks "
-                                         "each, collector running in both"),
+            ("pipelined vs synchronous", f"{c['ticks_each']} ticks each, in {c['blocks']} "
+                                         "interleaved blocks a side, collector running "
+                                         "in both"),
             ("  stall per tick", f"{c['pipeline_stall_ms']:.2f} ms vs "
                                  f"{c['sync_stall_ms']:.2f} ms"),
             ("  mean tick", f"{c['pipeline_tick_ms']:.2f} ms vs {c['sync_tick_ms']:.2f} ms"),

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,14 +27,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--learner-threads", type=int, default=1,
                         help="torch threads of the learner (0: torch's default)")
-    parser.add_argument("--out", default="sac-out", help="writes sac.json and sac.png there")
+    parser.add_argument("--out", default="sac-out",
+                        help="a folder (gets sac.json and sac.png) or a .json file (the PNG "
+                        "goes beside it)")
     parser.add_argument("--no-progress", action="store_true")
 
 
 def main(args: argparse.Namespace) -> int:
     """Run the trainer from parsed options; print a summary; write JSON and PNG."""
     from .report import plot
-    from .run import SACConfig, compare, train, write
+    from .run import SACConfig, compare, output_path, train, write
 
     config = SACConfig(
         env=args.env, num_envs=args.num_envs, batch_size=args.batch_size,
@@ -45,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
         ring_depth=args.ring_depth, collector=args.collector, hidden=args.hidden,
         seed=args.seed, learner_threads=args.learner_threads or None,
         progress=not args.no_progress)
+    output_path(args.out)  # an --out that cannot be written fails now, not after the run
     try:
         if args.sampling == "both":
             result = compare(config)
@@ -54,10 +56,9 @@ def main(args: argparse.Namespace) -> int:
             runs = {config.sampling: result}
     except KeyboardInterrupt:
         return 130  # the shell's code for Ctrl-C
-    out = Path(args.out)
-    path = write(result, out)
-    png = plot(runs, out / "sac.png", title=f"SAC on {config.env}")
-    print(summary(result))
+    print(summary(result))  # first: the numbers are on the screen whatever follows
+    path = write(result, args.out)
+    png = plot(runs, path.with_suffix(".png"), title=f"SAC on {config.env}")
     print(f"wrote {path} and {png}")
     return 0
 

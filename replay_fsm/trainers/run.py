@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -336,12 +337,28 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
             "round_ratios": rounds, "round_ratio_median": float(np.median(rounds))}
 
 
-def write(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``result`` as JSON to ``out`` (a directory gets ``sac.json``)."""
+def output_path(out: str | Path) -> Path:
+    """Where ``write`` puts a result for ``out``: ``out`` itself when it ends in
+    .json, else ``out/sac.json``. Makes its folder and checks that a file can be
+    written there, so a run finds out before it trains, not after.
+
+    Raises:
+        OSError: the folder cannot be made, or is not writable.
+        IsADirectoryError: the .json path is a folder.
+    """
     path = Path(out)
     if path.suffix != ".json":
-        path.mkdir(parents=True, exist_ok=True)
         path = path / "sac.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_dir():
+        raise IsADirectoryError(f"{path} is a folder; --out names a folder or a .json file")
+    with tempfile.TemporaryFile(dir=path.parent):
+        pass  # writable (a read-only mount or a folder of another user raise here)
+    return path
+
+
+def write(result: dict[str, Any], out: str | Path) -> Path:
+    """Write ``result`` as JSON to ``output_path(out)``; returns that path."""
+    path = output_path(out)
     path.write_text(json.dumps(result, indent=2) + "\n")
     return path

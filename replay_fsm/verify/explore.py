@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import Core, Step
+from ..core import Core, Step, as_count
 from ..errors import ReplayFSMError
 from ..spec import Event, SlotState
 from ..wire import CopyOrder, PackDone
@@ -215,7 +215,13 @@ class Result:
 
 def explore(depth: int, ticks: int, *, faults: bool = False,
             core_factory: Callable[[int], Core] = Core, limit: int = 2_000_000) -> Result:
-    """BFS over every interleaving; stops at the first (shortest) violation."""
+    """BFS over every interleaving of ``ticks`` ticks (>= 1) on a ring of ``depth``
+    slots; stops at the first (shortest) violation.
+
+    Raises:
+        ValueError, TypeError: ``ticks`` is not an int >= 1 (``depth``: as ``Core``).
+    """
+    ticks = as_count("ticks", ticks, 1)
     result = Result(depth, ticks, faults)
 
     def build(path: list[Action]) -> World:
