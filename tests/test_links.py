@@ -181,12 +181,45 @@ def test_stop_waits_then_terminates_then_kills_within_its_timeout(
     and leave, then terminate and kill, 0.2 each: at most the timeout in all."""
     fake = FakeProcess(exits_on)
     process_link.process = fake
+    process_link.handle.packer_state[0] = fake.pid  # attached: it owes a clean exit
     assert process_link.stop(10.0) == forced
     joins = [("join", 6.0), ("terminate", None), ("join", 2.0), ("kill", None),
              ("join", 2.0)]
     assert fake.calls == joins[:1 + 2 * len(forced)]
     assert process_link.process is None  # its handle let go
     assert process_link.stop(10.0) == []  # a second stop has nothing left to do
+
+
+def test_a_packer_process_not_attached_yet_is_ended_at_once_handle_kept_until_then(
+        process_link: links.ProcessCollector) -> None:
+    """A packer process that has not attached (still starting) has nothing to finish:
+    stop terminates it without waiting for its start, and that is not forced. The
+    link keeps the handle until the process is gone: the child unpickles it and opens
+    its semaphores by name, which go with the link's last reference."""
+    held = []
+
+    class Starting(FakeProcess):
+        def join(self, timeout: float | None = None) -> None:
+            held.append(process_link._handle is not None)
+            super().join(timeout)
+
+    fake = Starting(exits_on="terminate")
+    process_link.process = fake
+    assert process_link.stop(10.0) == []
+    assert fake.calls == [("terminate", None), ("join", 6.0)]
+    assert held == [True] and process_link._handle is None
+
+
+def test_a_pipeline_closed_before_its_packer_process_attached_leaves_no_traceback(
+        capfd: pytest.CaptureFixture[str]) -> None:
+    """Closed at once, before the spawned packer has imported torch: the child must
+    not print a traceback (it did when the semaphores went before it opened them)."""
+    from replay_fsm import Pipeline
+    pipe = Pipeline(ReplayBuffer(1000, 4, 2), sample_count=16, collector="process")
+    proc = pipe.collector_process
+    pipe.close()
+    assert pipe.forced == [] and not proc.is_alive()
+    assert "Traceback" not in capfd.readouterr().err
 
 
 def test_the_heartbeat_bound_is_exact_to_the_nanosecond(

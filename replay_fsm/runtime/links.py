@@ -254,16 +254,25 @@ class ProcessCollector(ChannelLink):
             f"the packer process (pid {proc.pid})", waiting, timeout)
 
     def stop(self, timeout: float) -> list[str]:
-        super().stop(timeout)
         proc, forced = self.process, []
+        handle = self._handle
+        if handle is not None:
+            handle.close()  # an attached packer sees it and exits on its own
         if proc is not None and proc.pid is not None:  # started, not stopped before
-            proc.join(timeout * 0.6)  # it sees the closed channel and exits on its own
+            if handle is not None and not handle.packer_pid:
+                # Not attached yet (still starting Python, importing torch): it has
+                # nothing to finish, and waiting for its start would only delay close.
+                proc.terminate()
+            proc.join(timeout * 0.6)
             for step in ("terminate", "kill"):
                 if not proc.is_alive():
                     break
                 forced.append(f"{step} the packer process (pid {proc.pid})")
                 getattr(proc, step)()
                 proc.join(timeout * 0.2)
+        # Our references go only now, the channels' semaphores with them: a child that
+        # is still unpickling its handle opens them by name.
+        super().stop(timeout)
         # The process object keeps its arguments (the handle): let them go.
         self.process = None
         return forced
