@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -53,18 +54,54 @@ def local_device(local_rank: int, device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
-def _all_reduce_mean(tensors: list[torch.Tensor]) -> None:
-    import torch.distributed as dist
-    world = dist.get_world_size()
-    for t in tensors:
-        dist.all_reduce(t)
-        t.div_(world)
+class AgreedInterrupt:
+    """Ctrl-C in a multi-rank run, as one decision: every rank stops at the same step.
+
+    A rank's SIGINT (the terminal's, or the launcher forwarding its own) only sets a
+    flag. Each step's all-reduce first sums the ranks' flags; when any is set, every
+    rank raises KeyboardInterrupt at that same step, after the same collectives, so
+    no rank is left waiting in a collective the others never join (the launcher
+    would kill it after 30 s), and each writes its summary and trace as a
+    single-process run does on Ctrl-C. Installs its handler for the life of the
+    with-block (main thread only).
+    """
+
+    def __init__(self) -> None:
+        self.requested = False  # this rank got SIGINT
+
+    def __enter__(self) -> AgreedInterrupt:
+        self._saved = signal.signal(signal.SIGINT, self._on_signal)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        signal.signal(signal.SIGINT, self._saved)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self.requested = True
+
+    def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
+        """Average ``tensors`` across ranks, unless a rank asked to stop.
+
+        Raises:
+            KeyboardInterrupt: some rank got SIGINT (every rank raises here).
+        """
+        import torch.distributed as dist
+        device = tensors[0].device if tensors else torch.device("cpu")
+        flags = torch.tensor([float(self.requested)], device=device)
+        dist.all_reduce(flags)
+        if flags.item() > 0:
+            raise KeyboardInterrupt
+        world = dist.get_world_size()
+        for t in tensors:
+            dist.all_reduce(t)
+            t.div_(world)
 
 
 def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any]:
     """The body of one rank: ``config`` as this rank (its seeds and device), its
     collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``
-    applies only to ``kill_rank`` (fault injection for tests)."""
+    and ``config.interrupt_at`` apply only to ``kill_rank`` (fault injection for
+    tests). Ctrl-C stops every rank at the same step (``AgreedInterrupt``)."""
     import torch.distributed as dist
 
     from .demo import run
@@ -77,10 +114,19 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     dist.init_process_group(backend)
     mine = config.for_rank(rank, rank_seed(config.seed, rank), str(device))
     if rank != kill_rank:
-        mine = dataclasses.replace(mine, kill_collector_at=None)
+        mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None)
     out = Path(mine.out)
     try:
-        summary = run(mine, all_reduce=_all_reduce_mean)
+        with AgreedInterrupt() as interrupt:
+            summary = run(mine, all_reduce=interrupt.all_reduce_mean)
+        if interrupt.requested:
+            # This rank got SIGINT: its launcher is stopping (the terminal's Ctrl-C
+            # reached it too, or it forwarded its own) and will not read a result; a
+            # rank that returned one would wait for that read until the launcher
+            # kills it, 30 s on. Its files are written; torch ends a rank on
+            # KeyboardInterrupt quietly. A rank that stopped only because another
+            # asked (on another node, say) returns its summary as usual.
+            raise KeyboardInterrupt
     except ReplayFSMError as exc:
         (out / f"summary-rank{rank}.json").write_text(json.dumps(
             {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
@@ -107,8 +153,14 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
            ) -> dict[int, Any]:
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
-    others and raises."""
+    others and raises.
+
+    Raises:
+        KeyboardInterrupt: Ctrl-C; every rank stopped at the same step and wrote its
+            summary and trace (``AgreedInterrupt``), and the traces are merged.
+    """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
     if nproc < 1:
         raise ValueError(f"nproc must be >= 1, got {nproc}")
@@ -123,6 +175,12 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
                           logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")))
     try:
         results = elastic_launch(launch_config, rank_main)(config, kill_rank)
+    except SignalException as exc:
+        if exc.sigval != signal.SIGINT:
+            raise
+        # Ctrl-C: the launcher forwarded it, the ranks stopped together and wrote
+        # their files (AgreedInterrupt); to the caller it is an interrupt.
+        raise KeyboardInterrupt from exc
     finally:
         merge_traces(out, nproc)
     return dict(results)

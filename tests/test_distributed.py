@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -63,3 +65,67 @@ def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 120  # the other rank did not hang
     failed = json.loads((tmp_path / "summary-rank1.json").read_text())
     assert failed["rank"] == 1 and failed["error"].startswith("CollectorDied")
+
+
+LAUNCH_AND_REPORT = """
+import sys
+from replay_fsm.demo import DemoConfig
+from replay_fsm.distributed import launch
+if __name__ == "__main__":
+    config = DemoConfig(ticks=400, device="cpu", out=sys.argv[1], sample_count=256,
+                        capacity=20_000, envs=32, seed=5, progress=False,
+                        interrupt_at=3)
+    try:
+        launch(2, config, kill_rank=1)
+    except KeyboardInterrupt:
+        print("launch raised KeyboardInterrupt")
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
+    """Rank 1 sends its launcher SIGINT at tick 3, as a terminal's Ctrl-C would. The
+    launcher forwards it; the ranks stop at the same step's all-reduce (none is left
+    waiting in a collective), write their summaries as an interrupted single-process
+    run does and exit on their own: the launcher never has to kill one (it would,
+    after 30 s). launch() raises KeyboardInterrupt."""
+    script = tmp_path / "launch_and_report.py"
+    script.write_text(LAUNCH_AND_REPORT)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=280)
+    assert "launch raised KeyboardInterrupt" in out.stdout, out.stdout + out.stderr
+    assert "forcefully exiting" not in out.stderr, out.stderr
+    saved = [json.loads((tmp_path / "out" / f"summary-rank{rank}.json").read_text())
+             for rank in (0, 1)]
+    assert all(s["interrupted"] for s in saved)
+    assert saved[0]["ticks"] == saved[1]["ticks"] < 400  # the same step, before the end
+    trace = json.loads((tmp_path / "out" / "trace.json").read_text())["traceEvents"]
+    assert len({e["pid"] for e in trace}) == 4  # both ranks' tracks, merged
+
+
+def test_a_launch_stopped_by_ctrl_c_raises_keyboard_interrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The launcher turns its own SIGINT into SignalException once it has stopped the
+    ranks; launch() makes that the interrupt it is (the CLI exits 130), and merges
+    the ranks' traces all the same. Another signal stays the launcher's error."""
+    import signal
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.launcher import api
+
+    def stopped_by(sig: signal.Signals):  # type: ignore[no-untyped-def]
+        def elastic_launch(config, entrypoint):  # type: ignore[no-untyped-def]
+            def run(*args):  # type: ignore[no-untyped-def]
+                raise SignalException(f"Process 1 got signal: {sig}", sigval=sig)
+            return run
+        return elastic_launch
+
+    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGINT))
+    with pytest.raises(KeyboardInterrupt) as info:
+        launch(2, options(tmp_path))
+    assert isinstance(info.value.__cause__, SignalException)
+    assert (tmp_path / "trace.json").is_file()  # merged, from what the ranks wrote
+    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGTERM))
+    with pytest.raises(SignalException):
+        launch(2, options(tmp_path))

@@ -26,7 +26,9 @@ class DemoConfig:
     Checks and fault injection, for tests: ``collect_steps`` stops the collector
     stepping after that many steps (the storage then holds still) and
     ``verify_data`` checks every batch bit for bit (INV-DATA);
-    ``kill_collector_at`` SIGKILLs the collector process at that tick.
+    ``kill_collector_at`` SIGKILLs the collector process at that tick;
+    ``interrupt_at`` sends SIGINT (Ctrl-C) at that tick to this process, or for a
+    rank, to the launcher that started it.
 
     Raises:
         ValueError: a field out of range (named, with the value).
@@ -49,6 +51,7 @@ class DemoConfig:
     collect_steps: int | None = None
     verify_data: bool = False
     kill_collector_at: int | None = None
+    interrupt_at: int | None = None
 
     def __post_init__(self) -> None:
         for name in ("ticks", "sample_count", "capacity", "envs"):

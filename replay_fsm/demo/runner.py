@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -83,6 +85,10 @@ def run(config: DemoConfig | None = None,
             t0 = time.perf_counter()
             if config.kill_collector_at == tick and config.collector == "process":
                 worker.kill()  # fault injection: the collector crashes
+            if config.interrupt_at == tick:  # fault injection: Ctrl-C, as a terminal
+                # sends it to this process, or to the launcher of this rank
+                os.kill(os.getpid() if config.rank is None else os.getppid(),
+                        signal.SIGINT)
             batch = pipe.sample_large_batch(tick, config.sample_count)
             if config.verify_data or tick == 0:
                 fingerprint.append(_check_batch(pipe, rb, tick, config.verify_data))
