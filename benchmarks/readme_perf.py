@@ -140,7 +140,18 @@ def _floor_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
     return out
 
 
-def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any]) -> list[str]:
+def _round_spread(f: dict[str, Any], regimes: list[str]) -> tuple[float, float] | None:
+    """How far compute only's mean tick moved between its fastest and slowest round,
+    as a fraction of the fastest: the least and the most over every table's columns
+    (None for results without per-round ticks)."""
+    spreads = [max(r) / min(r) - 1 for regime in regimes
+               for column in f[regime]["columns"].values()
+               if (r := column["compute only (ideal)"].get("round_ms"))]
+    return (min(spreads), max(spreads)) if spreads else None
+
+
+def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any],
+              spread: tuple[float, float] | None) -> list[str]:
     """The budget's claims with each one's ratio (against its bound) and the range of
     that ratio over the rounds, and how many of them the rounds leave undecided."""
     out = ["The budget's claims, checked on these numbers" + (
@@ -159,7 +170,11 @@ def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any]) -> list[str]:
     if detail:
         out += [f"In {undecided} of these {len(verdicts)} claims the rounds fall on both "
                 "sides of the bound: for those, this machine's round-to-round noise is "
-                "larger than the margin, and another run may turn the verdict.", ""]
+                "larger than the margin, and another run may turn the verdict."
+                + ("" if spread is None else
+                   f" The same work moves that much: compute only's mean tick varied by "
+                   f"{spread[0]:.0%} to {spread[1]:.0%} between its fastest and slowest "
+                   "round in each column."), ""]
     return out
 
 
@@ -189,7 +204,8 @@ def section(suffix: str = "") -> str:
         if all("compute_over_gather" in f[r] for r in regimes):
             out += _floor_paragraph(f, regimes)
         out += _cores_paragraph(f, regimes)
-        out += _verdicts(f["verdicts"], f.get("verdict_detail", {}))
+        out += _verdicts(f["verdicts"], f.get("verdict_detail", {}),
+                         _round_spread(f, regimes))
     inter = _load("interference", suffix)
     if inter:
         out += ["**What a neighbour costs the learner's compute** (median step time beside "

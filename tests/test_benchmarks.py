@@ -85,7 +85,11 @@ def test_verdicts_come_from_the_medians_and_record_each_round() -> None:
     assert verdicts["data-bound load0: best replay_fsm row (pinned included) <= 1.05 x "
                     "max(compute, bare gather)"] is True
     assert verdicts["balanced load1: best replay_fsm <= every other prefetcher"] is True
-    text = "\n".join(readme_perf._verdicts(verdicts, detail))
+    result["balanced"]["columns"]["load1"]["compute only (ideal)"]["round_ms"] = [8, 10, 12]
+    spread = readme_perf._round_spread(result, list(loop.REGIMES))
+    assert spread == (0.0, 0.5)  # every column still, but one: 12 / 8 - 1
+    text = "\n".join(readme_perf._verdicts(verdicts, detail, spread))
     assert "- **missed**: " + every + ": 1.050 (bound 1.00; rounds 0.950-1.100)" in text
     # The three "every row" claims at load1 straddle 1.0; nothing else does.
     assert f"In 3 of these {len(verdicts)} claims the rounds fall on both sides" in text
+    assert "varied by 0% to 50% between its fastest and slowest round" in text
