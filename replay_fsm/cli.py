@@ -75,46 +75,56 @@ def _explore(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import __version__
     ap = argparse.ArgumentParser(prog="replay-fsm", description=__doc__)
+    ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
 
-    demo = sub.add_parser("demo", help="run a small off-policy trainer through the pipeline")
+    def command(name: str, help: str) -> argparse.ArgumentParser:
+        # --help shows each option's default
+        return sub.add_parser(name, help=help,
+                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+
+    demo = command("demo", help="run a small off-policy trainer through the pipeline")
     demo.add_argument("--ticks", type=int, default=300,
                       help="learner ticks; the comparison with synchronous sampling then "
                       "runs 60 more of each")
-    demo.add_argument("--device", default="cpu")
-    demo.add_argument("--ring-depth", type=int, default=2)
-    demo.add_argument("--collector", choices=["process", "thread"], default="process")
-    demo.add_argument("--out", default="demo-out")
-    demo.add_argument("--checked", action="store_true")
-    demo.add_argument("--sample-count", type=int, default=8192)
-    demo.add_argument("--no-progress", action="store_true")
+    demo.add_argument("--device", default="cpu", help="the learner's device: cpu, cuda, ...")
+    demo.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (>= 2)")
+    demo.add_argument("--collector", choices=["process", "thread"], default="process",
+                      help="where the demo's collector steps its environments")
+    demo.add_argument("--out", default="demo-out",
+                      help="folder for summary.json, trace.json, transitions.jsonl")
+    demo.add_argument("--checked", action="store_true",
+                      help="checked mode: every read and write interval checked")
+    demo.add_argument("--sample-count", type=int, default=8192, help="rows per batch")
+    demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--nproc", type=int, default=1,
                       help="ranks on this node (torch.distributed: gloo on CPU, nccl on GPU)")
     demo.add_argument("--learner-threads", type=int, default=1,
                       help="torch threads of the learner (0: torch's default)")
     demo.set_defaults(fn=_demo)
 
-    sac = sub.add_parser("sac", help="train SAC on a gymnasium task through the pipeline")
+    sac = command("sac", help="train SAC on a gymnasium task through the pipeline")
     from .trainers.cli import add_arguments as sac_arguments  # torch-free
     sac_arguments(sac)
     sac.set_defaults(fn=_sac)
 
-    dia = sub.add_parser("diagram", help="draw the slot state machine from the table")
+    dia = command("diagram", help="draw the slot state machine from the table")
     dia.add_argument("--format", choices=["mermaid", "dot", "svg", "sequence"],
-                     default="mermaid")
-    dia.add_argument("--out")
+                     default="mermaid", help="svg needs graphviz's dot")
+    dia.add_argument("--out", help="a file (default: standard output)")
     dia.add_argument("--highlight", choices=[s.name.lower() for s in SlotState]
-                     + [s.name for s in SlotState])
+                     + [s.name for s in SlotState], help="a state to draw in colour")
     dia.set_defaults(fn=_diagram)
 
-    chk = sub.add_parser("check-trace", help="replay a transition log against the table")
-    chk.add_argument("file")
+    chk = command("check-trace", help="replay a transition log against the table")
+    chk.add_argument("file", help="a transitions.jsonl the demo or a tracer wrote")
     chk.set_defaults(fn=_check_trace)
 
-    exp = sub.add_parser("explore", help="check every interleaving of the real core")
-    exp.add_argument("--depth", type=int, default=2)
-    exp.add_argument("--ticks", type=int, default=5)
+    exp = command("explore", help="check every interleaving of the real core")
+    exp.add_argument("--depth", type=int, default=2, help="slots in the ring (>= 2)")
+    exp.add_argument("--ticks", type=int, default=5, help="ticks of the learner (>= 1)")
     exp.add_argument("--faults", action="store_true", help="also explore fail and close")
     exp.set_defaults(fn=_explore)
 

@@ -130,3 +130,14 @@ def test_python_dash_m_replay_fsm_is_the_command() -> None:
     out = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.startswith("stateDiagram-v2"), out.stderr
+
+
+def test_version_and_defaults_in_help(capsys: pytest.CaptureFixture[str]) -> None:
+    import replay_fsm
+    with pytest.raises(SystemExit) as info:
+        main(["--version"])
+    assert info.value.code == 0
+    assert capsys.readouterr().out.strip() == f"replay-fsm {replay_fsm.__version__}"
+    with pytest.raises(SystemExit):
+        main(["demo", "--help"])
+    assert "slots in the ring (>= 2) (default: 2)" in capsys.readouterr().out

@@ -8,29 +8,31 @@ import argparse
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The SAC trainer's options, on ``parser``."""
     parser.add_argument("--env", default="HalfCheetah-v5", help="a gymnasium task id")
-    parser.add_argument("--num-envs", type=int, default=8)
-    parser.add_argument("--batch-size", type=int, default=256)
+    parser.add_argument("--num-envs", type=int, default=8, help="environments stepped together")
+    parser.add_argument("--batch-size", type=int, default=256, help="rows per SAC update")
     parser.add_argument("--updates-per-tick", type=int, default=8,
                         help="SAC updates per tick; a tick's batch holds this many batches")
     parser.add_argument("--env-steps-per-tick", type=int, default=1,
                         help="vector steps the collector takes per tick")
-    parser.add_argument("--ticks", type=int, default=5_000)
+    parser.add_argument("--ticks", type=int, default=5_000, help="learner ticks")
     parser.add_argument("--warmup-steps", type=int, default=5_000,
                         help="transitions of uniform random actions before learning")
-    parser.add_argument("--capacity", type=int, default=1_000_000)
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--capacity", type=int, default=1_000_000,
+                        help="rows the replay buffer holds")
+    parser.add_argument("--device", default="cpu", help="the learner's device: cpu, cuda, ...")
     parser.add_argument("--sampling", choices=["pipeline", "sync", "both"], default="pipeline",
                         help="both: the same run twice, then the speed-up and bit-identity")
-    parser.add_argument("--ring-depth", type=int, default=2)
-    parser.add_argument("--collector", choices=["process", "thread"], default="process")
-    parser.add_argument("--hidden", type=int, default=256)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (>= 2)")
+    parser.add_argument("--collector", choices=["process", "thread"], default="process",
+                        help="where the environments step")
+    parser.add_argument("--hidden", type=int, default=256, help="units per hidden layer")
+    parser.add_argument("--seed", type=int, default=0, help="seeds the run and its batches")
     parser.add_argument("--learner-threads", type=int, default=1,
                         help="torch threads of the learner (0: torch's default)")
     parser.add_argument("--out", default="sac-out",
                         help="a folder (gets sac.json and sac.png) or a .json file (the PNG "
                         "goes beside it)")
-    parser.add_argument("--no-progress", action="store_true")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def main(args: argparse.Namespace) -> int:
