@@ -156,7 +156,9 @@ def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any],
     that ratio over the rounds, and how many of them the rounds leave undecided."""
     out = ["The budget's claims, checked on these numbers" + (
         " (the claim's ratio from the rounds' medians, its bound, and the lowest and "
-        "highest ratio of a single round)" if detail else "") + ":", ""]
+        "highest ratio of a single round; a ratio of medians, such as the slowest row's "
+        "median over synchronous sampling's, can fall outside its rounds' range)"
+        if detail else "") + ":", ""]
     undecided = 0
     for claim, ok in verdicts.items():
         line = f"- {'holds' if ok else '**missed**'}: {claim}"

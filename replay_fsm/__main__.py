@@ -2,5 +2,5 @@
 
 from .cli import main
 
-if __name__ == "__main__":  # not in a spawned child, which imports this as __mp_main__
+if __name__ == "__main__":  # as a script only, never on import
     raise SystemExit(main())

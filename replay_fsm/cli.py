@@ -131,7 +131,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     made = _new_folders(getattr(args, "out", None))
     try:
-        return int(args.fn(args))
+        code = int(args.fn(args))
+        if code:
+            _remove_if_empty(made)  # a run stopped before it wrote anything (sac on Ctrl-C)
+        return code
     except KeyboardInterrupt:
         _remove_if_empty(made)
         return 130
@@ -148,7 +151,7 @@ def _new_folders(out: str | None) -> list[Path]:
     parents that do not exist yet, deepest first."""
     if not out:
         return []
-    path, made = Path(out).absolute(), []
+    path, made = Path(os.path.abspath(out)), []  # normalised: "a/../b" is b
     while not os.path.lexists(path) and path != path.parent:
         made.append(path)
         path = path.parent

@@ -74,7 +74,8 @@ class AgreedInterrupt:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        signal.signal(signal.SIGINT, self._saved)
+        # None: a handler not set from Python; the default is the nearest we can do
+        signal.signal(signal.SIGINT, signal.SIG_DFL if self._saved is None else self._saved)
 
     def _on_signal(self, signum: int, frame: object) -> None:
         self.requested = True
@@ -120,13 +121,16 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
         with AgreedInterrupt() as interrupt:
             summary = run(mine, all_reduce=interrupt.all_reduce_mean)
         if interrupt.requested:
-            # This rank got SIGINT: its launcher is stopping (the terminal's Ctrl-C
-            # reached it too, or it forwarded its own) and will not read a result; a
-            # rank that returned one would wait for that read until the launcher
-            # kills it, 30 s on. Its files are written; torch ends a rank on
-            # KeyboardInterrupt quietly. A rank that stopped only because another
-            # asked (on another node, say) returns its summary as usual.
-            raise KeyboardInterrupt
+            # This rank got SIGINT. A launcher that is stopping (the terminal's
+            # Ctrl-C reached it too, or it forwarded its own) reads no result: a rank
+            # that returned one would wait for that read until the launcher kills
+            # it, 30 s on. One that is not stopping (the signal came to the ranks
+            # alone) waits for every rank's result for ever, and torch takes a
+            # KeyboardInterrupt for a clean exit without one. So the rank exits
+            # with the shell's code for Ctrl-C: a failure either launcher ends the
+            # job on. Its files are written. A rank that stopped only because
+            # another asked (on another node, say) returns its summary as usual.
+            raise SystemExit(128 + signal.SIGINT)
     except ReplayFSMError as exc:
         (out / f"summary-rank{rank}.json").write_text(json.dumps(
             {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
@@ -194,9 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--sample-count", type=int, default=2048)
     args = ap.parse_args(argv)
-    rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
-                         sample_count=args.sample_count, capacity=50_000, envs=64))
-    return 0
+    summary = rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
+                                   sample_count=args.sample_count, capacity=50_000,
+                                   envs=64))
+    return 130 if summary["interrupted"] else 0  # another rank's Ctrl-C stopped it
 
 
 if __name__ == "__main__":

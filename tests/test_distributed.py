@@ -74,7 +74,7 @@ from replay_fsm.distributed import launch
 if __name__ == "__main__":
     config = DemoConfig(ticks=400, device="cpu", out=sys.argv[1], sample_count=256,
                         capacity=20_000, envs=32, seed=5, progress=False,
-                        interrupt_at=3)
+                        interrupt_at=int(sys.argv[2]))
     try:
         launch(2, config, kill_rank=1)
     except KeyboardInterrupt:
@@ -84,22 +84,27 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(tmp_path: Path) -> None:
-    """Rank 1 sends its launcher SIGINT at tick 3, as a terminal's Ctrl-C would. The
-    launcher forwards it; the ranks stop at the same step's all-reduce (none is left
-    waiting in a collective), write their summaries as an interrupted single-process
-    run does and exit on their own: the launcher never has to kill one (it would,
-    after 30 s). launch() raises KeyboardInterrupt."""
+@pytest.mark.parametrize("tick", [0, 3])  # in the warm-up's wait for rows; later
+def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(tmp_path: Path,
+                                                                   tick: int) -> None:
+    """At ``tick`` rank 1 sends SIGINT to the whole process group, as a terminal's
+    Ctrl-C does: the launcher, both ranks and their collector processes get it. The
+    collectors carry on (a rank waiting for rows must not see its collector die);
+    the ranks stop at the same step's all-reduce (none is left waiting in a
+    collective), write their summaries as an interrupted single-process run does
+    and exit on their own: the launcher never has to kill one (it would, after
+    30 s). launch() raises KeyboardInterrupt."""
     script = tmp_path / "launch_and_report.py"
     script.write_text(LAUNCH_AND_REPORT)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out")],
-                         capture_output=True, text=True, timeout=280)
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tick)],
+                         capture_output=True, text=True, timeout=280,
+                         start_new_session=True)  # the group it signals is its own
     assert "launch raised KeyboardInterrupt" in out.stdout, out.stdout + out.stderr
     assert "forcefully exiting" not in out.stderr, out.stderr
     saved = [json.loads((tmp_path / "out" / f"summary-rank{rank}.json").read_text())
              for rank in (0, 1)]
     assert all(s["interrupted"] for s in saved)
-    assert saved[0]["ticks"] == saved[1]["ticks"] < 400  # the same step, before the end
+    assert tick <= saved[0]["ticks"] == saved[1]["ticks"] < 400  # the same step
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())["traceEvents"]
     assert len({e["pid"] for e in trace}) == 4  # both ranks' tracks, merged
 

@@ -134,7 +134,7 @@ def test_a_wait_for_rows_that_stopped_coming_raises_data_stalled(collector: str)
         pipe.start_prepare(0, 8, min_snapshot_ptr=500)  # the buffer has 100 rows
         ok, got = finishes_within(lambda: pytest.raises(DataStalled, pipe.sample_large_batch,
                                                         0, 8))
-        assert ok, "sample_large_batch waited for rows past stall_timeout + MARGIN_S"
+        assert ok, "sample_large_batch still waited for rows after MARGIN_S"
         got[0].match(r"^tick 0 waits for 500 rows \(min_snapshot_ptr\); the replay buffer "
                      r"has had 100 for \d+\.\d s \(stall_timeout\): is whatever adds "
                      r"the rows still running\?$")

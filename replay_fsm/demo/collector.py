@@ -3,6 +3,7 @@ pattern), in a spawned process or a thread."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,16 @@ def collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
         _collect(rb, handle, envs, seed, stop, steps)
     except KeyboardInterrupt:
         pass  # Ctrl-C reaches the whole process group; the learner side cleans up
+
+
+def collect_process(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
+                    steps: int | None = None) -> None:
+    """``collect`` as the body of its own process. Ctrl-C reaches the whole process
+    group, this process too; the learner decides what it means (its ``close`` ends
+    this loop), so this process ignores it: a rank waiting for rows must not see its
+    collector die of the Ctrl-C it is about to stop on."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    collect(rb, handle, envs, seed, None, steps)
 
 
 def _collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int, stop: Any,

@@ -28,7 +28,8 @@ class DemoConfig:
     ``verify_data`` checks every batch bit for bit (INV-DATA);
     ``kill_collector_at`` SIGKILLs the collector process at that tick;
     ``interrupt_at`` sends SIGINT (Ctrl-C) at that tick to this process, or for a
-    rank, to the launcher that started it.
+    rank, to its whole process group as a terminal does (start its launcher in a
+    session of its own).
 
     Raises:
         ValueError: a field out of range (named, with the value).

@@ -29,7 +29,7 @@ from ..runtime.pipeline import Pipeline
 from ..spec import INVARIANTS
 from ..verify import diagram
 from ..verify.conformance import check
-from .collector import collect
+from .collector import collect, collect_process
 from .config import DemoConfig
 from .env import ACT, OBS
 from .learner import Learner
@@ -60,7 +60,7 @@ def run(config: DemoConfig | None = None,
     worker: Any
     if config.collector == "process":
         worker = mp.get_context("spawn").Process(
-            target=collect, args=(*args, None, config.collect_steps), daemon=True)
+            target=collect_process, args=(*args, config.collect_steps), daemon=True)
     else:
         worker = threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
                                   daemon=True)
@@ -85,10 +85,11 @@ def run(config: DemoConfig | None = None,
             t0 = time.perf_counter()
             if config.kill_collector_at == tick and config.collector == "process":
                 worker.kill()  # fault injection: the collector crashes
-            if config.interrupt_at == tick:  # fault injection: Ctrl-C, as a terminal
-                # sends it to this process, or to the launcher of this rank
-                os.kill(os.getpid() if config.rank is None else os.getppid(),
-                        signal.SIGINT)
+            if config.interrupt_at == tick:  # fault injection: Ctrl-C
+                if config.rank is None:
+                    os.kill(os.getpid(), signal.SIGINT)
+                else:  # as a terminal sends it: to the launcher's whole process group
+                    os.killpg(os.getpgrp(), signal.SIGINT)
             batch = pipe.sample_large_batch(tick, config.sample_count)
             if config.verify_data or tick == 0:
                 fingerprint.append(_check_batch(pipe, rb, tick, config.verify_data))
@@ -108,7 +109,7 @@ def run(config: DemoConfig | None = None,
             bar.update(1)
         bar.close()
         elapsed = time.perf_counter() - t_start
-        compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm)
+        compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm, all_reduce)
     except KeyboardInterrupt:
         interrupted = True
     finally:
@@ -154,12 +155,16 @@ COMPARE_BLOCKS, COMPARE_TICKS = 3, 20
 
 
 def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoConfig,
-             device: torch.device, first: int, warm: int) -> dict[str, float]:
+             device: torch.device, first: int, warm: int,
+             all_reduce: Callable[[list[torch.Tensor]], None] | None = None
+             ) -> dict[str, float]:
     """The pipelined loop against the same loop sampling synchronously in the learner
     (the baseline), in interleaved blocks of COMPARE_TICKS ticks (pipelined,
     synchronous, pipelined, ...) while the collector keeps stepping and adding, so
     both see the same load on the machine's cores. Returns the mean tick (wall /
-    ticks) and the learner's stall per tick (time blocked on its batch) of each."""
+    ticks) and the learner's stall per tick (time blocked on its batch) of each.
+    Both step as the run does (``all_reduce`` across ranks), so a rank's Ctrl-C
+    stops every rank here too."""
     from ..data.sampling import sample_indices
     n, depth = config.sample_count, config.ring_depth
     out = torch.empty(n, rb.width)
@@ -176,7 +181,7 @@ def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoCon
             batch = pipe.sample_large_batch(tick, n)
             stall["pipeline"] += time.perf_counter() - s0
             pipe.start_prepare(tick + depth - 1, n, min_snapshot_ptr=warm)
-            learner.step(batch)
+            learner.step(batch, all_reduce)
             pipe.after_tick()
             tick += 1
         wall["pipeline"] += time.perf_counter() - t0
@@ -186,7 +191,7 @@ def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoCon
             rb.gather(sample_indices(rb.size, n, pipe.base_seed + 10**6 + tick + k), out)
             batch = rb.layout.views(out.to(device))
             stall["sync"] += time.perf_counter() - s0
-            learner.step(batch)
+            learner.step(batch, all_reduce)
         wall["sync"] += time.perf_counter() - t0
     ticks = COMPARE_BLOCKS * COMPARE_TICKS
     return {"pipeline_tick_ms": wall["pipeline"] / ticks * 1e3,

@@ -227,8 +227,10 @@ class Pipeline:
         """Request ``tick_id``: pack and copy it into its slot in ring order.
 
         ``min_snapshot_ptr`` (default: the buffer's ptr now) makes the packer wait
-        until that many rows were ever written. Returns False when the tick is
-        already requested or hot, True when this call started new work.
+        until that many rows were ever written; a wait for the tick raises
+        ``DataStalled`` once no row came for ``stall_timeout`` (None: never). Returns
+        False when the tick is already requested or hot, True when this call started
+        new work.
 
         Raises:
             ValueError, TypeError: ``sample_count`` differs from the allocated one, or
@@ -284,7 +286,9 @@ class Pipeline:
 
         Even without a timeout the wait ends: a dead collector or copy engine
         raises within ``liveness_timeout``, and a wait for rows that stopped coming
-        (``min_snapshot_ptr``) within ``stall_timeout``.
+        (``min_snapshot_ptr``) within ``stall_timeout``; both apply with a timeout
+        too. Each wait watches the rows from its own start, so a loop of waits
+        shorter than ``stall_timeout`` bounds itself.
 
         Raises:
             ProtocolError: the tick was never requested.
@@ -332,7 +336,9 @@ class Pipeline:
         ring_depth - 1 ticks ahead; each batch is released when the loop moves on.
 
         ``min_snapshot_ptr``: every request waits until the buffer has seen that many
-        rows (as in ``start_prepare``), e.g. to start before the collector has data.
+        rows (as in ``start_prepare``), e.g. to start before the collector has data;
+        a collector whose first rows take longer than ``stall_timeout`` needs a
+        larger one (or None).
         """
         try:
             for tick in range(start, stop):
