@@ -234,3 +234,9 @@ if __name__ == "__main__":
     pipe.close()  # puts its wake-up None on the ready queue, whose lock is held
     print("closed", child.exitcode, flush=True)
 """
+
+
+def report_sigint(answers: Any) -> None:
+    """Put whether SIGINT is ignored in this process, as it started."""
+    import signal
+    answers.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)

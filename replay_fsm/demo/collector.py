@@ -30,7 +30,8 @@ def collect_process(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int
     """``collect`` as the body of its own process. Ctrl-C reaches the whole process
     group, this process too; the learner decides what it means (its ``close`` ends
     this loop), so this process ignores it: a rank waiting for rows must not see its
-    collector die of the Ctrl-C it is about to stop on."""
+    collector die of the Ctrl-C it is about to stop on. Start it with
+    ``start_ignoring_ctrl_c`` so that holds while it starts, too."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     collect(rb, handle, envs, seed, None, steps)
 

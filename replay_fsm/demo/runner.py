@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
+from ..runtime.links import start_ignoring_ctrl_c
 from ..runtime.pipeline import Pipeline
 from ..spec import INVARIANTS
 from ..verify import diagram
@@ -61,12 +62,12 @@ def run(config: DemoConfig | None = None,
     if config.collector == "process":
         worker = mp.get_context("spawn").Process(
             target=collect_process, args=(*args, config.collect_steps), daemon=True)
+        start_ignoring_ctrl_c(worker)
+        pipe.watch(worker, "the demo collector process")
     else:
         worker = threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
                                   daemon=True)
-    worker.start()
-    if config.collector == "process":
-        pipe.watch(worker, "the demo collector process")
+        worker.start()
     learner = Learner.create(dev, config.seed)
     warm = (4 * config.sample_count if config.collect_steps is None
             else config.collect_steps * config.envs)
