@@ -36,7 +36,7 @@ SAMPLE: dict[str, Mutant] = {
         ("tests/test_core_table.py::"
          "test_every_guard_name_of_the_table_resolves_to_one_core_predicate",)),
     # pipeline: the watchdog's verdict ignored (INV-LIVE); ticks() prefetching past stop.
-    "replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_29": Mutant(
+    "replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_30": Mutant(
         "replay_fsm/runtime/pipeline.py",
         "failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9)",
         "failure = None",
