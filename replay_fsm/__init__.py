@@ -3,7 +3,8 @@
 The package is layered; each layer imports only the ones above it in this list:
 
 - protocol (torch-free): ``spec`` (the transition table), ``core`` (the sans-IO
-  ring of slot machines), ``wire`` (the messages and their codecs), ``errors``;
+  ring of slot machines), ``wire`` (the messages and their codecs), ``errors``,
+  ``signals`` (what Ctrl-C and SIGTERM mean to each process);
 - ``data``: the shared replay buffer, the sampling contract, channels, the packer;
 - ``transfer``: one backend per device family behind one protocol, and a registry;
 - ``runtime``: ``Pipeline`` with its collector links, transfer worker, observers

@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .signals import exit_code, sigterm_as_interrupt
 from .spec import SlotState
 
 
@@ -24,9 +25,9 @@ def _demo(args: argparse.Namespace) -> int:
                  "(summary-rank<k>.json, trace.json)")
         try:
             results = launch(args.nproc, config)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             print(f"interrupted; {where}")
-            return 130  # the shell's code for Ctrl-C
+            return exit_code(exc)  # the shell's code for Ctrl-C (130) or SIGTERM (143)
         for rank, summary in sorted(results.items()):
             print(f"rank {rank}: {summary['ticks']} ticks, {summary['tick_ms']:.2f} ms/tick, "
                   f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}")
@@ -131,13 +132,19 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     made = _new_folders(getattr(args, "out", None))
     try:
-        code = int(args.fn(args))
+        with sigterm_as_interrupt() as terms:  # kill, timeout, a scheduler: as Ctrl-C
+            try:
+                code = int(args.fn(args))
+            except KeyboardInterrupt as exc:
+                code = exit_code(exc)
+            if code == 130 and terms:  # the command took SIGTERM for Ctrl-C and said 130
+                code = 128 + terms[-1]
         if code:
             _remove_if_empty(made)  # a run stopped before it wrote anything (sac on Ctrl-C)
         return code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:  # a second one, while the first was handled
         _remove_if_empty(made)
-        return 130
+        return exit_code(exc)
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
         _remove_if_empty(made)
         if os.environ.get("REPLAY_FSM_DEBUG"):

@@ -24,7 +24,6 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -32,6 +31,7 @@ from typing import Any
 import torch
 
 from .demo.config import DemoConfig
+from .signals import STOP_SIGNALS, Interrupted, handling
 
 RANK_SEED_STRIDE = 1 << 24
 
@@ -55,36 +55,43 @@ def local_device(local_rank: int, device: str = "auto") -> torch.device:
 
 
 class AgreedInterrupt:
-    """Ctrl-C in a multi-rank run, as one decision: every rank stops at the same step.
+    """A stop signal in a multi-rank run, as one decision: every rank stops at the
+    same step.
 
-    A rank's SIGINT (the terminal's, or the launcher forwarding its own) only sets a
-    flag. Each step's all-reduce first sums the ranks' flags; when any is set, every
-    rank raises KeyboardInterrupt at that same step, after the same collectives, so
-    no rank is left waiting in a collective the others never join (the launcher
-    would kill it after 30 s), and each writes its summary and trace as a
-    single-process run does on Ctrl-C. Installs its handler for the life of the
-    with-block (main thread only).
+    A rank's SIGINT or SIGTERM (the terminal's Ctrl-C, a scheduler's stop, or the
+    launcher forwarding its own) only records the signal. Each step's all-reduce
+    first sums the ranks' flags; when any is set, every rank raises
+    KeyboardInterrupt at that same step, after the same collectives, so no rank is
+    left waiting in a collective the others never join (the launcher would kill it
+    after 30 s), and each writes its summary and trace as a single-process run does
+    on Ctrl-C. Installs its handlers for the life of the with-block (main thread
+    only).
     """
 
     def __init__(self) -> None:
-        self.requested = False  # this rank got SIGINT
+        self.signum: int | None = None  # the stop signal this rank got, if any
+
+    @property
+    def requested(self) -> bool:
+        """This rank got a stop signal."""
+        return self.signum is not None
 
     def __enter__(self) -> AgreedInterrupt:
-        self._saved = signal.signal(signal.SIGINT, self._on_signal)
+        self._handling = handling(STOP_SIGNALS, self._on_signal)
+        self._handling.__enter__()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        # None: a handler not set from Python; the default is the nearest we can do
-        signal.signal(signal.SIGINT, signal.SIG_DFL if self._saved is None else self._saved)
+        self._handling.__exit__(None, None, None)
 
     def _on_signal(self, signum: int, frame: object) -> None:
-        self.requested = True
+        self.signum = signum
 
     def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
         """Average ``tensors`` across ranks, unless a rank asked to stop.
 
         Raises:
-            KeyboardInterrupt: some rank got SIGINT (every rank raises here).
+            KeyboardInterrupt: some rank got a stop signal (every rank raises here).
         """
         import torch.distributed as dist
         device = tensors[0].device if tensors else torch.device("cpu")
@@ -120,17 +127,17 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     try:
         with AgreedInterrupt() as interrupt:
             summary = run(mine, all_reduce=interrupt.all_reduce_mean)
-        if interrupt.requested:
-            # This rank got SIGINT. A launcher that is stopping (the terminal's
+        if interrupt.signum is not None:
+            # This rank got a stop signal. A launcher that is stopping (the terminal's
             # Ctrl-C reached it too, or it forwarded its own) reads no result: a rank
             # that returned one would wait for that read until the launcher kills
             # it, 30 s on. One that is not stopping (the signal came to the ranks
             # alone) waits for every rank's result for ever, and torch takes a
             # KeyboardInterrupt for a clean exit without one. So the rank exits
-            # with the shell's code for Ctrl-C: a failure either launcher ends the
-            # job on. Its files are written. A rank that stopped only because
+            # with the shell's code for that signal: a failure either launcher ends
+            # the job on. Its files are written. A rank that stopped only because
             # another asked (on another node, say) returns its summary as usual.
-            raise SystemExit(128 + signal.SIGINT)
+            raise SystemExit(128 + interrupt.signum)
     except ReplayFSMError as exc:
         (out / f"summary-rank{rank}.json").write_text(json.dumps(
             {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
@@ -160,8 +167,10 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     others and raises.
 
     Raises:
-        KeyboardInterrupt: Ctrl-C; every rank stopped at the same step and wrote its
-            summary and trace (``AgreedInterrupt``), and the traces are merged.
+        replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C
+            or SIGTERM (``signum`` says which); every rank stopped at the same step
+            and wrote its summary and trace (``AgreedInterrupt``), and the traces
+            are merged.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -180,11 +189,11 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     try:
         results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     except SignalException as exc:
-        if exc.sigval != signal.SIGINT:
+        if exc.sigval not in STOP_SIGNALS:
             raise
-        # Ctrl-C: the launcher forwarded it, the ranks stopped together and wrote
-        # their files (AgreedInterrupt); to the caller it is an interrupt.
-        raise KeyboardInterrupt from exc
+        # Ctrl-C or SIGTERM: the launcher forwarded it, the ranks stopped together
+        # and wrote their files (AgreedInterrupt); to the caller it is an interrupt.
+        raise Interrupted(exc.sigval) from exc
     finally:
         merge_traces(out, nproc)
     return dict(results)
@@ -201,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
                                    sample_count=args.sample_count, capacity=50_000,
                                    envs=64))
-    return 130 if summary["interrupted"] else 0  # another rank's Ctrl-C stopped it
+    return 130 if summary["interrupted"] else 0  # another rank's stop signal
 
 
 if __name__ == "__main__":

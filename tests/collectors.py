@@ -236,7 +236,8 @@ if __name__ == "__main__":
 """
 
 
-def report_sigint(answers: Any) -> None:
-    """Put whether SIGINT is ignored in this process, as it started."""
+def report_ignored(answers: Any) -> None:
+    """Put whether SIGINT and SIGTERM are ignored in this process, as it started."""
     import signal
-    answers.put(signal.getsignal(signal.SIGINT) == signal.SIG_IGN)
+    answers.put(tuple(signal.getsignal(s) == signal.SIG_IGN
+                      for s in (signal.SIGINT, signal.SIGTERM)))

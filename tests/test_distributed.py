@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -14,6 +15,7 @@ import torch
 
 from replay_fsm.demo import DemoConfig
 from replay_fsm.distributed import RANK_SEED_STRIDE, launch, local_device, rank_seed
+from replay_fsm.signals import Interrupted
 
 
 def test_rank_seed_formula_and_device_choice() -> None:
@@ -71,35 +73,43 @@ LAUNCH_AND_REPORT = """
 import sys
 from replay_fsm.demo import DemoConfig
 from replay_fsm.distributed import launch
+from replay_fsm.signals import exit_code
 if __name__ == "__main__":
     config = DemoConfig(ticks=400, device="cpu", out=sys.argv[1], sample_count=256,
                         capacity=20_000, envs=32, seed=5, progress=False,
-                        interrupt_at=int(sys.argv[2]))
+                        interrupt_at=int(sys.argv[2]), interrupt_signal=int(sys.argv[3]))
     try:
         launch(2, config, kill_rank=1)
-    except KeyboardInterrupt:
-        print("launch raised KeyboardInterrupt")
+    except KeyboardInterrupt as exc:
+        print(f"launch raised KeyboardInterrupt, exit code {exit_code(exc)}")
 """
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("tick", [0, 3])  # in the warm-up's wait for rows; later
-def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(tmp_path: Path,
-                                                                   tick: int) -> None:
+@pytest.mark.parametrize("tick, signum", [
+    (0, signal.SIGINT),  # in the warm-up's wait for rows
+    (3, signal.SIGINT),
+    (3, signal.SIGTERM),  # a batch scheduler's stop (SLURM, systemd: the whole group)
+])
+def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(
+        tmp_path: Path, tick: int, signum: int) -> None:
     """At ``tick`` rank 1 sends SIGINT to the whole process group, as a terminal's
-    Ctrl-C does: the launcher, both ranks and their collector processes get it. The
-    collectors carry on (a rank waiting for rows must not see its collector die);
-    the ranks stop at the same step's all-reduce (none is left waiting in a
-    collective), write their summaries as an interrupted single-process run does
-    and exit on their own: the launcher never has to kill one (it would, after
-    30 s). launch() raises KeyboardInterrupt."""
+    Ctrl-C does (or SIGTERM, as a batch scheduler does): the launcher, both ranks
+    and their collector processes get it. The ranks stop at the same step's
+    all-reduce (none is left waiting in a collective), write their summaries as an
+    interrupted single-process run does and exit on their own: the launcher never
+    has to kill one (it would, after 30 s). On Ctrl-C the collectors carry on (a
+    rank waiting for rows must not see its collector die). launch() raises a
+    KeyboardInterrupt that names the signal's exit code."""
     script = tmp_path / "launch_and_report.py"
     script.write_text(LAUNCH_AND_REPORT)
-    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tick)],
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tick),
+                          str(int(signum))],
                          capture_output=True, text=True, timeout=280,
                          start_new_session=True)  # the group it signals is its own
-    assert "launch raised KeyboardInterrupt" in out.stdout, out.stdout + out.stderr
+    assert f"launch raised KeyboardInterrupt, exit code {128 + signum}" in out.stdout, (
+        out.stdout + out.stderr)
     assert "forcefully exiting" not in out.stderr, out.stderr
     saved = [json.loads((tmp_path / "out" / f"summary-rank{rank}.json").read_text())
              for rank in (0, 1)]
@@ -109,13 +119,12 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(tmp_path: Path
     assert len({e["pid"] for e in trace}) == 4  # both ranks' tracks, merged
 
 
-def test_a_launch_stopped_by_ctrl_c_raises_keyboard_interrupt(
+def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher turns its own SIGINT into SignalException once it has stopped the
-    ranks; launch() makes that the interrupt it is (the CLI exits 130), and merges
-    the ranks' traces all the same. Another signal stays the launcher's error."""
-    import signal
-
+    """The launcher turns its own SIGINT or SIGTERM into SignalException once it has
+    stopped the ranks; launch() makes that the interrupt it is, naming the signal
+    (the CLI exits 130 or 143), and merges the ranks' traces all the same. Another
+    signal stays the launcher's error."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher import api
 
@@ -126,11 +135,14 @@ def test_a_launch_stopped_by_ctrl_c_raises_keyboard_interrupt(
             return run
         return elastic_launch
 
-    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGINT))
-    with pytest.raises(KeyboardInterrupt) as info:
-        launch(2, options(tmp_path))
-    assert isinstance(info.value.__cause__, SignalException)
-    assert (tmp_path / "trace.json").is_file()  # merged, from what the ranks wrote
-    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGTERM))
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        monkeypatch.setattr(api, "elastic_launch", stopped_by(signum))
+        with pytest.raises(Interrupted) as info:
+            launch(2, options(tmp_path))
+        assert info.value.signum == signum
+        assert isinstance(info.value.__cause__, SignalException)
+        assert (tmp_path / "trace.json").is_file()  # merged, from what the ranks wrote
+        (tmp_path / "trace.json").unlink()
+    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGHUP))
     with pytest.raises(SignalException):
         launch(2, options(tmp_path))

@@ -342,27 +342,3 @@ def test_the_packer_process_gets_the_callers_thread_count() -> None:
         assert made.process._args[3] == 1  # type: ignore[attr-defined]
     finally:
         made.stop(1.0)
-
-
-def test_a_helper_process_starts_with_ctrl_c_ignored_and_the_learner_keeps_its_handler(
-        ) -> None:
-    """Ctrl-C reaches the whole group; a packer or collector process still importing
-    torch must not die of it. It starts with SIGINT ignored (inherited through
-    exec); the caller's own handler is back once start returns."""
-    import multiprocessing as mp
-    import signal
-
-    from tests.collectors import report_sigint
-
-    ctx = mp.get_context("spawn")
-    answers = ctx.SimpleQueue()
-    before = signal.getsignal(signal.SIGINT)
-    child = ctx.Process(target=report_sigint, args=(answers,))
-    links.start_ignoring_ctrl_c(child)
-    assert signal.getsignal(signal.SIGINT) is before
-    child.join(60)
-    assert child.exitcode == 0 and answers.get() is True
-    plain = ctx.Process(target=report_sigint, args=(answers,))
-    plain.start()  # the control: a plain start keeps Python's default handler
-    plain.join(60)
-    assert answers.get() is False

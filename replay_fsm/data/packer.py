@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
-import signal
 import time
 import traceback
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..signals import ignore
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed, semaphore_name, unlink_semaphore
@@ -459,9 +459,7 @@ def serve_forever(handle: PackerHandle, replay_buffer: ReplayBuffer,
 
     ``threads``: torch intra-op threads for the gather (None: torch's default).
     """
-    # Ctrl-C reaches the whole process group; the learner decides what happens (it
-    # closes the channels, and this loop ends), so the packer prints no traceback.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    ignore()  # Ctrl-C is the learner's to act on: it closes the channels, this loop ends
     if threads is not None:
         torch.set_num_threads(threads)
     packer = Packer.attach(handle, replay_buffer)

@@ -3,13 +3,13 @@ pattern), in a spawned process or a thread."""
 
 from __future__ import annotations
 
-import signal
 from typing import Any
 
 import numpy as np
 
 from ..data.buffer import ReplayBuffer
 from ..data.packer import Packer, PackerHandle
+from ..signals import STOP_SIGNALS, ignore
 from .env import ACT, OBS, PointMass
 
 
@@ -27,12 +27,13 @@ def collect(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
 
 def collect_process(rb: ReplayBuffer, handle: PackerHandle, envs: int, seed: int,
                     steps: int | None = None) -> None:
-    """``collect`` as the body of its own process. Ctrl-C reaches the whole process
-    group, this process too; the learner decides what it means (its ``close`` ends
-    this loop), so this process ignores it: a rank waiting for rows must not see its
-    collector die of the Ctrl-C it is about to stop on. Start it with
-    ``start_ignoring_ctrl_c`` so that holds while it starts, too."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    """``collect`` as the body of its own process. Ctrl-C, or a scheduler's SIGTERM,
+    may reach the whole process group, this process too; the learner decides what it
+    means (its ``close`` ends this loop), so this process ignores both: a rank
+    waiting for rows must not see its collector die of the signal it is about to
+    stop on. Start it with ``start_ignoring(process, STOP_SIGNALS)`` so that holds
+    while it starts, too, and end it with SIGKILL if it does not leave."""
+    ignore(STOP_SIGNALS)
     collect(rb, handle, envs, seed, None, steps)
 
 

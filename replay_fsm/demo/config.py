@@ -4,8 +4,11 @@ distributed launcher (which derives each rank's copy with ``for_rank``)."""
 from __future__ import annotations
 
 import dataclasses
+import signal
 from dataclasses import dataclass
 from pathlib import Path
+
+from ..signals import STOP_SIGNALS
 
 
 @dataclass(frozen=True)
@@ -27,8 +30,9 @@ class DemoConfig:
     stepping after that many steps (the storage then holds still) and
     ``verify_data`` checks every batch bit for bit (INV-DATA);
     ``kill_collector_at`` SIGKILLs the collector process at that tick;
-    ``interrupt_at`` sends SIGINT (Ctrl-C) at that tick to this process, or for a
-    rank, to its whole process group as a terminal does (start its launcher in a
+    ``interrupt_at`` sends ``interrupt_signal`` (SIGINT, Ctrl-C; or SIGTERM, a
+    scheduler's stop) at that tick to this process, or for a rank, to its whole
+    process group as a terminal or a batch scheduler does (start its launcher in a
     session of its own).
 
     Raises:
@@ -53,12 +57,16 @@ class DemoConfig:
     verify_data: bool = False
     kill_collector_at: int | None = None
     interrupt_at: int | None = None
+    interrupt_signal: int = signal.SIGINT
 
     def __post_init__(self) -> None:
         for name in ("ticks", "sample_count", "capacity", "envs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.interrupt_signal not in STOP_SIGNALS:
+            raise ValueError(f"interrupt_signal must be SIGINT or SIGTERM, got "
+                             f"{self.interrupt_signal!r}")
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
                              f"{self.collector!r}")

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -25,8 +24,8 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
-from ..runtime.links import start_ignoring_ctrl_c
 from ..runtime.pipeline import Pipeline
+from ..signals import STOP_SIGNALS, start_ignoring
 from ..spec import INVARIANTS
 from ..verify import diagram
 from ..verify.conformance import check
@@ -62,7 +61,7 @@ def run(config: DemoConfig | None = None,
     if config.collector == "process":
         worker = mp.get_context("spawn").Process(
             target=collect_process, args=(*args, config.collect_steps), daemon=True)
-        start_ignoring_ctrl_c(worker)
+        start_ignoring(worker, STOP_SIGNALS)
         pipe.watch(worker, "the demo collector process")
     else:
         worker = threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
@@ -86,11 +85,11 @@ def run(config: DemoConfig | None = None,
             t0 = time.perf_counter()
             if config.kill_collector_at == tick and config.collector == "process":
                 worker.kill()  # fault injection: the collector crashes
-            if config.interrupt_at == tick:  # fault injection: Ctrl-C
+            if config.interrupt_at == tick:  # fault injection: Ctrl-C or SIGTERM
                 if config.rank is None:
-                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), config.interrupt_signal)
                 else:  # as a terminal sends it: to the launcher's whole process group
-                    os.killpg(os.getpgrp(), signal.SIGINT)
+                    os.killpg(os.getpgrp(), config.interrupt_signal)
             batch = pipe.sample_large_batch(tick, config.sample_count)
             if config.verify_data or tick == 0:
                 fingerprint.append(_check_batch(pipe, rb, tick, config.verify_data))
@@ -120,6 +119,9 @@ def run(config: DemoConfig | None = None,
         pipe.close()
         stop.set()
         worker.join(timeout=30)
+        if config.collector == "process" and worker.is_alive():
+            worker.kill()  # it ignores SIGTERM: multiprocessing's exit would wait for ever
+            worker.join()
     assert pipe.tracer is not None
     suffix = config.suffix
     pipe.tracer.write_chrome(

@@ -17,7 +17,6 @@ from __future__ import annotations
 import abc
 import multiprocessing as mp
 import os
-import signal
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from typing import Any, ClassVar
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
+from ..signals import start_ignoring
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
 
@@ -231,27 +231,6 @@ class ThreadCollector(ChannelLink):
         return []
 
 
-def start_ignoring_ctrl_c(process: Any) -> None:
-    """Start a spawned ``process`` with SIGINT ignored from its first instruction.
-
-    Ctrl-C reaches the whole process group, a helper process too, and one still
-    starting Python or importing torch would die of it with a traceback (or, as a
-    demo rank's collector, leave its rank waiting for rows that never come). An
-    ignored SIGINT survives exec and Python keeps it, so the parent ignores SIGINT
-    for the length of ``start()`` (its own handler back after; a Ctrl-C in those
-    few milliseconds is lost). Only the main thread can change handlers: from
-    another thread the process starts as it is.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        process.start()
-        return
-    saved = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        process.start()
-    finally:
-        signal.signal(signal.SIGINT, signal.SIG_DFL if saved is None else saved)
-
-
 class ProcessCollector(ChannelLink):
     """A spawned packer-only process (``collector="process"``)."""
 
@@ -265,7 +244,7 @@ class ProcessCollector(ChannelLink):
             name="replay_fsm-packer", daemon=True)
 
     def start(self, fail: Fail) -> None:
-        start_ignoring_ctrl_c(self.process)  # the learner decides what Ctrl-C means
+        start_ignoring(self.process)  # the learner decides what Ctrl-C means
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         proc = self.process

@@ -1,0 +1,104 @@
+"""What the stop signals mean, in one place (torch-free).
+
+SIGINT (a terminal's Ctrl-C) and SIGTERM (``kill``, ``timeout``, a container's or a
+batch scheduler's stop) both ask the learner to stop; the learner decides how: it
+closes its pipeline, which ends its helper processes, and writes what it has.
+
+- Ctrl-C reaches the whole process group, so helper processes (the spawned packer,
+  the demo's collector) ignore SIGINT from their first instruction (``start_ignoring``,
+  ``ignore``). The packer keeps SIGTERM's default: ``Process.terminate`` and
+  multiprocessing's clean-up at exit end it with that. A demo rank's collector
+  ignores SIGTERM too (SLURM and systemd send it to every process of the job: the
+  rank must not find its collector dead before the ranks agree to stop); the demo
+  ends it with SIGKILL if it does not leave when closed.
+- The command line takes SIGTERM as it takes Ctrl-C (``sigterm_as_interrupt``): the
+  same clean stop, its files written, and the shell's code for the signal (143).
+- A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
+
+A library call installs no handler of its own: only the command line and the
+multi-rank demo, which own their processes, do.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+    """A stop signal taken as Ctrl-C: everything that cleans up on Ctrl-C runs.
+    ``signum`` says which signal it was."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = int(signum)
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """The shell's code for the signal behind ``exc``: 128 + its number (130 for a
+    plain Ctrl-C, 143 for SIGTERM)."""
+    return 128 + getattr(exc, "signum", signal.SIGINT)
+
+
+@contextmanager
+def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """``handler`` for ``signums`` for the length of the with-block, then the handlers
+    from before. Only the main thread can change handlers: elsewhere nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    saved = {signum: signal.signal(signum, handler) for signum in signums}
+    try:
+        yield
+    finally:
+        for signum, before in saved.items():
+            # None: a handler not set from Python; the default is the nearest we can do
+            signal.signal(signum, signal.SIG_DFL if before is None else before)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[list[int]]:
+    """A with-block in which SIGTERM raises ``Interrupted(SIGTERM)``, a
+    KeyboardInterrupt: the command line stops on it as on Ctrl-C. It yields the
+    list of the SIGTERMs it took (a command that catches the interrupt itself and
+    reports Ctrl-C's 130 still exits with SIGTERM's 143)."""
+    taken: list[int] = []
+
+    def stop(signum: int, frame: object) -> None:
+        taken.append(signum)
+        raise Interrupted(signum)
+
+    with handling((signal.SIGTERM,), stop):
+        yield taken
+
+
+def start_ignoring(process: Any, signums: tuple[int, ...] = (signal.SIGINT,)) -> None:
+    """Start a spawned ``process`` with ``signums`` ignored from its first instruction.
+
+    A signal sent to the whole process group reaches a helper process too, and one
+    still starting Python or importing torch would die of it with a traceback (or,
+    as a demo rank's collector, leave its rank waiting for rows that never come). An
+    ignored signal survives exec and Python keeps it, so the parent ignores them for
+    the length of ``start()`` (its own handlers back after; a signal in those few
+    milliseconds is lost). Only the main thread can change handlers: from another
+    thread the process starts as it is.
+
+    A process that ignores SIGTERM must be ended with SIGKILL by its owner when it
+    does not leave: ``terminate`` does nothing to it, and multiprocessing's clean-up
+    at exit terminates daemon children, then joins them without a timeout.
+    """
+    with handling(signums, signal.SIG_IGN):
+        process.start()
+
+
+def ignore(signums: tuple[int, ...] = (signal.SIGINT,)) -> None:
+    """In a helper process's body: the learner decides what a stop signal means (it
+    closes the channels, and the helper's loop ends), so the helper ignores it and
+    prints no traceback."""
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)

@@ -1,0 +1,185 @@
+"""The stop signals: helpers ignore Ctrl-C; the command line takes SIGTERM as Ctrl-C
+(clean stop, files written, exit 143) whether the signal reaches the command alone
+(``kill PID``, ``timeout``) or its whole process group (SLURM, systemd)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from replay_fsm import signals
+
+
+def test_interrupted_is_a_keyboard_interrupt_that_says_its_exit_code() -> None:
+    term = signals.Interrupted(signal.SIGTERM)
+    assert isinstance(term, KeyboardInterrupt) and str(term) == "SIGTERM"
+    assert signals.exit_code(term) == 143
+    assert signals.exit_code(KeyboardInterrupt()) == 130  # a plain Ctrl-C
+
+
+def test_sigterm_in_the_block_raises_interrupted_and_the_handler_before_comes_back(
+        ) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(signals.Interrupted) as info:
+        with signals.sigterm_as_interrupt() as taken:
+            os.kill(os.getpid(), signal.SIGTERM)
+            for _ in range(10_000):  # the handler runs between bytecodes, soon
+                time.sleep(0)
+    assert info.value.signum == signal.SIGTERM and taken == [signal.SIGTERM]
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_a_handler_not_set_from_python_is_restored_as_the_default(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """signal.signal returns None for a handler installed by C code: the nearest
+    Python can put back is the default, never None (which it refuses)."""
+    calls: list[tuple[int, object]] = []
+    real = signal.signal
+
+    def fake(signum: int, handler: object) -> object:
+        calls.append((signum, handler))
+        return None if len(calls) == 1 else real(signum, handler)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(signal, "signal", fake)
+    saved = real(signal.SIGUSR1, signal.SIG_IGN)
+    try:
+        with signals.handling((signal.SIGUSR1,), signal.SIG_IGN):
+            pass
+        assert calls[-1] == (signal.SIGUSR1, signal.SIG_DFL)
+    finally:
+        real(signal.SIGUSR1, saved)
+
+
+def test_from_another_thread_nothing_changes() -> None:
+    """Only the main thread may set handlers: elsewhere the block runs as it is."""
+    before, seen = signal.getsignal(signal.SIGTERM), []
+
+    def body() -> None:
+        with signals.sigterm_as_interrupt() as taken:
+            seen.append((signal.getsignal(signal.SIGTERM), taken))
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join()
+    assert seen == [(before, [])]
+
+
+@pytest.mark.parametrize("signums, ignored", [
+    ((signal.SIGINT,), (True, False)),  # the packer: terminate still ends it
+    (signals.STOP_SIGNALS, (True, True)),  # the demo's collector
+])
+def test_a_helper_process_starts_with_its_signals_ignored_and_the_learner_keeps_its_own(
+        signums: tuple[int, ...], ignored: tuple[bool, bool]) -> None:
+    """A signal to the whole group reaches a packer or collector process still
+    importing torch too; it must not die of it. It starts with them ignored
+    (inherited through exec); the caller's own handlers are back once start
+    returns."""
+    import multiprocessing as mp
+
+    from tests.collectors import report_ignored
+
+    ctx = mp.get_context("spawn")
+    answers = ctx.SimpleQueue()
+    before = [signal.getsignal(s) for s in signals.STOP_SIGNALS]
+    child = ctx.Process(target=report_ignored, args=(answers,))
+    signals.start_ignoring(child, signums)
+    assert [signal.getsignal(s) for s in signals.STOP_SIGNALS] == before
+    child.join(60)
+    assert child.exitcode == 0 and answers.get() == ignored
+    plain = ctx.Process(target=report_ignored, args=(answers,))
+    plain.start()  # the control: a plain start keeps Python's default handlers
+    plain.join(60)
+    assert answers.get() == (False, False)
+
+
+def _wait_for_tick(proc: subprocess.Popen[bytes], tick: int, deadline_s: float) -> bytes:
+    """Read the progress bar on ``proc``'s stderr until it shows ``tick`` ticks done."""
+    assert proc.stderr is not None
+    seen, end = b"", time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        if ready:
+            chunk = os.read(proc.stderr.fileno(), 65536)
+            if not chunk:
+                break  # it exited
+            seen += chunk
+            done = [int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", seen)]
+            if done and max(done) >= tick:
+                return seen
+    raise AssertionError(f"no tick {tick} within {deadline_s} s:\n"
+                         + seen.decode(errors="replace")[-2000:])
+
+
+def _in_session(sid: int) -> dict[int, str]:
+    """The processes (not zombies) in session ``sid``: pid -> command line."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue  # not a process, or gone meanwhile
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        if int(fields[3]) == sid and fields[0] != "Z":
+            found[int(entry.name)] = cmdline.decode(errors="replace")
+    return found
+
+
+def _left_in_session(sid: int, within_s: float) -> dict[int, str]:
+    """What is still in session ``sid`` after waiting up to ``within_s`` seconds for
+    each to exit (multiprocessing's resource tracker leaves once the last process
+    holding its pipe has)."""
+    end = time.monotonic() + within_s
+    for pid in _in_session(sid):
+        try:
+            fd = os.pidfd_open(pid)  # readable once the process has exited
+        except ProcessLookupError:
+            continue
+        try:
+            select.select([fd], [], [], max(0.0, end - time.monotonic()))
+        finally:
+            os.close(fd)
+    return _in_session(sid)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.parametrize("to_group", [False, True], ids=["the-command", "its-group"])
+def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, to_group: bool) -> None:
+    """SIGTERM mid-run, to the command alone (kill, timeout) or to its whole process
+    group with its packer and collector processes (SLURM, systemd): the demo stops
+    cleanly, writes its files with the run marked interrupted, exits 143 (the
+    shell's code for SIGTERM), and leaves no process behind."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replay_fsm", "demo", "--ticks", "100000",
+         "--sample-count", "1024", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        _wait_for_tick(proc, 5, deadline_s=240)
+        if to_group:
+            os.killpg(proc.pid, signal.SIGTERM)
+        else:
+            proc.send_signal(signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 143, stdout.decode() + stderr.decode()
+    assert b"Traceback" not in stderr, stderr.decode()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and 5 <= summary["ticks"] < 100_000
+    assert summary["trace_conforms"]
+    assert b"(interrupted)" in stdout
+    assert _left_in_session(proc.pid, within_s=60) == {}
