@@ -39,10 +39,15 @@ class Interrupted(KeyboardInterrupt):
         self.signum = int(signum)
 
 
+def signum_of(exc: KeyboardInterrupt) -> int:
+    """The signal behind ``exc``: its ``signum``, SIGINT for a plain Ctrl-C."""
+    return int(getattr(exc, "signum", signal.SIGINT))
+
+
 def exit_code(exc: KeyboardInterrupt) -> int:
     """The shell's code for the signal behind ``exc``: 128 + its number (130 for a
     plain Ctrl-C, 143 for SIGTERM)."""
-    return 128 + getattr(exc, "signum", signal.SIGINT)
+    return 128 + signum_of(exc)
 
 
 @contextmanager

@@ -4,7 +4,9 @@ the lock-step collector: ring depth 2 and 3, collector thread and process."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -102,3 +104,90 @@ def test_a_collector_that_fails_stops_the_learner_with_collector_died(
     with pytest.raises(CollectorDied) as info:
         train(replace(SMALL, sampling=sampling, collector="thread"))
     assert "the simulator crashed" in repr(info.value) + repr(info.value.__cause__)
+
+
+def _interrupt_at_update(monkeypatch: pytest.MonkeyPatch, n: int, signum: int) -> None:
+    """The learner's ``n``-th tick raises what Ctrl-C (SIGINT) or the CLI's SIGTERM
+    handler raises."""
+    from replay_fsm.signals import Interrupted
+
+    real, calls = SAC.train_tick, {"n": 0}
+
+    def train_tick(self: SAC, *args: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == n:
+            raise KeyboardInterrupt if signum == 2 else Interrupted(signum)
+        return real(self, *args)
+
+    monkeypatch.setattr(SAC, "train_tick", train_tick)
+
+
+@pytest.mark.parametrize("sampling", ["pipeline", "sync"])
+def test_an_interrupted_run_raises_with_what_it_did(
+        sampling: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    from replay_fsm.trainers.run import RunInterrupted
+
+    _interrupt_at_update(monkeypatch, 13, 15)
+    with pytest.raises(RunInterrupted) as info:
+        train(replace(SMALL, sampling=sampling, collector="thread"))
+    assert isinstance(info.value, KeyboardInterrupt) and info.value.signum == 15
+    result = info.value.result
+    assert result["interrupted"] and result["ticks"] == 12 < SMALL.ticks
+    assert result["updates"] == 12 * SMALL.updates_per_tick
+
+
+def test_an_interrupted_comparison_keeps_both_runs_and_no_speed_up(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from replay_fsm.trainers.run import RunInterrupted, compare
+
+    # ABBA blocks of 10: pipeline 1-10, sync 11-20, then sync first: its 15th tick
+    _interrupt_at_update(monkeypatch, 25, 2)
+    with pytest.raises(RunInterrupted) as info:
+        compare(replace(SMALL, ticks=30, collector="thread"), block=10)
+    result = info.value.result
+    assert info.value.signum == 2 and result["interrupted"]
+    assert "speedup_vs_sync" not in result and len(result["round_ratios"]) == 1
+    assert {k: r["ticks"] for k, r in result["runs"].items()} == {"pipeline": 10,
+                                                                "sync": 14}
+    assert all(r["interrupted"] for r in result["runs"].values())
+
+
+@pytest.mark.parametrize("signum", [2, 15])
+def test_the_cli_writes_an_interrupted_run_and_exits_with_the_signals_code(
+        signum: int, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C (or SIGTERM) after 12 ticks: the summary, sac.json and sac.png of the
+    run so far are written, marked interrupted, and the exit code is the signal's."""
+    pytest.importorskip("matplotlib")
+    from replay_fsm.cli import main
+
+    _interrupt_at_update(monkeypatch, 13, signum)
+    code = main(["sac", "--env", "Pendulum-v1", "--num-envs", "2", "--batch-size", "32",
+                 "--updates-per-tick", "2", "--ticks", "40", "--warmup-steps", "64",
+                 "--capacity", "4096", "--hidden", "32", "--collector", "thread",
+                 "--out", str(tmp_path / "out"), "--no-progress"])
+    assert code == 128 + signum
+    assert "(interrupted)" in capsys.readouterr().out
+    result = json.loads((tmp_path / "out" / "sac.json").read_text())
+    assert result["interrupted"] and result["ticks"] == 12
+    assert (tmp_path / "out" / "sac.png").is_file()
+
+
+def test_a_comparison_interrupted_at_its_first_tick_still_writes_its_summary(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """No tick done, the synchronous run never started: no rate, no return, no
+    episode; the summary and the files say so instead of failing."""
+    pytest.importorskip("matplotlib")
+    from replay_fsm.cli import main
+
+    _interrupt_at_update(monkeypatch, 1, 2)
+    code = main(["sac", "--env", "Pendulum-v1", "--num-envs", "2", "--batch-size", "32",
+                 "--updates-per-tick", "2", "--ticks", "40", "--warmup-steps", "64",
+                 "--capacity", "4096", "--hidden", "32", "--collector", "thread",
+                 "--sampling", "both", "--out", str(tmp_path), "--no-progress"])
+    assert code == 130
+    out = capsys.readouterr().out
+    assert out.count("(interrupted)") == 2 and "final return n/a" in out
+    result = json.loads((tmp_path / "sac.json").read_text())
+    assert [r["ticks"] for r in result["runs"].values()] == [0, 0]

@@ -37,8 +37,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the trainer from parsed options; print a summary; write JSON and PNG."""
+    from ..signals import exit_code
     from .report import plot
-    from .run import SACConfig, compare, output_path, train, write
+    from .run import RunInterrupted, SACConfig, compare, output_path, train, write
 
     config = SACConfig(
         env=args.env, num_envs=args.num_envs, batch_size=args.batch_size,
@@ -49,20 +50,17 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed, learner_threads=args.learner_threads or None,
         progress=not args.no_progress)
     output_path(args.out)  # an --out that cannot be written fails now, not after the run
+    code = 0
     try:
-        if args.sampling == "both":
-            result = compare(config)
-            runs = result["runs"]
-        else:
-            result = train(config)
-            runs = {config.sampling: result}
-    except KeyboardInterrupt:
-        return 130  # the shell's code for Ctrl-C
+        result = compare(config) if args.sampling == "both" else train(config)
+    except RunInterrupted as exc:  # Ctrl-C or SIGTERM: what was done is still written
+        result, code = exc.result, exit_code(exc)
+    runs = result["runs"] if "runs" in result else {config.sampling: result}
     print(summary(result))  # first: the numbers are on the screen whatever follows
     path = write(result, args.out)
     png = plot(runs, path.with_suffix(".png"), title=f"SAC on {config.env}")
     print(f"wrote {path} and {png}")
-    return 0
+    return code
 
 
 def summary(result: dict) -> str:
@@ -70,10 +68,11 @@ def summary(result: dict) -> str:
     runs = result.get("runs", {result.get("config", {}).get("sampling", "run"): result})
     lines = []
     for name, run in runs.items():
-        final = run["final_return"]
+        final, rate = run["final_return"], run["updates_per_s"] or 0.0  # None: never ran
         lines.append(f"{name:8s} {run['updates']} updates in {run['loop_s']:.1f} s "
-                     f"({run['updates_per_s']:.0f}/s, tick {run['tick_ms']['mean']:.2f} ms "
-                     f"mean), final return {'n/a' if final is None else f'{final:.1f}'}")
+                     f"({rate:.0f}/s, tick {run['tick_ms']['mean']:.2f} ms "
+                     f"mean), final return {'n/a' if final is None else f'{final:.1f}'}"
+                     + (" (interrupted)" if run.get("interrupted") else ""))
     if "speedup_vs_sync" in result:
         lines.append(f"speed-up over synchronous sampling: {result['speedup_vs_sync']:.3f}x; "
                      f"learners bit-identical: {result['bit_identical']}")

@@ -50,6 +50,7 @@ import torch
 
 from replay_fsm import CollectorDied, Pipeline, ReplayBuffer  # the public API only
 from replay_fsm.sampling import expected_batch
+from replay_fsm.signals import Interrupted, signum_of
 
 from .collector import env_dims, start_collector, wait_rows
 from .sac import SAC
@@ -118,6 +119,17 @@ class SACConfig:
                              f"appends, so the ring must not wrap: capacity "
                              f"{self.capacity} < {written} rows this run writes; raise "
                              "capacity or lower ticks")
+
+
+class RunInterrupted(Interrupted):
+    """Ctrl-C or SIGTERM stopped a run (``signum`` says which) after everything was
+    stopped and joined; ``result`` is what it did until then, as ``train`` or
+    ``compare`` would return it, with ``interrupted`` true and no speed-up. A
+    KeyboardInterrupt: code that stops on Ctrl-C still does."""
+
+    def __init__(self, signum: int, result: dict[str, Any]) -> None:
+        super().__init__(signum)
+        self.result = result
 
 
 class Trainer:
@@ -204,10 +216,12 @@ class Trainer:
         finally:
             self.blocks.append((start, time.monotonic()))
 
-    def result(self) -> dict[str, Any]:
-        """The run's figures, episodes and learner digest (call before ``close``)."""
+    def result(self, interrupted: bool = False) -> dict[str, Any]:
+        """The run's figures, episodes and learner digest; ``interrupted``: the run
+        stopped before its last tick."""
         stats = self.pipe.statistics() if self.pipe is not None else None
         result = _result(self, stats)
+        result["interrupted"] = interrupted
         result["machine"]["loadavg_start"] = self.load_start  # other users of the cores
         return result
 
@@ -246,10 +260,14 @@ def train(config: SACConfig) -> dict[str, Any]:
     Raises:
         ValueError: a bad option (``SACConfig.validate``), or the env is not SAC's.
         CollectorDied: the collector died or fell silent.
-        KeyboardInterrupt: after everything is stopped and joined.
+        RunInterrupted: Ctrl-C or SIGTERM, after everything is stopped and joined;
+            its ``result`` is the run so far.
     """
     with Trainer(config) as trainer:
-        trainer.run(config.ticks)
+        try:
+            trainer.run(config.ticks)
+        except KeyboardInterrupt as exc:
+            raise RunInterrupted(signum_of(exc), trainer.result(interrupted=True)) from exc
         return trainer.result()
 
 
@@ -316,25 +334,38 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
     """The same run through the pipeline and sampled synchronously, interleaved in blocks
     of ``block`` ticks on this machine (so that load from elsewhere hits both alike):
     the wall-clock speed-up at the same number of updates, the per-round ratios, and
-    whether the two learners ended bit-identical."""
+    whether the two learners ended bit-identical.
+
+    Raises:
+        RunInterrupted: Ctrl-C or SIGTERM; its ``result`` holds both runs so far and
+            the rounds done, with no speed-up (the runs may stand at different ticks).
+    """
     with Trainer(replace(config, sampling="pipeline"), 0) as pipe, \
             Trainer(replace(config, sampling="sync"), 1) as sync:
-        rounds = []
-        for i, _ in enumerate(range(0, config.ticks, block)):
-            order = (pipe, sync) if i % 2 == 0 else (sync, pipe)  # ABBA: no order bias
-            took = {}
-            for trainer in order:
-                before = trainer.own_s
-                trainer.run(block)
-                took[trainer.config.sampling] = trainer.own_s - before
-            rounds.append(took["sync"] / took["pipeline"])
+        rounds: list[float] = []
+        try:
+            for i, _ in enumerate(range(0, config.ticks, block)):
+                order = (pipe, sync) if i % 2 == 0 else (sync, pipe)  # ABBA: no order bias
+                took = {}
+                for trainer in order:
+                    before = trainer.own_s
+                    trainer.run(block)
+                    took[trainer.config.sampling] = trainer.own_s - before
+                rounds.append(took["sync"] / took["pipeline"])
+        except KeyboardInterrupt as exc:
+            runs = {"pipeline": pipe.result(interrupted=True),
+                    "sync": sync.result(interrupted=True)}
+            raise RunInterrupted(signum_of(exc), {
+                "runs": runs, "interrupted": True, "block_ticks": block,
+                "round_ratios": rounds}) from exc
         runs = {"pipeline": pipe.result(), "sync": sync.result()}
     p, s = runs["pipeline"], runs["sync"]
     return {"runs": runs, "bit_identical": p["digest"] == s["digest"], "block_ticks": block,
             "speedup_vs_sync": s["loop_s"] / p["loop_s"],
             "speedup_after_startup": ((s["loop_s"] - s["startup_s"])
                                       / (p["loop_s"] - p["startup_s"])),
-            "round_ratios": rounds, "round_ratio_median": float(np.median(rounds))}
+            "round_ratios": rounds, "round_ratio_median": float(np.median(rounds)),
+            "interrupted": False}
 
 
 def output_path(out: str | Path) -> Path:
