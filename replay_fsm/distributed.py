@@ -24,6 +24,7 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import uuid
 from pathlib import Path
 from typing import Any
@@ -31,9 +32,11 @@ from typing import Any
 import torch
 
 from .demo.config import DemoConfig
-from .signals import STOP_SIGNALS, Interrupted, handling
+from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
 
 RANK_SEED_STRIDE = 1 << 24
+# the signals torch's elastic launcher handles (and leaves handled) on POSIX
+LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def rank_seed(base_seed: int, rank: int) -> int:
@@ -187,7 +190,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
                           # the system's temp folder at every launch, never removed
                           logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")))
     try:
-        results = elastic_launch(launch_config, rank_main)(config, kill_rank)
+        # torch's launcher installs handlers for these and leaves them: ours come back
+        with keeping_handlers(LAUNCHER_SIGNALS):
+            results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     except SignalException as exc:
         if exc.sigval not in STOP_SIGNALS:
             raise
@@ -210,7 +215,9 @@ def main(argv: list[str] | None = None) -> int:
     summary = rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
                                    sample_count=args.sample_count, capacity=50_000,
                                    envs=64))
-    return 130 if summary["interrupted"] else 0  # another rank's stop signal
+    # Another rank's stop signal (this rank's own exits in rank_main): Ctrl-C's code,
+    # whichever signal it was (the ranks agree on a flag, not on the signal).
+    return 130 if summary["interrupted"] else 0
 
 
 if __name__ == "__main__":

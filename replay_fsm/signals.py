@@ -7,10 +7,10 @@ closes its pipeline, which ends its helper processes, and writes what it has.
 - Ctrl-C reaches the whole process group, so helper processes (the spawned packer,
   the demo's collector) ignore SIGINT from their first instruction (``start_ignoring``,
   ``ignore``). The packer keeps SIGTERM's default: ``Process.terminate`` and
-  multiprocessing's clean-up at exit end it with that. A demo rank's collector
-  ignores SIGTERM too (SLURM and systemd send it to every process of the job: the
-  rank must not find its collector dead before the ranks agree to stop); the demo
-  ends it with SIGKILL if it does not leave when closed.
+  multiprocessing's clean-up at exit end it with that. The demo's collector ignores
+  SIGTERM too (SLURM and systemd send it to every process of the job: a rank must
+  not find its collector dead before the ranks agree to stop); the demo ends it with
+  SIGKILL if it does not leave when closed.
 - The command line takes SIGTERM as it takes Ctrl-C (``sigterm_as_interrupt``): the
   same clean stop, its files written, and the shell's code for the signal (143).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
@@ -35,8 +35,11 @@ class Interrupted(KeyboardInterrupt):
     ``signum`` says which signal it was."""
 
     def __init__(self, signum: int) -> None:
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(int(signum))  # its args rebuild it when unpickled
         self.signum = int(signum)
+
+    def __str__(self) -> str:
+        return signal.Signals(self.signum).name
 
 
 def signum_of(exc: KeyboardInterrupt) -> int:
@@ -52,18 +55,32 @@ def exit_code(exc: KeyboardInterrupt) -> int:
 
 @contextmanager
 def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
-    """``handler`` for ``signums`` for the length of the with-block, then the handlers
-    from before. Only the main thread can change handlers: elsewhere nothing changes."""
+    """``handler`` for ``signums`` for the length of the with-block (None: the ones in
+    place), then the handlers from before. Only the main thread can change handlers:
+    elsewhere nothing changes."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    saved = {signum: signal.signal(signum, handler) for signum in signums}
+    saved: dict[int, Any] = {}
     try:
+        for signum in signums:  # one at a time: a signal in between finds them saved
+            saved[signum] = signal.getsignal(signum)
+            if handler is not None:  # None: keep them, only restore them after
+                signal.signal(signum, handler)
         yield
     finally:
         for signum, before in saved.items():
             # None: a handler not set from Python; the default is the nearest we can do
             signal.signal(signum, signal.SIG_DFL if before is None else before)
+
+
+@contextmanager
+def keeping_handlers(signums: tuple[int, ...]) -> Iterator[None]:
+    """The handlers of ``signums`` as they are now, back after the with-block,
+    whatever code inside installed (torch's elastic launcher installs its own and
+    leaves them)."""
+    with handling(signums, None):
+        yield
 
 
 @contextmanager

@@ -241,3 +241,13 @@ def report_ignored(answers: Any) -> None:
     import signal
     answers.put(tuple(signal.getsignal(s) == signal.SIG_IGN
                       for s in (signal.SIGINT, signal.SIGTERM)))
+
+
+def deaf_until_killed(ready: Any) -> None:
+    """A collector that never leaves: the stop signals ignored, waits for ever."""
+    import signal
+    import threading
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    ready.set()
+    threading.Event().wait()

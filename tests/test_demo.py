@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 from pathlib import Path
 
 import pytest
@@ -45,3 +46,75 @@ def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
     assert summary["trace_conforms"]
     for name in ("trace.json", "transitions.jsonl", "summary.json"):
         assert (tmp_path / name).exists(), name
+
+
+def test_sigterm_injected_with_no_handler_is_refused_before_anything_starts(
+        tmp_path: Path) -> None:
+    """SIGTERM's default would kill the caller outright (a test runner too): the
+    injection needs a handler, as the CLI installs."""
+    with pytest.raises(ValueError, match="SIGTERM would kill this process"):
+        run(DemoConfig(ticks=5, collector="thread", out=tmp_path / "out", progress=False,
+                       interrupt_at=1, interrupt_signal=signal.SIGTERM))
+    assert not (tmp_path / "out").exists()
+
+
+def test_sigterm_under_the_clis_handler_stops_as_ctrl_c_does(tmp_path: Path) -> None:
+    from replay_fsm.signals import sigterm_as_interrupt
+
+    with sigterm_as_interrupt() as taken:
+        summary = run(DemoConfig(ticks=50, collector="thread", out=tmp_path,
+                                 sample_count=256, capacity=10_000, envs=32,
+                                 progress=False, interrupt_at=4,
+                                 interrupt_signal=signal.SIGTERM))
+    assert taken == [signal.SIGTERM]
+    assert summary["interrupted"] and 4 <= summary["ticks"] < 50
+    assert summary["trace_conforms"] and (tmp_path / "summary.json").exists()
+
+
+@pytest.mark.slow
+def test_a_failure_before_the_first_tick_still_ends_the_collector_process(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector process ignores SIGTERM: one left running would hang the
+    interpreter's exit (multiprocessing terminates, then joins without a timeout).
+    Whatever stops run() once it has started (here the learner's creation), the
+    collector is ended."""
+    import multiprocessing as mp
+
+    from replay_fsm.demo import Learner
+
+    def create(*args: object) -> Learner:
+        raise RuntimeError("CUDA out of memory (injected)")
+
+    before = set(mp.active_children())
+    monkeypatch.setattr(Learner, "create", create)
+    with pytest.raises(RuntimeError, match="injected"):
+        run(DemoConfig(ticks=5, collector="process", out=tmp_path, sample_count=256,
+                       capacity=10_000, envs=32, progress=False))
+    assert set(mp.active_children()) - before == set()
+
+
+@pytest.mark.slow
+def test_a_collector_that_does_not_leave_is_killed_even_when_close_is_interrupted(
+        ) -> None:
+    """A second Ctrl-C inside the pipeline's close: the collector is still joined,
+    then SIGKILLed when it does not leave, and the Ctrl-C goes on to the caller."""
+    import multiprocessing as mp
+    import threading
+
+    from replay_fsm.demo.runner import _stop_collector
+    from replay_fsm.signals import STOP_SIGNALS, start_ignoring
+    from tests.collectors import deaf_until_killed
+
+    class Pipe:
+        def close(self) -> None:
+            raise KeyboardInterrupt  # the second Ctrl-C
+
+    ctx = mp.get_context("spawn")
+    ready = ctx.Event()
+    deaf = ctx.Process(target=deaf_until_killed, args=(ready,), daemon=True)
+    start_ignoring(deaf, STOP_SIGNALS)
+    assert ready.wait(120)
+    stop = threading.Event()
+    with pytest.raises(KeyboardInterrupt):
+        _stop_collector(Pipe(), stop, deaf, join_s=0.1)  # type: ignore[arg-type]
+    assert stop.is_set() and not deaf.is_alive() and deaf.exitcode == -9

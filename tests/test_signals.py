@@ -41,21 +41,22 @@ def test_sigterm_in_the_block_raises_interrupted_and_the_handler_before_comes_ba
 
 def test_a_handler_not_set_from_python_is_restored_as_the_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """signal.signal returns None for a handler installed by C code: the nearest
+    """signal.getsignal answers None for a handler installed by C code: the nearest
     Python can put back is the default, never None (which it refuses)."""
     calls: list[tuple[int, object]] = []
     real = signal.signal
 
-    def fake(signum: int, handler: object) -> object:
+    def record(signum: int, handler: object) -> object:
         calls.append((signum, handler))
-        return None if len(calls) == 1 else real(signum, handler)  # type: ignore[arg-type]
+        return real(signum, handler)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(signal, "signal", fake)
     saved = real(signal.SIGUSR1, signal.SIG_IGN)
     try:
+        monkeypatch.setattr(signal, "getsignal", lambda signum: None)
+        monkeypatch.setattr(signal, "signal", record)
         with signals.handling((signal.SIGUSR1,), signal.SIG_IGN):
             pass
-        assert calls[-1] == (signal.SIGUSR1, signal.SIG_DFL)
+        assert calls == [(signal.SIGUSR1, signal.SIG_IGN), (signal.SIGUSR1, signal.SIG_DFL)]
     finally:
         real(signal.SIGUSR1, saved)
 
@@ -183,3 +184,29 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, to_group: bool) -
     assert summary["trace_conforms"]
     assert b"(interrupted)" in stdout
     assert _left_in_session(proc.pid, within_s=60) == {}
+
+
+def test_the_interrupts_survive_pickling() -> None:
+    """An exception that crosses a process boundary (a multiprocessing result, an
+    error file) is pickled: its args must rebuild it."""
+    import pickle
+
+    from replay_fsm.trainers.run import RunInterrupted
+
+    term = pickle.loads(pickle.dumps(signals.Interrupted(signal.SIGTERM)))
+    assert isinstance(term, signals.Interrupted) and term.signum == signal.SIGTERM
+    assert str(term) == "SIGTERM"
+    run = pickle.loads(pickle.dumps(RunInterrupted(signal.SIGINT, {"ticks": 3})))
+    assert run.signum == signal.SIGINT and run.result == {"ticks": 3}
+
+
+def test_keeping_handlers_puts_back_what_code_inside_installed_over_them() -> None:
+    """torch's elastic launcher installs its own handlers and leaves them."""
+    def theirs(signum: int, frame: object) -> None:
+        raise AssertionError("not ours")
+
+    before = signal.getsignal(signal.SIGHUP)
+    with signals.keeping_handlers((signal.SIGHUP,)):
+        assert signal.getsignal(signal.SIGHUP) is before  # nothing installed
+        signal.signal(signal.SIGHUP, theirs)
+    assert signal.getsignal(signal.SIGHUP) is before

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import multiprocessing as mp
 import os
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -43,8 +44,15 @@ def run(config: DemoConfig | None = None,
 
     Raises:
         CollectorDied, PipelineFailed: the collector or the pipeline failed.
+        ValueError: ``interrupt_at`` with a signal this process has no handler for.
     """
     config = DemoConfig() if config is None else config
+    if (config.interrupt_at is not None and config.rank is None
+            and signal.getsignal(config.interrupt_signal) in (signal.SIG_DFL, None)):
+        raise ValueError(f"interrupt_signal {signal.Signals(config.interrupt_signal).name} "
+                         "would kill this process outright: it has no handler for it (run "
+                         "the demo inside replay_fsm.signals.sigterm_as_interrupt(), as the "
+                         "CLI does)")
     if config.learner_threads is not None:
         torch.set_num_threads(config.learner_threads)
     out_dir = Path(config.out)
@@ -56,72 +64,61 @@ def run(config: DemoConfig | None = None,
                     ring_depth=config.ring_depth, collector="external",
                     checked=config.checked, trace=True, liveness_timeout=30.0)
     stop = threading.Event()
-    args = (rb, pipe.packer_handle(), config.envs, config.seed)
-    worker: Any
-    if config.collector == "process":
-        worker = mp.get_context("spawn").Process(
-            target=collect_process, args=(*args, config.collect_steps), daemon=True)
-        start_ignoring(worker, STOP_SIGNALS)
-        pipe.watch(worker, "the demo collector process")
-    else:
-        worker = threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
-                                  daemon=True)
-        worker.start()
-    learner = Learner.create(dev, config.seed)
-    warm = (4 * config.sample_count if config.collect_steps is None
-            else config.collect_steps * config.envs)
-    fingerprint: list[int] = []
-    losses: list[float] = []
-    tick_times: list[float] = []
-    compare: dict[str, float] = {}
-    done_ticks = 0
-    interrupted = False
-    t_start = time.perf_counter()
-    bar = tqdm(total=config.ticks, disable=not config.progress, unit="tick",
-               dynamic_ncols=True)
+    worker: Any = None
     try:
-        pipe.start_prepare(0, config.sample_count, min_snapshot_ptr=warm)
-        for tick in range(config.ticks):
-            t0 = time.perf_counter()
-            if config.kill_collector_at == tick and config.collector == "process":
-                worker.kill()  # fault injection: the collector crashes
-            if config.interrupt_at == tick:  # fault injection: Ctrl-C or SIGTERM
-                if config.rank is None:
-                    os.kill(os.getpid(), config.interrupt_signal)
-                else:  # as a terminal sends it: to the launcher's whole process group
-                    os.killpg(os.getpgrp(), config.interrupt_signal)
-            batch = pipe.sample_large_batch(tick, config.sample_count)
-            if config.verify_data or tick == 0:
-                fingerprint.append(_check_batch(pipe, rb, tick, config.verify_data))
-            for ahead in range(tick + 1, min(tick + config.ring_depth, config.ticks)):
-                pipe.start_prepare(ahead, config.sample_count, min_snapshot_ptr=warm)
-            with torch.profiler.record_function("replay_fsm/learner_step"):
-                losses.append(learner.step(batch, all_reduce))
-            pipe.after_tick()
-            tick_times.append(time.perf_counter() - t0)
-            done_ticks += 1
-            if tick % 10 == 0 or tick == config.ticks - 1:
-                stats = pipe.statistics()
-                elapsed = time.perf_counter() - t_start
-                bar.set_postfix(stall=f"{100 * stats.learner_wait_s / elapsed:.0f}%",
-                                loss=f"{losses[-1]:.3f}",
-                                slots="".join(s.name[0] for s in pipe.states))
-            bar.update(1)
-        bar.close()
-        elapsed = time.perf_counter() - t_start
-        compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm, all_reduce)
-    except KeyboardInterrupt:
-        interrupted = True
+        worker = _start_collector(config, rb, pipe, stop)
+        learner = Learner.create(dev, config.seed)
+        warm = (4 * config.sample_count if config.collect_steps is None
+                else config.collect_steps * config.envs)
+        fingerprint: list[int] = []
+        losses: list[float] = []
+        tick_times: list[float] = []
+        compare: dict[str, float] = {}
+        done_ticks = 0
+        interrupted = False
+        t_start = time.perf_counter()
+        bar = tqdm(total=config.ticks, disable=not config.progress, unit="tick",
+                   dynamic_ncols=True)
+        try:
+            pipe.start_prepare(0, config.sample_count, min_snapshot_ptr=warm)
+            for tick in range(config.ticks):
+                t0 = time.perf_counter()
+                if config.kill_collector_at == tick and config.collector == "process":
+                    worker.kill()  # fault injection: the collector crashes
+                if config.interrupt_at == tick:  # fault injection: Ctrl-C or SIGTERM
+                    if config.rank is None:
+                        os.kill(os.getpid(), config.interrupt_signal)
+                    else:  # as a terminal sends it: to the launcher's whole process group
+                        os.killpg(os.getpgrp(), config.interrupt_signal)
+                batch = pipe.sample_large_batch(tick, config.sample_count)
+                if config.verify_data or tick == 0:
+                    fingerprint.append(_check_batch(pipe, rb, tick, config.verify_data))
+                for ahead in range(tick + 1, min(tick + config.ring_depth, config.ticks)):
+                    pipe.start_prepare(ahead, config.sample_count, min_snapshot_ptr=warm)
+                with torch.profiler.record_function("replay_fsm/learner_step"):
+                    losses.append(learner.step(batch, all_reduce))
+                pipe.after_tick()
+                tick_times.append(time.perf_counter() - t0)
+                done_ticks += 1
+                if tick % 10 == 0 or tick == config.ticks - 1:
+                    stats = pipe.statistics()
+                    elapsed = time.perf_counter() - t_start
+                    bar.set_postfix(stall=f"{100 * stats.learner_wait_s / elapsed:.0f}%",
+                                    loss=f"{losses[-1]:.3f}",
+                                    slots="".join(s.name[0] for s in pipe.states))
+                bar.update(1)
+            bar.close()
+            elapsed = time.perf_counter() - t_start
+            compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm,
+                               all_reduce)
+        except KeyboardInterrupt:
+            interrupted = True
+        finally:
+            bar.close()
+            elapsed = time.perf_counter() - t_start
+            stats = pipe.statistics()
     finally:
-        bar.close()
-        elapsed = time.perf_counter() - t_start
-        stats = pipe.statistics()
-        pipe.close()
-        stop.set()
-        worker.join(timeout=30)
-        if config.collector == "process" and worker.is_alive():
-            worker.kill()  # it ignores SIGTERM: multiprocessing's exit would wait for ever
-            worker.join()
+        _stop_collector(pipe, stop, worker)
     assert pipe.tracer is not None
     suffix = config.suffix
     pipe.tracer.write_chrome(
@@ -152,6 +149,44 @@ def run(config: DemoConfig | None = None,
     }
     (out_dir / f"summary{suffix}.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _start_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,
+                     stop: threading.Event) -> Any:
+    """The demo's collector, started: a spawned process that ignores the stop signals
+    (``collect_process``), or a thread."""
+    args = (rb, pipe.packer_handle(), config.envs, config.seed)
+    if config.collector == "thread":
+        thread = threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
+                                  daemon=True)
+        thread.start()
+        return thread
+    process = mp.get_context("spawn").Process(
+        target=collect_process, args=(*args, config.collect_steps), daemon=True)
+    start_ignoring(process, STOP_SIGNALS)
+    pipe.watch(process, "the demo collector process")
+    return process
+
+
+def _stop_collector(pipe: Pipeline, stop: threading.Event, worker: Any,
+                    join_s: float = 30.0) -> None:
+    """Close the pipeline (an attached collector sees it and leaves), then end the
+    collector: joined within ``join_s``, or SIGKILLed if it does not leave (it ignores
+    SIGTERM, so multiprocessing's clean-up at exit would wait for it for ever). Each
+    step runs even when the one before raised (a second Ctrl-C, say)."""
+    try:
+        pipe.close()
+    finally:
+        stop.set()
+        if isinstance(worker, threading.Thread):
+            worker.join(timeout=join_s)
+        elif worker is not None and worker.pid is not None:  # a process, started
+            try:
+                worker.join(timeout=join_s)
+            finally:
+                if worker.is_alive():
+                    worker.kill()
+                    worker.join()
 
 
 COMPARE_BLOCKS, COMPARE_TICKS = 3, 20

@@ -131,6 +131,9 @@ class RunInterrupted(Interrupted):
         super().__init__(signum)
         self.result = result
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.signum, self.result)
+
 
 class Trainer:
     """One SAC run that can advance a number of ticks at a time (``compare`` interleaves
