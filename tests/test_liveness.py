@@ -156,8 +156,9 @@ def test_rows_still_coming_keep_a_wait_for_rows_going() -> None:
     assert "waits for 100 rows (min_snapshot_ptr); the replay buffer has had 6 for 1.0 s" \
         in str(stalled)
     assert watch.verdict(0, 100, 100, 9 * s) is None  # the rows are there: packer's part
-    assert watch.verdict(0, 200, 100, 10 * s) is None  # waiting for rows again: anew
-    assert watch.verdict(0, 200, 100, 11 * s + 1) is not None
+    assert watch.verdict(0, 100, 100, 11 * s) is None  # exactly all of them, for long
+    assert watch.verdict(0, 200, 100, 12 * s) is None  # waiting for rows again: anew
+    assert watch.verdict(0, 200, 100, 13 * s + 1) is not None
     forever = RowWatch(None)
     assert forever.verdict(0, 100, 5, 0) is None
     assert forever.verdict(0, 100, 5, 10**6 * s) is None

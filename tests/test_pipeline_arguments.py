@@ -24,7 +24,16 @@ def test_the_defaults() -> None:
         assert pipe.tracer is None and pipe.forced == [] and not pipe.closed
         assert [tuple(h.shape) for h in pipe.host_slots] == [(8, 11)] * 2
         assert pipe.pending == ()
+        assert pipe.stall_timeout == 60.0
+        pipe.start_prepare(0, 8)
+        pipe.sample_large_batch(0, 8)
+        assert pipe.statistics().checks == 0  # checked mode is off
     assert pipe.closed and pipe.forced == []
+
+
+def test_no_stall_bound_is_none() -> None:
+    with Pipeline(buffer(), sample_count=8, stall_timeout=None) as pipe:
+        assert pipe.stall_timeout is None
 
 
 def test_a_collector_link_instance_gives_its_kind() -> None:
