@@ -42,6 +42,7 @@ of fsync, rename and directory fsync is pinned by ``sigkill_at_every_step_of_a_s
 
 from __future__ import annotations
 
+import errno
 import json
 import multiprocessing as mp
 import os
@@ -991,4 +992,6 @@ def test_saving_into_a_missing_folder_names_the_path_asked(tmp_path: Path) -> No
     with pytest.raises(FileNotFoundError) as info:
         rb.save(target)
     assert info.value.filename == str(target) and ".tmp" not in str(info.value)
+    assert str(info.value) == f"[Errno 2] No such file or directory: '{target}'"
+    assert info.value.errno == errno.ENOENT  # what a caller may test on
     assert not (tmp_path / "ckpt").exists()
