@@ -189,5 +189,11 @@ def test_a_comparison_interrupted_at_its_first_tick_still_writes_its_summary(
     assert code == 130
     out = capsys.readouterr().out
     assert out.count("(interrupted)") == 2 and "final return n/a" in out
-    result = json.loads((tmp_path / "sac.json").read_text())
+    assert "tick n/a mean" in out
+
+    def strict(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    result = json.loads((tmp_path / "sac.json").read_text(), parse_constant=strict)
     assert [r["ticks"] for r in result["runs"].values()] == [0, 0]
+    assert result["runs"]["sync"]["tick_ms"] == {"mean": None, "p50": None, "p99": None}

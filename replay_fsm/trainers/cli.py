@@ -69,8 +69,9 @@ def summary(result: dict) -> str:
     lines = []
     for name, run in runs.items():
         final, rate = run["final_return"], run["updates_per_s"] or 0.0  # None: never ran
+        tick = run["tick_ms"]["mean"]  # None: no tick done
         lines.append(f"{name:8s} {run['updates']} updates in {run['loop_s']:.1f} s "
-                     f"({rate:.0f}/s, tick {run['tick_ms']['mean']:.2f} ms "
+                     f"({rate:.0f}/s, tick {'n/a' if tick is None else f'{tick:.2f} ms'} "
                      f"mean), final return {'n/a' if final is None else f'{final:.1f}'}"
                      + (" (interrupted)" if run.get("interrupted") else ""))
     if "speedup_vs_sync" in result:

@@ -303,7 +303,7 @@ def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
     config, tick_s = trainer.config, trainer.tick_s
     eps = [{"env_steps": s, "wall_s": round(trainer.own_time(t), 4), "return": r,
             "length": n} for s, t, r, n in trainer.episodes.rows()]
-    steady = np.asarray(tick_s[len(tick_s) // 10:] or [float("nan")])  # skip warm-up waits
+    steady = np.asarray(tick_s[len(tick_s) // 10:])  # skip warm-up waits
     final = [e["return"] for e in eps[-2 * config.num_envs:]]
     loop_s = trainer.own_s
     result: dict[str, Any] = {
@@ -313,8 +313,10 @@ def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
         "loop_s": loop_s, "blocks": len(trainer.blocks),
         # Tick 0 waits for the collector to start and warm up: the same work in both modes.
         "startup_s": tick_s[0] if tick_s else None,
+        # None with no tick done (a run interrupted at once): JSON has no NaN
         "tick_ms": {"mean": 1e3 * float(steady.mean()), "p50": 1e3 * float(np.median(steady)),
-                    "p99": 1e3 * float(np.percentile(steady, 99))},
+                    "p99": 1e3 * float(np.percentile(steady, 99))} if steady.size else
+                   {"mean": None, "p50": None, "p99": None},
         "updates_per_s": len(tick_s) * config.updates_per_tick / loop_s if loop_s else None,
         "final_return": float(np.mean(final)) if final else None,
         "metrics": trainer.sac.metrics(), "digest": trainer.sac.digest(), "episodes": eps,
