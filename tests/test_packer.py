@@ -533,3 +533,61 @@ def test_service_says_whether_it_served() -> None:
     h.requests.put(request(1, 1, 32))
     h.close()  # the learner closed: what was asked is not served
     assert packer.service(timeout=0) is False and packer.closed
+
+
+def _done_ptrs(h: PackerHandle, count: int) -> list[tuple[int, int]]:
+    """(tick, snapshot_ptr) of the next ``count`` pack-done messages."""
+    got = []
+    for _ in range(count):
+        done = decode(PackDone, *h.done.get(timeout=5.0))  # type: ignore[misc]
+        got.append((done.tick, done.snapshot_ptr))
+    return got
+
+
+def test_serve_due_serves_every_due_request_past_a_claim_lock_that_stayed_taken(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock-step collector serves what is due before it adds rows: a claim whose
+    lock stayed taken (a learner descheduled holding it) is retried, not left for
+    after the next rows, where it would be packed at a larger ptr than it asked for
+    (the SAC trainer lost its bit-identity so, on a loaded machine)."""
+    rb, h = make(rows=100)
+    packer = Packer(h, rb)
+    real_claim, busy = h.claim, [True]
+
+    def claim(*args: object) -> int | None:
+        if busy.pop() if busy else False:
+            return None  # the lock stayed taken this once
+        return real_claim(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(h, "claim", claim)
+    h.requests.put(request(0, 0, 32, min_ptr=100))
+    h.requests.put(request(1, 1, 32, min_ptr=100))
+    h.requests.put(request(2, 0, 32, min_ptr=150))  # due only after more rows
+    assert packer.serve_due() == 2 and busy == []
+    assert _done_ptrs(h, 2) == [(0, 100), (1, 100)]
+    rb.add_packed(constant_rows(rb, 101, 50))
+    assert packer.serve_due() == 1
+    assert _done_ptrs(h, 1) == [(2, 150)]
+
+
+def test_serve_due_goes_on_past_a_request_the_learner_packed_itself() -> None:
+    """The learner took every chunk of tick 0 (its own pack): the packer's service
+    of it serves nothing, and the due request behind it must still be served now."""
+    rb, h = make(rows=100)
+    packer, learner = Packer(h, rb), Packer(h, rb)
+    first = decode(PackRequest, request(0, 0, 32, min_ptr=100))
+    h.requests.put(request(0, 0, 32, min_ptr=100))
+    h.requests.put(request(1, 1, 32, min_ptr=100))
+    assert learner.take(first, timeout=1.0) == h.chunks  # all of tick 0
+    assert packer.serve_due() == 1
+    assert _done_ptrs(h, 2) == [(0, 100), (1, 100)]
+    assert not h.requests.backlog
+
+
+def test_serve_due_returns_on_an_empty_or_closed_channel() -> None:
+    rb, h = make(rows=100)
+    packer = Packer(h, rb)
+    assert packer.serve_due() == 0
+    h.requests.put(request(0, 0, 32, min_ptr=100))
+    h.close()
+    assert packer.serve_due() == 0

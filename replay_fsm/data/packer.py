@@ -315,6 +315,34 @@ class Packer:
         except ChannelClosed:
             return False
 
+    def serve_due(self) -> int:
+        """Serve every waiting request whose ``min_snapshot_ptr`` is reached; returns
+        how many this call served.
+
+        A lock-step collector calls it before it adds rows again, so each of those
+        requests is packed at exactly the ptr it asked for (the synchronous schedule
+        of ``replay_fsm.trainers``). ``service`` alone would stop at the first call
+        that serves nothing, which is not only an empty channel: a request whose
+        every chunk the learner packed itself, or a claim whose lock stayed taken
+        (a learner descheduled while holding it, on a loaded machine). Those are
+        passed or retried here; the requests behind them would otherwise be served
+        later, at a larger ptr. Returns when the channel is empty, the request at
+        its head is not due yet, or the channels closed (a dead learner too).
+        """
+        served = 0
+        while not self.closed:
+            if self.service():
+                served += 1
+                continue
+            pending = self._pending
+            if pending is not None:
+                if self.replay_buffer.ptr < pending.min_snapshot_ptr:
+                    return served  # not due: this process's next rows make it so
+                continue  # due, and its claim lock stayed taken: try again
+            if not self.handle.requests.backlog:
+                return served
+        return served
+
     def take(self, request: PackRequest, timeout: float,
              give_up: Callable[[], None] | None = None) -> int | None:
         """The learner's side: pack the chunks of ``request`` the packer has not

@@ -160,10 +160,10 @@ class _Collector:
             else:
                 self.packer.service(timeout=0.001)  # blocks on the request channel
         # Requests sent before this version was published are in the channel now:
-        # the learner sends them first. Those whose min_snapshot_ptr is reached are
-        # served here, at the ptr they asked for.
-        while self.packer is not None and self.packer.service():
-            pass
+        # the learner sends them first. Every one whose min_snapshot_ptr is reached
+        # is served here, at the ptr it asked for, before this phase adds rows.
+        if self.packer is not None:
+            self.packer.serve_due()
         return not self.stopped
 
     def step(self, action: np.ndarray) -> None:
