@@ -568,6 +568,10 @@ def test_serve_due_serves_every_due_request_past_a_claim_lock_that_stayed_taken(
     rb.add_packed(constant_rows(rb, 101, 50))
     assert packer.serve_due() == 1
     assert _done_ptrs(h, 1) == [(2, 150)]
+    busy.append(True)  # the last request waiting, and its lock taken once
+    h.requests.put(request(3, 1, 32, min_ptr=150))
+    assert packer.serve_due() == 1 and busy == []
+    assert _done_ptrs(h, 1) == [(3, 150)]
 
 
 def test_serve_due_goes_on_past_a_request_the_learner_packed_itself() -> None:
