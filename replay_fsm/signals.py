@@ -54,20 +54,17 @@ def exit_code(exc: KeyboardInterrupt) -> int:
 
 
 @contextmanager
-def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
-    """``handler`` for ``signums`` for the length of the with-block (None: the ones in
-    place), then the handlers from before. Only the main thread can change handlers:
-    elsewhere nothing changes."""
+def keeping_handlers(signums: tuple[int, ...]) -> Iterator[bool]:
+    """The handlers of ``signums`` as they are now, back after the with-block,
+    whatever code inside installed (torch's elastic launcher installs its own and
+    leaves them). Yields whether this thread may change handlers: only the main
+    thread can, and elsewhere nothing is saved or restored."""
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield False
         return
-    saved: dict[int, Any] = {}
+    saved = {signum: signal.getsignal(signum) for signum in signums}
     try:
-        for signum in signums:  # one at a time: a signal in between finds them saved
-            saved[signum] = signal.getsignal(signum)
-            if handler is not None:  # None: keep them, only restore them after
-                signal.signal(signum, handler)
-        yield
+        yield True
     finally:
         for signum, before in saved.items():
             # None: a handler not set from Python; the default is the nearest we can do
@@ -75,11 +72,14 @@ def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
 
 
 @contextmanager
-def keeping_handlers(signums: tuple[int, ...]) -> Iterator[None]:
-    """The handlers of ``signums`` as they are now, back after the with-block,
-    whatever code inside installed (torch's elastic launcher installs its own and
-    leaves them)."""
-    with handling(signums, None):
+def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
+    """``handler`` for ``signums`` for the length of the with-block, then the handlers
+    from before (``keeping_handlers``; from a thread other than the main one nothing
+    changes)."""
+    with keeping_handlers(signums) as main:
+        if main:
+            for signum in signums:  # all saved first: a signal in between finds them so
+                signal.signal(signum, handler)
         yield
 
 
