@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -57,6 +58,55 @@ def test_sampling_reuses_the_packers_buffers() -> None:
     assert got.data_ptr() == out.data_ptr()
     assert gen.initial_seed() == 1234
     assert torch.equal(out, sample_indices(100, 8, 1234))
+
+
+def torch_allocations(fn: Callable[[], object]) -> list[tuple[str, int]]:
+    """The torch CPU allocations ``fn()`` makes (op name, bytes), from the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True) as prof:
+        fn()
+    return [(e.name, e.cpu_memory_usage) for e in prof.events() if e.cpu_memory_usage > 0]
+
+
+def test_a_gather_with_its_scratch_allocates_nothing() -> None:
+    """The seqlock's check (sequence numbers before the copy, their parities) goes into
+    the caller's ``GatherScratch``: no tensor per gather. Without one, it allocates
+    (so the probe sees allocations where they are)."""
+    rb = ReplayBuffer(1024, 4, 2, region_rows=16)
+    rb.add_packed(constant_rows(rb, 1, 1000))
+    indices = sample_indices(1000, 64, 3)
+    out = torch.empty(64, rb.width)
+    scratch = rb.gather_scratch()
+    rb.gather(indices, out, scratch=scratch)  # first calls may set torch up
+    assert torch_allocations(lambda: rb.gather(indices, out, scratch=scratch)) == []
+    assert torch.equal(out, rb.storage[indices])
+    assert torch_allocations(lambda: rb.gather(indices, out)) != []
+
+
+def test_a_steady_pack_allocates_nothing_on_either_side() -> None:
+    """DESIGN: no allocation per tick in steady state, and the learner's calls are
+    measured that way (benchmarks/learner_overhead.py). That covers the learner's own
+    packs (``take``) as well as the packer's: both draw into reused indices and gather
+    with their own scratch."""
+    rb, h = make(rows=200, n=64)
+    packer, learner = Packer(h, rb), Packer(h, rb)
+
+    def by_packer(tick: int) -> None:
+        h.requests.put(request(tick, tick % 2, 64))
+        assert packer.service(timeout=1.0)
+        assert h.done.get(timeout=1.0) is not None
+
+    def by_learner(tick: int) -> None:
+        assert learner.take(decode(PackRequest, request(tick, tick % 2, 64)), 1.0) == 1
+        assert h.done.get(timeout=1.0) is not None
+
+    for tick in range(2):  # first calls may set torch up
+        by_packer(tick)
+    assert torch_allocations(lambda: by_packer(2)) == []
+    for tick in range(3, 5):
+        by_learner(tick)
+    assert torch_allocations(lambda: by_learner(5)) == []
+    assert torch.equal(h.host_slots[1], expected_batch(rb.storage, 200, 64, 5))
 
 
 def request(tick: int, slot: int, n: int, *, min_ptr: int = -1, seed: int | None = None

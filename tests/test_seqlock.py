@@ -66,7 +66,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.data.buffer import GatherScratch, ReplayBuffer
 
 from .collectors import constant_rows
 
@@ -170,8 +170,8 @@ class SteppedBuffer(ReplayBuffer):
         self._stop("unmark")
 
     # reader
-    def _seq_snapshot(self) -> torch.Tensor:
-        before = super()._seq_snapshot()
+    def _seq_snapshot(self, scratch: GatherScratch) -> torch.Tensor:
+        before = super()._seq_snapshot(scratch)
         self._stop("snapshot", before)
         return before
 
@@ -182,8 +182,9 @@ class SteppedBuffer(ReplayBuffer):
         out[:, half:] = self.storage[indices, half:]
         self._stop("read", out[:, half:])
 
-    def _changed_since(self, before: torch.Tensor) -> torch.Tensor | None:
-        changed = super()._changed_since(before)
+    def _changed_since(self, before: torch.Tensor, scratch: GatherScratch
+                       ) -> torch.Tensor | None:
+        changed = super()._changed_since(before, scratch)
         self._stop("compare", changed)
         return changed
 
@@ -391,8 +392,9 @@ def test_the_harness_fails_a_broken_seqlock() -> None:
     (mutant 7 of the module docstring) some schedule returns a torn row."""
 
     class NeverRetries(SteppedBuffer):
-        def _changed_since(self, before: torch.Tensor) -> torch.Tensor | None:
-            super()._changed_since(before)
+        def _changed_since(self, before: torch.Tensor, scratch: GatherScratch
+                           ) -> torch.Tensor | None:
+            super()._changed_since(before, scratch)
             return None
 
     sc = SCENARIOS[2]

@@ -135,6 +135,18 @@ class ReplaySource(Protocol):
     def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor: ...
 
 
+class GatherScratch:
+    """What ``ReplayBuffer.gather`` checks its copy with, made once: the sequence
+    numbers read before the copy and their parities. One per gathering thread (a
+    packer keeps its own); two threads must not share one."""
+
+    def __init__(self, regions: int) -> None:
+        self.before = torch.empty(regions, dtype=torch.int64)
+        self.odd = torch.empty(regions, dtype=torch.int64)
+        self.odd_count = torch.zeros((), dtype=torch.int64)
+        self.one = torch.ones((), dtype=torch.int64)  # a tensor: a Python 1 is boxed per call
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
@@ -351,15 +363,23 @@ class ReplayBuffer:
     def _end_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # even again
 
-    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def gather_scratch(self) -> GatherScratch:
+        """Buffers for ``gather``'s check, for one thread that gathers repeatedly."""
+        return GatherScratch(self._seq.shape[0])
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor, *,
+               scratch: GatherScratch | None = None) -> torch.Tensor:
         """``out[:] = storage[indices]`` with no torn row (INV-ROW).
 
         Rows of regions that an ``add`` wrote during the copy are read again, one
-        region-stable row at a time, until none is being written.
+        region-stable row at a time, until none is being written. With ``scratch``
+        (``gather_scratch()``, this thread's own) a gather that meets no add
+        allocates nothing; without, it allocates its check's few small tensors.
         """
-        before = self._seq_snapshot()
+        scratch = self.gather_scratch() if scratch is None else scratch
+        before = self._seq_snapshot(scratch)
         self._copy_out(indices, out)
-        changed = self._changed_since(before)
+        changed = self._changed_since(before, scratch)
         if changed is None:
             return out
         todo = changed[indices // self.region_rows].nonzero().squeeze(1)
@@ -376,16 +396,19 @@ class ReplayBuffer:
         return out
 
     # The reader's steps.
-    def _seq_snapshot(self) -> torch.Tensor:
-        return self._seq.clone()
+    def _seq_snapshot(self, scratch: GatherScratch) -> torch.Tensor:
+        return scratch.before.copy_(self._seq)
 
     def _copy_out(self, indices: torch.Tensor, out: torch.Tensor) -> None:
         torch.index_select(self.storage, 0, indices, out=out)
 
-    def _changed_since(self, before: torch.Tensor) -> torch.Tensor | None:
+    def _changed_since(self, before: torch.Tensor, scratch: GatherScratch
+                       ) -> torch.Tensor | None:
         """Regions written after ``before`` was read or being written then; None if none
-        (the fast path: one comparison, no allocation)."""
-        if torch.equal(before, self._seq) and not bool((before & 1).any()):
+        (the fast path: one comparison and a count of odd numbers, into ``scratch``)."""
+        torch.bitwise_and(before, scratch.one, out=scratch.odd)
+        torch.sum(scratch.odd, dim=0, out=scratch.odd_count)
+        if torch.equal(before, self._seq) and not int(scratch.odd_count):
             return None
         return (before != self._seq) | ((before & 1) == 1)
 
