@@ -3,12 +3,22 @@ sample_large_batch + after_tick + start_prepare (budget: 30 us median, 100 us p9
 2 cores), with the packer idle and with the packer gathering the next batch at the
 same time (thread and process collectors: a packer thread shares the GIL with the
 learner); and allocations per tick in steady state: net Python bytes (tracemalloc)
-and torch CPU allocations on the learner's calls (torch.profiler); budget 0."""
+and torch CPU allocations on the learner's calls (torch.profiler); budget 0.
+
+Those figures are taken with the interpreter's working set in the CPU caches: the
+calls follow each other. In a learner they do not: the step between them streams
+megabytes of activations and batch through the caches, and the calls then run with
+their code and objects evicted. The cold-cache figures repeat the calls with the
+learner streaming a buffer larger than the last-level cache between them, at the
+point its step would run, beside the bare hand-off of a double buffer (a semaphore
+acquired and one released, as ``learner_loop.BareDoubleBuffer`` does) under the same
+eviction: what any prefetcher's hand-off costs there."""
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import threading
 import time
 import tracemalloc
 
@@ -78,6 +88,7 @@ def main(quick: bool = False) -> dict[str, float]:
         figures[f"gathering_{collector}_us_median"] = med
         figures[f"gathering_{collector}_us_p99"] = p99
         figures[f"gathering_{collector}_share"] = share
+    figures.update(cold_cache(quick))
     figures["budget_us_median"] = 30.0
     figures["budget_us_p99"] = 100.0
     write_result("learner_overhead", {"sample_count": n, "width": rb.width, "ticks": ticks},
@@ -98,7 +109,114 @@ def main(quick: bool = False) -> dict[str, float]:
          f"{figures[f'gathering_{c}_us_p99']:.1f}",
          f"{100 * figures[f'gathering_{c}_share']:.0f} %") for c in ("thread", "process")
     ], ("config", "median", "p99", "ticks timed mid-gather")))
+    print(table(f"learner-visible overhead per tick, cache evicted between the calls "
+                f"({figures['cold_evict_MB']:.0f} MB streamed where the step runs; us)", [
+        (f"{c} collector", f"{figures[f'cold_{c}_us_median']:.1f}",
+         f"{figures[f'cold_{c}_us_p99']:.1f}",
+         f"{figures[f'cold_{c}_over_handoff']:.1f}") for c in ("thread", "process")
+    ] + [("bare double buffer hand-off", f"{figures['cold_handoff_us_median']:.1f}",
+          f"{figures['cold_handoff_us_p99']:.1f}", "1.0")],
+        ("config", "median", "p99", "x the bare hand-off (same round)")))
     return figures
+
+
+# Streamed between the learner's calls: larger than the last-level cache of this
+# machine (32 MB) and of most CPUs a learner runs on.
+EVICT_BYTES = 64 * 2**20
+COLD = ("thread", "process", "handoff")
+
+
+def cold_cache(quick: bool) -> dict[str, float]:
+    """The learner's calls per tick with the caches evicted where its step runs, for
+    the thread and process collectors and the bare double buffer's hand-off, in
+    interleaved rounds (ABBA). Returns per contender the median over rounds of each
+    round's median and p99 (us), and the median of the rounds' ratios to the
+    hand-off measured in the same round."""
+    rounds, ticks = (2, 60) if quick else (6, 300)
+    evict = torch.zeros(EVICT_BYTES // 4)
+    per: dict[str, list[tuple[float, float]]] = {k: [] for k in COLD}
+    for r in range(rounds):
+        for kind in (COLD if r % 2 == 0 else COLD[::-1]):
+            samples = (cold_handoff(evict, ticks) if kind == "handoff"
+                       else cold_pipeline(kind, evict, ticks))
+            steady = sorted(samples[len(samples) // 10:])
+            per[kind].append((statistics.median(steady),
+                              steady[int(len(steady) * 0.99)]))
+    out: dict[str, float] = {}
+    for kind in COLD:
+        out[f"cold_{kind}_us_median"] = statistics.median(m for m, _ in per[kind]) / 1e3
+        out[f"cold_{kind}_us_p99"] = statistics.median(p for _, p in per[kind]) / 1e3
+        if kind != "handoff":
+            out[f"cold_{kind}_over_handoff"] = statistics.median(
+                a[0] / b[0] for a, b in zip(per[kind], per["handoff"], strict=True))
+    out["cold_evict_MB"] = EVICT_BYTES / 2**20
+    out["cold_rounds"] = rounds
+    return out
+
+
+def cold_pipeline(collector: str, evict: torch.Tensor, ticks: int) -> list[int]:
+    """Per tick (ns): ``sample_large_batch`` and ``start_prepare``, then the step
+    (streaming ``evict`` through the caches, not timed), then ``after_tick``, as a
+    learner makes them. Ring depth 3 and small batches; each tick waits, untimed,
+    for the packer to pack the next batch before its step, so the calls never wait
+    and the packer idles: the figure is the calls' own cost with their code and data
+    evicted."""
+    rb = ReplayBuffer(4096, 16, 4)
+    rb.add_packed(torch.randn(4096, rb.width))
+    n = 256
+    samples = []
+    with Pipeline(rb, sample_count=n, ring_depth=3, collector=collector,
+                  packer_threads=1, liveness_timeout=60) as pipe:
+        pipe.start_prepare(0, n)
+        pipe.start_prepare(1, n)
+        # With a timeout the learner does not pack for itself: the packer (a process
+        # starting up, too) serves every tick, and the calls below never wait.
+        if not pipe.wait_until_ready(1, n, timeout=120):
+            raise RuntimeError("the packer served nothing within 120 s")
+        for tick in range(ticks):
+            t0 = time.perf_counter_ns()
+            pipe.sample_large_batch(tick, n)  # ready: it was waited for
+            pipe.start_prepare(tick + 2, n)
+            t1 = time.perf_counter_ns()
+            if not pipe.wait_until_ready(tick + 2, n, timeout=120):
+                raise RuntimeError(f"tick {tick + 2} not packed within 120 s")
+            evict.add_(1.0)  # the learner's step
+            t2 = time.perf_counter_ns()
+            pipe.after_tick()
+            samples.append(t1 - t0 + time.perf_counter_ns() - t2)
+    return samples
+
+
+def cold_handoff(evict: torch.Tensor, ticks: int) -> list[int]:
+    """Per tick (ns): the bare double buffer's hand-off (acquire the gathered batch,
+    release the gatherer: a thread that hands the next one back at once) with the
+    caches evicted before it, where the step runs."""
+    wanted, gathered = threading.Semaphore(0), threading.Semaphore(1)
+    stopping = threading.Event()
+
+    def gatherer() -> None:
+        while True:
+            wanted.acquire()
+            if stopping.is_set():
+                return
+            gathered.release()
+    thread = threading.Thread(target=gatherer, daemon=True)
+    thread.start()
+    samples = []
+    try:
+        for _ in range(ticks):
+            gathered.acquire()  # not timed: as the pipeline's wait above
+            gathered.release()
+            evict.add_(1.0)
+            t0 = time.perf_counter_ns()
+            gathered.acquire()
+            wanted.release()
+            samples.append(time.perf_counter_ns() - t0)
+    finally:
+        stopping.set()
+        wanted.release()
+        thread.join()
+    return samples
 
 
 def packer_idle(collector: str, quick: bool) -> tuple[float, float, float]:

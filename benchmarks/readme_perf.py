@@ -267,6 +267,19 @@ def section(suffix: str = "") -> str:
                 micro.append((f"the same while the packer gathers ({c} collector)",
                               f"{f[f'gathering_{c}_us_median']:.1f} us median, "
                               f"{f[f'gathering_{c}_us_p99']:.1f} p99", "<= 30 / 100 us"))
+        for c in ("thread", "process"):
+            if f"cold_{c}_us_median" in f:
+                micro.append((f"the same with the caches evicted where the learner's step "
+                              f"runs ({f['cold_evict_MB']:.0f} MB streamed; {c} collector; "
+                              "x the bare double buffer's hand-off in the same round)",
+                              f"{f[f'cold_{c}_us_median']:.1f} us median, "
+                              f"{f[f'cold_{c}_us_p99']:.1f} p99 "
+                              f"({f[f'cold_{c}_over_handoff']:.1f} x)", "<= 30 / 100 us"))
+        if "cold_handoff_us_median" in f:
+            micro.append(("the bare double buffer's hand-off (a semaphore acquired, one "
+                          "released), caches evicted the same way",
+                          f"{f['cold_handoff_us_median']:.1f} us median, "
+                          f"{f['cold_handoff_us_p99']:.1f} p99", ""))
         micro.append(("net bytes allocated per tick in steady state (tracemalloc)",
                       f"{f['depth2_net_bytes_per_tick']:.1f}", "0"))
         if "depth2_torch_allocs_per_tick" in f:
