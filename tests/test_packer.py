@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing as mp
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -68,26 +69,39 @@ def torch_allocations(fn: Callable[[], object]) -> list[tuple[str, int]]:
     return [(e.name, e.cpu_memory_usage) for e in prof.events() if e.cpu_memory_usage > 0]
 
 
-def test_a_gather_with_its_scratch_allocates_nothing() -> None:
+def test_a_steady_gather_allocates_nothing() -> None:
     """The seqlock's check (sequence numbers before the copy, their parities) goes into
-    the caller's ``GatherScratch``: no tensor per gather. Without one, it allocates
-    (so the probe sees allocations where they are)."""
+    the calling thread's ``GatherScratch``, made at its first gather: none after that,
+    in this thread or another, nor in a copy of the buffer unpickled elsewhere."""
     rb = ReplayBuffer(1024, 4, 2, region_rows=16)
     rb.add_packed(constant_rows(rb, 1, 1000))
     indices = sample_indices(1000, 64, 3)
     out = torch.empty(64, rb.width)
-    scratch = rb.gather_scratch()
-    rb.gather(indices, out, scratch=scratch)  # first calls may set torch up
-    assert torch_allocations(lambda: rb.gather(indices, out, scratch=scratch)) == []
+    first = torch_allocations(lambda: rb.gather(indices, out))
+    assert first != []  # the probe sees this thread's scratch being made
+    assert torch_allocations(lambda: rb.gather(indices, out)) == []
     assert torch.equal(out, rb.storage[indices])
-    assert torch_allocations(lambda: rb.gather(indices, out)) != []
+    seen: list[list[tuple[str, int]]] = []
+
+    def in_another_thread() -> None:
+        rb.gather(indices, out)
+        seen.append(torch_allocations(lambda: rb.gather(indices, out)))
+    thread = threading.Thread(target=in_another_thread)
+    thread.start()
+    thread.join()
+    assert seen == [[]]
+    copy = ReplayBuffer.__new__(ReplayBuffer)  # as unpickled in a packer process
+    copy.__setstate__(rb.__getstate__())
+    assert "_per_thread" not in rb.__getstate__()
+    copy.gather(indices, out)
+    assert torch_allocations(lambda: copy.gather(indices, out)) == []
 
 
 def test_a_steady_pack_allocates_nothing_on_either_side() -> None:
     """DESIGN: no allocation per tick in steady state, and the learner's calls are
     measured that way (benchmarks/learner_overhead.py). That covers the learner's own
-    packs (``take``) as well as the packer's: both draw into reused indices and gather
-    with their own scratch."""
+    packs (``take``) as well as the packer's: both draw into reused indices, and
+    their gathers' checks into reused scratch."""
     rb, h = make(rows=200, n=64)
     packer, learner = Packer(h, rb), Packer(h, rb)
 

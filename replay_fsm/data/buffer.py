@@ -22,6 +22,7 @@ import _multiprocessing
 import contextlib
 import multiprocessing as mp
 import os
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,9 +137,8 @@ class ReplaySource(Protocol):
 
 
 class GatherScratch:
-    """What ``ReplayBuffer.gather`` checks its copy with, made once: the sequence
-    numbers read before the copy and their parities. One per gathering thread (a
-    packer keeps its own); two threads must not share one."""
+    """What ``ReplayBuffer.gather`` checks its copy with, made once per thread that
+    gathers: the sequence numbers read before the copy and their parities."""
 
     def __init__(self, regions: int) -> None:
         self.before = torch.empty(regions, dtype=torch.int64)
@@ -230,10 +230,12 @@ class ReplayBuffer:
         # A numpy view of the shared counters: reading one costs nanoseconds instead of
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
+        self._per_thread = threading.local()  # gather's scratch, one per thread
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
+        state.pop("_per_thread")  # each process makes its own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -363,20 +365,17 @@ class ReplayBuffer:
     def _end_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # even again
 
-    def gather_scratch(self) -> GatherScratch:
-        """Buffers for ``gather``'s check, for one thread that gathers repeatedly."""
-        return GatherScratch(self._seq.shape[0])
-
-    def gather(self, indices: torch.Tensor, out: torch.Tensor, *,
-               scratch: GatherScratch | None = None) -> torch.Tensor:
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out[:] = storage[indices]`` with no torn row (INV-ROW).
 
         Rows of regions that an ``add`` wrote during the copy are read again, one
-        region-stable row at a time, until none is being written. With ``scratch``
-        (``gather_scratch()``, this thread's own) a gather that meets no add
-        allocates nothing; without, it allocates its check's few small tensors.
+        region-stable row at a time, until none is being written. A gather that meets
+        no add allocates nothing after the calling thread's first: its check goes
+        into that thread's ``GatherScratch``.
         """
-        scratch = self.gather_scratch() if scratch is None else scratch
+        scratch = getattr(self._per_thread, "scratch", None)
+        if scratch is None:
+            scratch = self._per_thread.scratch = GatherScratch(self._seq.shape[0])
         before = self._seq_snapshot(scratch)
         self._copy_out(indices, out)
         changed = self._changed_since(before, scratch)

@@ -242,7 +242,6 @@ class Packer:
         self._pending: PackRequest | None = None
         # Reused every tick: no allocation in steady state.
         self._indices = torch.empty(n, dtype=torch.int64)
-        self._scratch = replay_buffer.gather_scratch()
         self._generator = torch.Generator()
         # Speculation: ticks come in order, so the next request's seed is the last one
         # plus one; an idle packer draws those indices ahead for the current size and
@@ -421,7 +420,7 @@ class Packer:
         while error is None and chunk != NO_CHUNK:
             lo, hi = bounds[chunk], bounds[chunk + 1]
             try:
-                rb.gather(indices[lo:hi], out=out[lo:hi], scratch=self._scratch)
+                rb.gather(indices[lo:hi], out=out[lo:hi])
             except Exception:
                 error = traceback.format_exc()
                 break
