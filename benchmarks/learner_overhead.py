@@ -124,6 +124,8 @@ def main(quick: bool = False) -> dict[str, float]:
 # machine (32 MB) and of most CPUs a learner runs on.
 EVICT_BYTES = 64 * 2**20
 COLD = ("thread", "process", "handoff")
+# Untimed ticks first: a packer process may still be settling after its first pack.
+WARM_UP = 100
 
 
 def cold_cache(quick: bool) -> dict[str, float]:
@@ -135,13 +137,20 @@ def cold_cache(quick: bool) -> dict[str, float]:
     rounds, ticks = (2, 60) if quick else (6, 300)
     evict = torch.zeros(EVICT_BYTES // 4)
     per: dict[str, list[tuple[float, float]]] = {k: [] for k in COLD}
-    for r in range(rounds):
-        for kind in (COLD if r % 2 == 0 else COLD[::-1]):
-            samples = (cold_handoff(evict, ticks) if kind == "handoff"
-                       else cold_pipeline(kind, evict, ticks))
-            steady = sorted(samples[len(samples) // 10:])
-            per[kind].append((statistics.median(steady),
-                              steady[int(len(steady) * 0.99)]))
+    # One torch thread, as in learner_loop: the step leaves the other core to the
+    # packer (with two, the step's second OpenMP thread spins on it after each op).
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for r in range(rounds):
+            for kind in (COLD if r % 2 == 0 else COLD[::-1]):
+                samples = (cold_handoff(evict, ticks) if kind == "handoff"
+                           else cold_pipeline(kind, evict, ticks))
+                steady = sorted(samples)
+                per[kind].append((statistics.median(steady),
+                                  steady[int(len(steady) * 0.99)]))
+    finally:
+        torch.set_num_threads(threads)
     out: dict[str, float] = {}
     for kind in COLD:
         out[f"cold_{kind}_us_median"] = statistics.median(m for m, _ in per[kind]) / 1e3
@@ -173,7 +182,7 @@ def cold_pipeline(collector: str, evict: torch.Tensor, ticks: int) -> list[int]:
         # starting up, too) serves every tick, and the calls below never wait.
         if not pipe.wait_until_ready(1, n, timeout=120):
             raise RuntimeError("the packer served nothing within 120 s")
-        for tick in range(ticks):
+        for tick in range(WARM_UP + ticks):
             t0 = time.perf_counter_ns()
             pipe.sample_large_batch(tick, n)  # ready: it was waited for
             pipe.start_prepare(tick + 2, n)
@@ -184,7 +193,7 @@ def cold_pipeline(collector: str, evict: torch.Tensor, ticks: int) -> list[int]:
             t2 = time.perf_counter_ns()
             pipe.after_tick()
             samples.append(t1 - t0 + time.perf_counter_ns() - t2)
-    return samples
+    return samples[WARM_UP:]
 
 
 def cold_handoff(evict: torch.Tensor, ticks: int) -> list[int]:
@@ -204,7 +213,7 @@ def cold_handoff(evict: torch.Tensor, ticks: int) -> list[int]:
     thread.start()
     samples = []
     try:
-        for _ in range(ticks):
+        for _ in range(WARM_UP + ticks):
             gathered.acquire()  # not timed: as the pipeline's wait above
             gathered.release()
             evict.add_(1.0)
@@ -216,7 +225,7 @@ def cold_handoff(evict: torch.Tensor, ticks: int) -> list[int]:
         stopping.set()
         wanted.release()
         thread.join()
-    return samples
+    return samples[WARM_UP:]
 
 
 def packer_idle(collector: str, quick: bool) -> tuple[float, float, float]:
