@@ -34,7 +34,10 @@ from replay_fsm.data.packer import (
 )
 from replay_fsm.errors import PackerError
 from replay_fsm.runtime.links import ExternalCollector
-from replay_fsm.wire import PackDone, PackRequest, decode, encode
+from replay_fsm.runtime.observers import Observer
+from replay_fsm.spec import Event
+from replay_fsm.transfer.cpu import CpuBackend
+from replay_fsm.wire import PackDone, PackRequest, TransitionRecord, decode, encode
 
 from .drive import packed, reference, run_ticks
 from .support import MARGIN_S, Exited, SlotsOnlyLink, finishes_within
@@ -873,3 +876,51 @@ def test_every_batch_is_exact_with_the_packer_racing_the_learner(
         stats = pipe.statistics()
         assert stats.packs == 60 == stats.ticks
         assert stats.learner_chunks <= stats.learner_packs * (N // chunk_rows)
+
+
+# -- who submits a batch the learner packed -------------------------------------
+
+
+class ThreadsOf(Observer):
+    """The name of the thread each SUBMIT and COMPLETE ran on, with its tick."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, int, str]] = []
+
+    def transition(self, record: TransitionRecord, time_ns: int) -> None:
+        if record.event in (Event.SUBMIT, Event.COMPLETE):
+            self.seen.append((record.event.value, record.tick,
+                              threading.current_thread().name))
+
+
+class SubmitOnWorker(CpuBackend):
+    submit_on_learner = False
+
+
+@pytest.mark.parametrize("backend", [CpuBackend, SubmitOnWorker])
+def test_a_batch_the_learner_packs_to_its_end_is_submitted_where_the_backend_allows(
+        backend: type[CpuBackend]) -> None:
+    """With the CPU backend (``submit_on_learner``) the learner that wrote a batch's
+    last chunk fires SUBMIT and COMPLETE itself, on its own thread, at once: no
+    message to the transfer worker, whose thread would have to wake first (about a
+    third of a millisecond per tick on a 2-core machine). A backend without the flag
+    gets the batch from the transfer worker's thread, as a packer's. The batches are
+    the same either way. The packer here reads each request only after the learner
+    packed it, so the learner packs them all."""
+    rb = buffer()
+    threads = ThreadsOf()
+    with Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                  backend=backend()) as pipe:
+        pipe.add_observer(threads)
+        packer = Packer.attach(pipe.packer_handle(), rb)
+        for tick in range(4):
+            pipe.start_prepare(tick, N)
+            assert exact(pipe, tick, pipe.sample_large_batch(tick, N))
+            pipe.after_tick()
+            assert not packer.service()  # the request, packed already: dropped
+        assert pipe.statistics().learner_packs == 4
+    here = threading.current_thread().name
+    expected = here if backend is CpuBackend else "replay_fsm-transfer"
+    assert [(event, tick) for event, tick, _ in threads.seen] == [
+        (event, tick) for tick in range(4) for event in ("submit", "complete")]
+    assert {name for _, _, name in threads.seen} == {expected}

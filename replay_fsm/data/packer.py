@@ -344,10 +344,12 @@ class Packer:
         return served
 
     def take(self, request: PackRequest, timeout: float,
-             give_up: Callable[[], None] | None = None) -> int | None:
+             give_up: Callable[[], None] | None = None,
+             deliver: Callable[[PackDone], None] | None = None) -> int | None:
         """The learner's side: pack the chunks of ``request`` the packer has not
         claimed, on this thread; whoever writes the last chunk posts the pack-done
-        message (the learner to this process's consumer, ``Channel.post_local``).
+        message (the learner to this process's consumer, ``Channel.post_local``, or,
+        given ``deliver``, straight to ``deliver`` on this thread).
         Returns how many chunks this call wrote (0: none was left), None when the
         claim lock stayed taken for ``timeout`` seconds. A chunk that raises is
         reported as the packer's are: its traceback in the pack-done message.
@@ -369,7 +371,7 @@ class Packer:
             return None
         if chunk == NO_CHUNK:
             return 0
-        return self._pack(request, chunk, local=True, give_up=give_up)
+        return self._pack(request, chunk, local=True, give_up=give_up, deliver=deliver)
 
     def _speculate(self) -> None:
         if self._last_seed is None:
@@ -397,7 +399,8 @@ class Packer:
         self.replay_buffer.unlink()
 
     def _pack(self, request: PackRequest, chunk: int, *, local: bool = False,
-              give_up: Callable[[], None] | None = None) -> int:
+              give_up: Callable[[], None] | None = None,
+              deliver: Callable[[PackDone], None] | None = None) -> int:
         """Write ``chunk`` of ``request`` and every further chunk this side claims;
         post the pack-done message when this side wrote the last one, or the
         traceback when a chunk raised. Returns the chunks written. A chunk that
@@ -435,10 +438,12 @@ class Packer:
                             sample_count=request.sample_count, snapshot_ptr=ptr,
                             snapshot_size=size, pack_start_ns=start,
                             pack_end_ns=time.monotonic_ns(), error=error)
-            if local:
+            if not local:
+                handle.done.put(*encode(done))
+            elif deliver is None:
                 handle.done.post_local(*encode(done))
             else:
-                handle.done.put(*encode(done))
+                deliver(done)
         return written
 
     def _draw(self, seed: int, size: int) -> torch.Tensor:

@@ -77,7 +77,8 @@ class CollectorLink(abc.ABC):
     def take(self, request: PackRequest, timeout: float, *,
              give_up: Callable[[], None] | None = None) -> int | None:
         """Pack the part of ``request`` the collector has not reached on the calling
-        (learner) thread; whoever packs its last part posts its pack-done message.
+        (learner) thread; whoever packs its last part posts its pack-done message
+        (this thread: to ``receive``, or to what ``deliver_here`` named).
         Returns how many parts (chunks) this call packed, 0 when none is left to
         take; None when it could not look now (the claim lock stayed taken for
         ``timeout`` seconds, or too many requests wait unread): ask again later.
@@ -91,6 +92,11 @@ class CollectorLink(abc.ABC):
                 complete, and the caller fails its run.
         """
         return 0
+
+    def deliver_here(self, deliver: Callable[[PackDone], None]) -> None:
+        """From now on, a request ``take`` packs to its end hands its pack-done message
+        to ``deliver``, on the taking thread, instead of to ``receive``. By default
+        a link's ``take`` packs nothing, and this does nothing."""
 
     def watch(self, process: Any, what: str) -> None:
         """Report ``process`` (anything with ``is_alive()``, ``pid``, ``exitcode``)
@@ -125,6 +131,7 @@ class ChannelLink(CollectorLink):
         self._ring_depth = ring_depth
         # The learner's own packs (``take``); it holds the handle too.
         self._learner_packer: Packer | None = Packer(self._handle, replay_buffer)
+        self._deliver: Callable[[PackDone], None] | None = None  # deliver_here's
 
     @property
     def handle(self) -> PackerHandle:
@@ -148,6 +155,9 @@ class ChannelLink(CollectorLink):
         got = self.handle.done.get(timeout=timeout)
         return None if got is None else decode(PackDone, *got)
 
+    def deliver_here(self, deliver: Callable[[PackDone], None]) -> None:
+        self._deliver = deliver
+
     def take(self, request: PackRequest, timeout: float, *,
              give_up: Callable[[], None] | None = None) -> int | None:
         packer = self._learner_packer
@@ -160,7 +170,7 @@ class ChannelLink(CollectorLink):
         if packer.handle.requests.backlog > self._ring_depth:
             return None
         try:
-            return packer.take(request, timeout, give_up)
+            return packer.take(request, timeout, give_up, self._deliver)
         except ChannelClosed:
             return 0  # closed meanwhile: the pipeline raises PipelineClosed
 

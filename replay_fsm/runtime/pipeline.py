@@ -189,6 +189,10 @@ class Pipeline:
                                       self.backend.submit, self._on_transfer_error)
         self._watchdog = Watchdog(self.liveness_timeout, self._link, self.backend,
                                   self._worker.is_alive)
+        if self.backend.submit_on_learner:
+            # A batch the learner packs to its end is submitted on the learner's
+            # thread at once, with no wait for the transfer worker's thread to wake.
+            self._link.deliver_here(self._worker.handle)
         self._worker.start()
         self._link.start(self._on_packer_error)
 

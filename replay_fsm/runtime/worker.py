@@ -43,6 +43,14 @@ class TransferWorker:
                         "is left behind"]
         return []
 
+    def handle(self, done: PackDone) -> None:
+        """What the worker does with one pack-done message: fire SUBMIT, then hand
+        the copy order to the backend. The learner's thread calls it too, for a batch
+        it packed itself, where the backend allows (``submit_on_learner``)."""
+        order = self._on_done(done)
+        if order is not None:
+            self._submit(order)
+
     def _run(self) -> None:
         try:
             while not self._stop.is_set():
@@ -50,10 +58,7 @@ class TransferWorker:
                     done = self._receive(POLL_S)
                 except ChannelClosed:
                     return
-                if done is None:
-                    continue
-                order = self._on_done(done)
-                if order is not None:
-                    self._submit(order)
+                if done is not None:
+                    self.handle(done)
         except BaseException as exc:  # noqa: BLE001 - reported to the learner
             self._fail(exc)

@@ -48,6 +48,11 @@ class TransferBackend(abc.ABC):
     what a synchronous device with plain tensor slots needs."""
 
     name: ClassVar[str] = "custom"
+    # Whether ``submit`` may run on the learner's thread too, beside the transfer
+    # worker's: a batch the learner packed itself is then submitted at once, with no
+    # hand-off to the worker thread. Only for a submit that finishes the copy before it
+    # returns and is safe from two threads at once.
+    submit_on_learner: ClassVar[bool] = False
     device: torch.device
     host: HostSlots
     device_slots: HostSlots  # one tensor per slot; the host slots when zero-copy

@@ -14,6 +14,7 @@ from .base import HostSlots, TransferBackend, allocate_like
 
 class CpuBackend(TransferBackend):
     name = "cpu"
+    submit_on_learner = True  # synchronous: a copy (or none) into its own slot
 
     def __init__(self, device: torch.device | str = "cpu", *, copy: bool = False) -> None:
         self.device = torch.device(device)
