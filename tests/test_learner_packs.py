@@ -488,8 +488,12 @@ def test_two_threads_waiting_for_one_tick_take_it_once() -> None:
             return verdict(*args)
         pipe._watchdog.verdict = watched  # type: ignore[method-assign]
 
+        second: list[threading.Thread] = []
+
         def second_thread() -> None:
-            threading.Thread(target=pipe.wait_until_ready, args=(0, N), daemon=True).start()
+            second.append(threading.Thread(target=pipe.wait_until_ready, args=(0, N),
+                                           daemon=True))
+            second[0].start()
             # Either it waits (right) or it gathers a chunk (wrong); both end this.
             assert waited.wait(MARGIN_S) or gathered.is_set()
         gather = rb.gather
@@ -506,6 +510,9 @@ def test_two_threads_waiting_for_one_tick_take_it_once() -> None:
         stats = pipe.statistics()
         assert not gathered.is_set()
         assert (stats.learner_packs, stats.learner_chunks) == (1, 4)
+        # Tick 0 is hot now: the second wait ends too, before close could fail it.
+        second[0].join(MARGIN_S)
+        assert not second[0].is_alive()
 
 
 def test_a_packer_that_cannot_count_its_chunk_retries_while_its_learner_lives() -> None:
