@@ -13,6 +13,7 @@ one lock. An illegal step raises a ProtocolError and changes nothing
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections import deque
 from collections.abc import Callable
@@ -119,6 +120,16 @@ class Step(NamedTuple):
     done: PackDone | None = None
 
 
+# The core builds a Step and a TransitionRecord at every step: straight from a tuple
+# of every field in order, they cost half of a call with keywords (no Python frame).
+_step: Callable[[tuple[Any, ...]], Step] = functools.partial(tuple.__new__, Step)
+_record: Callable[[tuple[Any, ...]], TransitionRecord] = functools.partial(
+    tuple.__new__, TransitionRecord)
+assert tuple(Step.__annotations__) == ("event", "tick", "slot", "done")
+assert tuple(TransitionRecord.__annotations__) == (
+    "slot", "tick", "generation", "source", "dest", "event", "actor")
+
+
 # The predicates behind the table's guard names; each returns None when the guard
 # holds, else the reason in words. ``spec.GUARDS`` names exactly these keys (tested).
 Guard = Callable[["Core", _Slot, Step], "str | None"]
@@ -172,6 +183,8 @@ def as_count(name: str, value: object, low: int = 0) -> int:
         TypeError: not an integer (the message names ``name``).
         ValueError: below ``low``.
     """
+    if type(value) is int and value >= low:  # the common case, at once
+        return value
     if isinstance(value, bool):
         number = None
     else:
@@ -189,6 +202,8 @@ def as_count(name: str, value: object, low: int = 0) -> int:
 
 def as_tick(tick: object) -> int:
     """``tick`` as an int >= 0 (see ``as_count``)."""
+    if type(tick) is int and tick >= 0:  # as as_count's first line, one call fewer
+        return tick
     return as_count("tick", tick)
 
 
@@ -329,7 +344,7 @@ class Core:
         if self.base_seed + tick > MAX_SEED:
             raise ValueError(f"tick {tick}: its seed base_seed + tick = "
                              f"{self.base_seed + tick} must be < 2**63")
-        slot = self._admit(Step(Event.REQUEST, tick=tick), actor)
+        slot = self._admit(_step((Event.REQUEST, tick, None, None)), actor)
         slot.generation += 1
         self._transition(slot, Event.REQUEST, actor, tick=tick)
         self._pending.append((tick, slot.index))
@@ -344,7 +359,7 @@ class Core:
 
     def acquire(self, tick: int, *, actor: Actor | None = None) -> int:
         """Learner: make the READY slot of ``tick`` HOT; returns the slot index."""
-        slot = self._admit(Step(Event.ACQUIRE, tick=as_tick(tick)), actor)
+        slot = self._admit(_step((Event.ACQUIRE, as_tick(tick), None, None)), actor)
         self._transition(slot, Event.ACQUIRE, actor)
         self._pending.popleft()
         self._hot = slot.index
@@ -353,7 +368,7 @@ class Core:
 
     def release(self, *, actor: Actor | None = None) -> ReleaseToken:
         """Learner: end the HOT period; the token is what a later copy must wait on."""
-        slot = self._admit(Step(Event.RELEASE), actor)
+        slot = self._admit(_step((Event.RELEASE, None, None, None)), actor)
         assert slot.tick is not None
         token = ReleaseToken(slot=slot.index, tick=slot.tick, generation=slot.generation)
         self._transition(slot, Event.RELEASE, actor, tick=None)
@@ -366,7 +381,7 @@ class Core:
 
     def packed(self, done: PackDone, *, actor: Actor | None = None) -> CopyOrder:
         """Transfer worker: H[slot] is packed; returns the copy order to submit."""
-        slot = self._admit(Step(Event.SUBMIT, slot=done.slot, done=done), actor)
+        slot = self._admit(_step((Event.SUBMIT, None, done.slot, done)), actor)
         self._transition(slot, Event.SUBMIT, actor)
         order = CopyOrder(tick=done.tick, slot=slot.index, generation=slot.generation,
                           after_release=slot.last_release)
@@ -375,7 +390,7 @@ class Core:
 
     def copied(self, slot_index: int, *, actor: Actor | None = None) -> None:
         """Copy engine: the copy into G[slot] completed."""
-        slot = self._admit(Step(Event.COMPLETE, slot=slot_index), actor)
+        slot = self._admit(_step((Event.COMPLETE, None, slot_index, None)), actor)
         self._transition(slot, Event.COMPLETE, actor)
         self._notify()
 
@@ -443,15 +458,14 @@ class Core:
     # -- internals ------------------------------------------------------------
 
     def _check_usable(self, event: Event, actor: Actor | None) -> None:
-        who = "any" if actor is None else actor.value
         if self._failure is not None:
             raise PipelineFailed(
-                f"can't handle event {event.value} (actor={who}): the pipeline "
+                f"can't handle event {event.value} (actor={_who(actor)}): the pipeline "
                 f"failed earlier: {self._failure!r}") from self._failure
         if self._closed:
             raise PipelineClosed(
-                f"can't handle event {event.value} (actor={who}): the pipeline is "
-                "closed")
+                f"can't handle event {event.value} (actor={_who(actor)}): the pipeline "
+                "is closed")
 
     def _target(self, step: Step) -> _Slot | None:
         """The slot ``step`` acts on; None only for a release with no slot HOT."""
@@ -474,7 +488,7 @@ class Core:
     def _admit(self, step: Step, actor: Actor | None) -> _Slot:
         """The slot ``step`` fires on, once the table admits it; raises otherwise."""
         event = step.event
-        owner = actor_of(event)
+        owner = _OWNER[event]
         self._check_usable(event, owner if actor is None else actor)
         if actor is not None and owner is not None and actor is not owner:
             raise IllegalTransition(
@@ -488,10 +502,10 @@ class Core:
                                     f"{(owner or actor or Actor.LEARNER).value}): no slot "
                                     f"is HOT; states: {states}")
         row = transition_for(slot.state, event)
-        guard = guard_of(event)
+        guard = _GUARD_FN[event]
         # The guard is pure, so it is asked even where the row is missing: its reason
         # ("ticks are acquired in request order") says more than "no such row".
-        why = None if guard is None else GUARDS[guard](self, slot, step)
+        why = None if guard is None else guard(self, slot, step)
         if why is None and row is None:
             why = ("INV-HOST-WAR: ring full: the tick's slot in ring order is "
                    f"{slot.state.name}; acquire or release a batch first"
@@ -512,10 +526,9 @@ class Core:
         if not isinstance(tick, _Keep):
             slot.tick = tick
         if self.observer is not None:
-            self._records.append(TransitionRecord(
-                slot=slot.index, tick=old_tick if slot.tick is None else slot.tick,
-                generation=slot.generation, source=source, dest=slot.state,
-                event=event, actor=actor_of(event) or actor))
+            self._records.append(_record((
+                slot.index, old_tick if slot.tick is None else slot.tick,
+                slot.generation, source, slot.state, event, _OWNER[event] or actor)))
 
     def _notify(self) -> None:
         """Hand the finished step's records to the observer. The step is complete
@@ -530,3 +543,15 @@ class Core:
                 error = error or exc
         if error is not None:
             raise error
+
+
+def _who(actor: Actor | None) -> str:
+    return "any" if actor is None else actor.value
+
+
+# Per event, read once from the table: the actor that owns it and its guard's
+# predicate (the core asks both at every step).
+_OWNER: dict[Event, Actor | None] = {e: actor_of(e) for e in Event}
+_GUARD_FN: dict[Event, Guard | None] = {
+    e: None if guard_of(e) is None else GUARDS[guard_of(e)]  # type: ignore[index]
+    for e in Event}

@@ -11,7 +11,8 @@ layer.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeVar
 
@@ -116,8 +117,17 @@ DONE_FIELDS = len(int_fields(PackDone))
 
 def encode(message: PackRequest | PackDone) -> tuple[list[int], str | None]:
     """The int record of ``message`` and its text (a PackDone's error), for a channel."""
-    values = [getattr(message, name) for name in int_fields(type(message))]
-    return values, getattr(message, "error", None)
+    cls = type(message)
+    read = _READERS.get(cls)
+    if read is None:  # once per class, as int_fields: one C call per message after
+        names = int_fields(cls)
+        get = operator.attrgetter(*names)
+        read = get if len(names) > 1 else (lambda m: (get(m),))
+        _READERS[cls] = read
+    return list(read(message)), getattr(message, "error", None)
+
+
+_READERS: dict[type[Any], Callable[[Any], tuple[Any, ...]]] = {}
 
 
 def decode(cls: type[Message], values: Sequence[int], text: str | None = None) -> Message:

@@ -121,7 +121,10 @@ class Pipeline:
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
         self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
-        self._cv = threading.Condition()
+        # One lock serialises every step; the condition waits on it. ``with
+        # self._lock`` enters it in C, where ``with self._cv`` adds a Python frame.
+        self._lock = threading.RLock()
+        self._cv = threading.Condition(self._lock)
         self._closed = False
         # What close() had to force (a process killed, a thread left behind).
         self.forced: list[str] = []
@@ -216,7 +219,7 @@ class Pipeline:
         """Fail fast with CollectorDied when ``process`` dies: a
         ``multiprocessing.Process``, or anything with ``is_alive()``, ``pid`` and
         ``exitcode`` (the error names them)."""
-        with self._cv:
+        with self._lock:
             self._link.watch(process, what)
 
     @property
@@ -249,7 +252,7 @@ class Pipeline:
                           min_snapshot_ptr)
 
     def _request(self, tick_id: int, min_snapshot_ptr: int | None) -> bool:
-        with self._cv:
+        with self._lock:
             self._raise_if_unusable()
             if self._core.slot_of(tick_id) is not None:
                 return False
@@ -278,7 +281,7 @@ class Pipeline:
         return self._call(None, self._ready, as_tick(tick_id))
 
     def _ready(self, tick_id: int) -> bool:
-        with self._cv:
+        with self._lock:
             self._pump_locked()
             self._raise_if_unusable()
             slot = self._core.slot_of(tick_id)
@@ -324,7 +327,7 @@ class Pipeline:
         self._call("after_tick", self._release)
 
     def _release(self) -> None:
-        with self._cv:
+        with self._lock:
             self._raise_if_unusable()
             slot = self._core.hot_slot
             if slot is None:
@@ -358,13 +361,13 @@ class Pipeline:
         """Fail the pipeline with ``error`` as the cause: every later call raises
         chained to it (INV-STICKY). For a collector or a test that knows the run is
         broken. A second failure keeps the first cause."""
-        with self._cv:
+        with self._lock:
             self._fail_locked(error)
 
     def add_observer(self, observer: Observer) -> None:
         """Report every later transition and span to ``observer`` (see
         ``replay_fsm.runtime.observers``)."""
-        with self._cv:
+        with self._lock:
             self._observers += (observer,)
 
     # -- read-only views ------------------------------------------------------
@@ -372,35 +375,35 @@ class Pipeline:
     def check_invariants(self) -> None:
         """Assert the core's structural invariants (INV-HOT, INV-ORDER, the slots'
         ticks); a failure is a library bug."""
-        with self._cv:
+        with self._lock:
             self._core.check_invariants()
 
     def statistics(self) -> Statistics:
-        with self._cv:
+        with self._lock:
             return self._stats.snapshot(self._core.states,
                                         0 if self._checker is None else self._checker.checks)
 
     @property
     def states(self) -> tuple[SlotState, ...]:
-        with self._cv:
+        with self._lock:
             return self._core.states
 
     @property
     def pending(self) -> tuple[tuple[int, int], ...]:
         """(tick, slot) of requested ticks not yet acquired, oldest first."""
-        with self._cv:
+        with self._lock:
             return self._core.pending
 
     @property
     def hot(self) -> tuple[int, int] | None:
         """(tick, slot) of the batch the learner holds, or None."""
-        with self._cv:
+        with self._lock:
             slot, tick = self._core.hot_slot, self._core.hot_tick
             return None if slot is None or tick is None else (tick, slot)
 
     def slot_of(self, tick_id: int) -> int | None:
         """The slot holding ``tick_id`` (pending or hot), else None."""
-        with self._cv:
+        with self._lock:
             return self._core.slot_of(tick_id)
 
     def pack_record(self, tick_id: int) -> PackDone:
@@ -411,7 +414,7 @@ class Pipeline:
             ProtocolError: the tick's batch is not READY or HOT.
             PipelineFailed, PipelineClosed.
         """
-        with self._cv:
+        with self._lock:
             self._raise_if_unusable()
             slot = self._core.slot_of(tick_id)
             done = None if slot is None else self._packs[slot]
@@ -427,7 +430,7 @@ class Pipeline:
         """Stop everything: stop the collector link and the transfer worker, drain
         copies, unregister page-locked memory. Idempotent (INV-CLOSE)."""
         interrupted: BaseException | None = None
-        with self._cv:
+        with self._lock:
             if self._closed:
                 return
             self._closed = True
@@ -465,7 +468,7 @@ class Pipeline:
             raise
 
     def _wait(self, tick: int, deadline: float | None) -> bool:
-        with self._cv:
+        with self._lock:
             self._raise_if_unusable()
             return self._wait_locked(tick, deadline) is not None
 
@@ -547,7 +550,7 @@ class Pipeline:
         return bool(took)
 
     def _acquire(self, tick: int) -> dict[str, torch.Tensor]:
-        with self._cv:
+        with self._lock:
             self._raise_if_unusable()
             hot = self._core.hot_slot
             if hot is not None:
@@ -556,7 +559,8 @@ class Pipeline:
                 raise ProtocolError(f"tick {self._core.hot_tick} is still hot; call "
                                     f"after_tick() before sampling tick {tick}")
             slot = self._wait_locked(tick, None)  # raises if the tick was never requested
-            self._raise_if_unusable()  # an observer failed the run on the wait's span
+            if slot is None:  # without a deadline: an observer failed the run on its span
+                self._raise_if_unusable()
             assert slot is not None
             self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
             if self._checker is not None:
@@ -565,6 +569,8 @@ class Pipeline:
             return dict(self._views[slot])
 
     def _validate(self, sample_count: int) -> None:
+        if type(sample_count) is int and sample_count == self.sample_count:
+            return  # the common case, at once
         if isinstance(sample_count, bool) or not hasattr(sample_count, "__index__"):
             raise TypeError(f"sample_count must be an int, got {sample_count!r}")
         if int(sample_count) != self.sample_count:
@@ -595,7 +601,7 @@ class Pipeline:
         if done.error is not None:
             self.fail(PackerError(done.tick, done.error))
             return None
-        with self._cv:
+        with self._lock:
             if self._core.failure is not None or self._closed:
                 return None
             if self._checker is not None:
@@ -609,7 +615,7 @@ class Pipeline:
 
     def _on_copy_complete(self, slot: int) -> None:
         try:
-            with self._cv:
+            with self._lock:
                 if self._core.failure is not None or self._closed:
                     return
                 self._core.copied(slot, actor=Actor.COPY_ENGINE)
@@ -630,7 +636,7 @@ class Pipeline:
         self._fail(error, Actor.PACKER)
 
     def _fail(self, error: BaseException, actor: Actor | None) -> None:
-        with self._cv:
+        with self._lock:
             self._fail_locked(error, actor=actor)
 
     def _fail_locked(self, error: BaseException, cause: BaseException | None = None, *,
@@ -662,6 +668,6 @@ class Pipeline:
         """An observer raised: drop it and fail the pipeline, chained to its error.
         The step it watched is complete; failing (not re-raising into the middle of
         a learner call) keeps the rest of that call from being skipped."""
-        with self._cv:
+        with self._lock:
             self._observers = tuple(o for o in self._observers if o is not observer)
             self._fail_locked(error)
