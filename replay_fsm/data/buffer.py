@@ -409,7 +409,7 @@ class ReplayBuffer:
         torch.sum(scratch.odd, dim=0, out=scratch.odd_count)
         if torch.equal(before, self._seq) and not int(scratch.odd_count):
             return None
-        return (before != self._seq) | ((before & 1) == 1)
+        return (before != self._seq) | (scratch.odd == 1)  # odd: being written then
 
     def _seq_at(self, regions: torch.Tensor) -> torch.Tensor:
         return self._seq[regions]
