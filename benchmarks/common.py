@@ -8,7 +8,7 @@ import os
 import platform
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +65,13 @@ def median_time(fn: Callable[[], object], *, repeat: int, number: int = 1,
             fn()
         samples.append((time.perf_counter() - t0) / number)
     return statistics.median(samples)
+
+
+def quantile(values: Sequence[float], q: float) -> float:
+    """The ``q`` quantile of ``values`` (0 <= q <= 1): the value at rank
+    ``int(q * len)`` of the sorted values, the last for q = 1."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def write_result(name: str, config: dict[str, Any], figures: dict[str, Any],

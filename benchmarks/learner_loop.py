@@ -48,9 +48,9 @@ from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.data.sampling import sample_indices
 
 try:
-    from common import median_time, steady_malloc, table, write_result
+    from common import median_time, quantile, steady_malloc, table, write_result
 except ImportError:
-    from benchmarks.common import median_time, steady_malloc, table, write_result
+    from benchmarks.common import median_time, quantile, steady_malloc, table, write_result
 
 
 FEATURES = 64  # columns the learner's first layer reads; the rest is carried along
@@ -361,11 +361,6 @@ def run_ticks(c: Contender, ticks: int, background: Sequence[int] = ()
     if ours0 is None or ours1 is None or bg0 is None or bg1 is None:
         return times, stalls, None
     return times, stalls, (own1 - own0 + ours1 - ours0, bg1 - bg0, wall1 - wall0)
-
-
-def quantile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
 def run_regime(name: str, rb: ReplayBuffer, n: int, compute: Callable, device: torch.device,

@@ -27,9 +27,9 @@ import torch
 from replay_fsm import Pipeline, ReplayBuffer
 
 try:
-    from common import table, write_result
+    from common import quantile, table, write_result
 except ImportError:
-    from benchmarks.common import table, write_result
+    from benchmarks.common import quantile, table, write_result
 
 
 def main(quick: bool = False) -> dict[str, float]:
@@ -50,10 +50,10 @@ def main(quick: bool = False) -> dict[str, float]:
                 pipe.after_tick()
                 pipe.start_prepare(tick + depth - 1, n)
                 samples.append(time.perf_counter_ns() - t0)
-            steady = sorted(samples[len(samples) // 10:])
+            steady = samples[len(samples) // 10:]
             figures[f"depth{depth}_us_median"] = statistics.median(steady) / 1e3
-            figures[f"depth{depth}_us_p90"] = steady[int(len(steady) * 0.9)] / 1e3
-            figures[f"depth{depth}_us_p99"] = steady[int(len(steady) * 0.99)] / 1e3
+            figures[f"depth{depth}_us_p90"] = quantile(steady, 0.9) / 1e3
+            figures[f"depth{depth}_us_p99"] = quantile(steady, 0.99) / 1e3
             # Allocations per tick in steady state: net bytes still held after K ticks.
             tracemalloc.start()
             snap0 = tracemalloc.take_snapshot()
@@ -146,9 +146,7 @@ def cold_cache(quick: bool) -> dict[str, float]:
             for kind in (COLD if r % 2 == 0 else COLD[::-1]):
                 samples = (cold_handoff(evict, ticks) if kind == "handoff"
                            else cold_pipeline(kind, evict, ticks))
-                steady = sorted(samples)
-                per[kind].append((statistics.median(steady),
-                                  steady[int(len(steady) * 0.99)]))
+                per[kind].append((statistics.median(samples), quantile(samples, 0.99)))
     finally:
         torch.set_num_threads(threads)
     out: dict[str, float] = {}
@@ -252,8 +250,8 @@ def packer_idle(collector: str, quick: bool) -> tuple[float, float, float]:
             t2 = time.perf_counter_ns()
             totals.append(t2 - t0)
             prepares.append(t2 - t1)
-    steady = sorted(totals[len(totals) // 10:])
-    return (statistics.median(steady) / 1e3, steady[int(len(steady) * 0.99)] / 1e3,
+    steady = totals[len(totals) // 10:]
+    return (statistics.median(steady) / 1e3, quantile(steady, 0.99) / 1e3,
             statistics.median(prepares[len(prepares) // 10:]) / 1e3)
 
 
@@ -283,8 +281,7 @@ def while_gathering(collector: str, quick: bool) -> tuple[float, float, float]:
                 samples.append(dt)
     if not samples:
         return float("nan"), float("nan"), 0.0
-    samples.sort()
-    return (statistics.median(samples) / 1e3, samples[int(len(samples) * 0.99)] / 1e3,
+    return (statistics.median(samples) / 1e3, quantile(samples, 0.99) / 1e3,
             len(samples) / (ticks - 3))
 
 
