@@ -140,7 +140,7 @@ def decode(cls: type[Message], values: Sequence[int], text: str | None = None) -
     if len(values) != len(names):
         raise ValueError(f"a {cls.__name__} record has {len(names)} fields, got "
                          f"{len(values)}")
-    kwargs: dict[str, Any] = dict(zip(names, (int(v) for v in values), strict=True))
+    kwargs: dict[str, Any] = dict(zip(names, map(int, values), strict=True))
     if text is not None:
         kwargs["error"] = text
     return cls(**kwargs)
