@@ -93,3 +93,42 @@ def test_verdicts_come_from_the_medians_and_record_each_round() -> None:
     # The three "every row" claims at load1 straddle 1.0; nothing else does.
     assert f"In 3 of these {len(verdicts)} claims the rounds fall on both sides" in text
     assert "varied by 0% to 50% between its fastest and slowest round" in text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)  # four fresh processes, two of them spawn a packer
+def test_compare_revisions_measures_each_revision_in_its_own_process() -> None:
+    """Comparing HEAD with this checkout: one round measures the library of each
+    revision (the measuring process refuses a replay_fsm from anywhere else), records
+    which commit was the base, gives every figure a ratio, and leaves no worktree."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout.strip()
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=ROOT, check=True,
+                               capture_output=True, text=True).stdout
+    out = subprocess.run([sys.executable, "benchmarks/compare_revisions.py", "HEAD",
+                          "--rounds", "1", "--quick"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stdout + out.stderr
+    data = json.loads((ROOT / "benchmarks/results/compare_revisions-quick.json")
+                      .read_text())
+    assert data["config"]["base_sha"] == data["config"]["head_sha"] == head
+    figures = data["figures"]
+    assert set(figures) == {"warm_thread", "warm_process", "cold_thread",
+                            "cold_process", "cold_handoff"}
+    for f in figures.values():
+        assert f["base_us"] > 0 and f["this_us"] > 0
+        assert f["ratio_median"] == pytest.approx(f["this_us"] / f["base_us"])
+    assert subprocess.run(["git", "worktree", "list"], cwd=ROOT, check=True,
+                          capture_output=True, text=True).stdout == worktrees
+
+
+def test_compare_revisions_refuses_a_library_from_elsewhere(tmp_path: Path) -> None:
+    """The measuring side checks where replay_fsm came from: a figure measured on
+    the wrong revision would be a ratio of the same code."""
+    compare = _load_benchmark("compare_revisions")
+    with pytest.raises(RuntimeError, match="replay_fsm came from"):
+        compare.measure(tmp_path, quick=True)
+    with pytest.raises(SystemExit):
+        compare.main(["no-such-revision-anywhere"])
