@@ -120,10 +120,8 @@ def encode(message: PackRequest | PackDone) -> tuple[list[int], str | None]:
     cls = type(message)
     read = _READERS.get(cls)
     if read is None:  # once per class, as int_fields: one C call per message after
-        names = int_fields(cls)
-        get = operator.attrgetter(*names)
-        read = get if len(names) > 1 else (lambda m: (get(m),))
-        _READERS[cls] = read
+        # A tuple of the values: each message class has several int fields.
+        read = _READERS[cls] = operator.attrgetter(*int_fields(cls))
     return list(read(message)), getattr(message, "error", None)
 
 
