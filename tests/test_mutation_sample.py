@@ -28,7 +28,7 @@ from .mutant_copies import (
 SAMPLE: dict[str, Mutant] = {
     # core: a copy that does not wait for the release of the slot's last HOT period
     # (INV-DEVICE-WAR), and the guard registry filled with None at import.
-    "replay_fsm.core.xǁCoreǁpacked__mutmut_22": Mutant(
+    "replay_fsm.core.xǁCoreǁpacked__mutmut_17": Mutant(
         "replay_fsm/core.py", "after_release=slot.last_release)", "after_release=None)",
         ("tests/test_core_table.py::test_copy_order_names_the_previous_release",)),
     "replay_fsm.core.x__guard__mutmut_1": Mutant(
