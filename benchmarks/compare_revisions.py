@@ -7,7 +7,8 @@ Each round runs one fresh process per revision, in alternating order (ABBA), and
 each process measures, after ``WARM_UP`` untimed ticks:
 
 - ``warm_<collector>``: ``sample_large_batch`` + ``after_tick`` + ``start_prepare``
-  back to back, ring depth 2 (learner_overhead's first figure);
+  back to back, ring depth 2 (as learner_overhead's first figure, which drops the
+  first tenth of its ticks instead);
 - ``cold_<collector>``: the same calls with the caches evicted where the learner's
   step runs (``learner_overhead.cold_pipeline``);
 - ``cold_handoff``: the bare double buffer's hand-off evicted the same way; no
@@ -15,16 +16,19 @@ each process measures, after ``WARM_UP`` untimed ticks:
   two processes of a round.
 
 Reported per figure: the median over rounds of each process's median (us) and the
-median and range of the rounds' ratios (this checkout over BASE). Two revisions on
-a machine whose speed moves from hour to hour are compared only like this: their
-absolute figures from different runs are not comparable.
+median and range of the rounds' ratios (this checkout over BASE); the result file
+keeps every round's figures too. Two revisions on a machine whose speed moves from
+hour to hour are compared only like this: their absolute figures from different runs
+are not comparable.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -36,6 +40,8 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 COLLECTORS = ("thread", "process")
+MEASURE_TIMEOUT_S = 1800  # one revision's figures; about a minute here
+STOP_GRACE_S = 30
 
 
 def measure(library: Path, quick: bool) -> dict[str, float]:
@@ -54,6 +60,7 @@ def measure(library: Path, quick: bool) -> dict[str, float]:
 
     steady_malloc()
     torch.set_num_threads(1)  # as learner_loop: the packer keeps the other core
+    # (the result file's machine facts are the parent's: "torch_threads_measuring")
     ticks = 100 if quick else 1500
     out: dict[str, float] = {}
     for collector in COLLECTORS:
@@ -80,40 +87,62 @@ def measure(library: Path, quick: bool) -> dict[str, float]:
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=ROOT, check=True, capture_output=True,
-                          text=True).stdout.strip()
+    """git's output; a failure raises with git's own message."""
+    got = subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
+    if got.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)} failed: {got.stderr.strip()}")
+    return got.stdout.strip()
 
 
 def run_one(library: Path, quick: bool) -> dict[str, float]:
-    """``measure`` in a fresh process that imports replay_fsm from ``library``."""
+    """``measure`` in a fresh process that imports replay_fsm from ``library``. The
+    process gets a session of its own: on a timeout or a Ctrl-C here it is sent
+    Ctrl-C (its pipeline closes and ends the packer it spawned, whose named
+    semaphores are then removed), and its whole group is killed if it is still
+    there ``STOP_GRACE_S`` later."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [str(library), *filter(None, [os.environ.get("PYTHONPATH")])]))
     argv = [sys.executable, str(Path(__file__).resolve()), "--measure", str(library)]
     if quick:
         argv.append("--quick")
-    got = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=1800)
-    if got.returncode != 0:
-        raise RuntimeError(f"measuring {library} failed:\n{got.stdout}{got.stderr}")
-    return json.loads(got.stdout.strip().splitlines()[-1])
+    child = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = child.communicate(timeout=MEASURE_TIMEOUT_S)
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(child.pid, signal.SIGINT)
+        try:
+            child.communicate(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            child.wait()
+        raise
+    if child.returncode != 0:
+        raise RuntimeError(f"measuring {library} failed:\n{out}{err}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def compare(base: str, rounds: int, quick: bool) -> dict[str, Any]:
     base_sha = git("rev-parse", "--verify", f"{base}^{{commit}}")
     head_sha = git("rev-parse", "HEAD")
-    dirty = bool(git("status", "--porcelain", "--untracked-files=no", "--", "replay_fsm"))
+    dirty = bool(git("status", "--porcelain", "--", "replay_fsm"))  # untracked too
     per: dict[str, list[dict[str, float]]] = {"base": [], "this": []}
     with tempfile.TemporaryDirectory(prefix="replay_fsm-base-") as tmp:
         tree = Path(tmp) / "tree"
-        git("worktree", "add", "--detach", str(tree), base_sha)
         try:
+            git("worktree", "add", "--detach", str(tree), base_sha)
             for r in range(rounds):
                 for side in (("base", "this") if r % 2 == 0 else ("this", "base")):
                     per[side].append(run_one(tree if side == "base" else ROOT, quick))
                     print(f"round {r + 1}/{rounds} {side}: "
                           + ", ".join(f"{k} {v:.1f}" for k, v in per[side][-1].items()),
                           flush=True)
-        finally:
-            git("worktree", "remove", "--force", str(tree))
+        finally:  # never masks the error that got here: a failed removal is pruned
+            subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT,
+                           capture_output=True)
+            subprocess.run(["git", "worktree", "prune"], cwd=ROOT, capture_output=True)
     figures: dict[str, Any] = {}
     for key in per["base"][0]:
         ratios = [b[key] / a[key] for a, b in zip(per["base"], per["this"], strict=True)]
@@ -124,7 +153,10 @@ def compare(base: str, rounds: int, quick: bool) -> dict[str, Any]:
             "ratio_min": min(ratios), "ratio_max": max(ratios),
         }
     return {"base": base, "base_sha": base_sha, "head_sha": head_sha,
-            "uncommitted_changes": dirty, "rounds": rounds, "figures": figures}
+            "uncommitted_changes": dirty, "rounds": rounds,
+            "torch_threads_measuring": 1, "figures": figures,
+            "by_round": [{"base": a, "this": b}
+                         for a, b in zip(per["base"], per["this"], strict=True)]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -143,13 +175,13 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
     try:
         git("rev-parse", "--verify", f"{args.base}^{{commit}}")
-    except (OSError, subprocess.CalledProcessError):
+    except (OSError, RuntimeError):
         ap.error(f"{args.base!r} is not a revision of the git checkout at {ROOT}")
     sys.path.insert(0, str(HERE))
     from common import table, write_result
     result = compare(args.base, args.rounds, args.quick)
     write_result("compare_revisions", {k: v for k, v in result.items() if k != "figures"},
-                 result["figures"], quick=args.quick)
+                 result["figures"], quick=args.quick)  # config: revisions and each round
     print(table(f"the learner's calls per tick, this checkout over {args.base} "
                 f"({result['base_sha'][:7]}), {args.rounds} interleaved rounds (us)", [
         (key, f"{f['base_us']:.1f}", f"{f['this_us']:.1f}", f"{f['ratio_median']:.3f}",

@@ -35,10 +35,10 @@ from replay_fsm.data.sampling import sample_indices
 from replay_fsm.wire import PackRequest, encode
 
 try:
-    from common import steady_malloc, table, write_result
+    from common import quantile, steady_malloc, table, write_result
     from learner_loop import make_compute
 except ImportError:
-    from benchmarks.common import steady_malloc, table, write_result
+    from benchmarks.common import quantile, steady_malloc, table, write_result
     from benchmarks.learner_loop import make_compute
 
 
@@ -188,11 +188,11 @@ def main(quick: bool = False) -> dict[str, Any]:
     alone = statistics.median(results["alone"]["step"])
     figures: dict[str, Any] = {}
     for kind, v in results.items():
-        gil = sorted(v["gil"]) or [0.0]
+        gil = v["gil"] or [0.0]
         figures[kind] = {"step_ms": statistics.median(v["step"]) * 1e3,
                          "slowdown": statistics.median(v["step"]) / alone,
-                         "gil_wait_p50_us": gil[len(gil) // 2] * 1e6,
-                         "gil_wait_p99_us": gil[min(len(gil) - 1, int(len(gil) * .99))] * 1e6}
+                         "gil_wait_p50_us": quantile(gil, 0.5) * 1e6,
+                         "gil_wait_p99_us": quantile(gil, 0.99) * 1e6}
     write_result("interference", {"rows": rows, "width": width, "batch": n, "steps": steps,
                                   "rounds": rounds, "malloc_thresholds_fixed": malloc_fixed},
                  figures, quick=quick)

@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from .support import MARGIN_S
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -109,7 +114,7 @@ def test_compare_revisions_measures_each_revision_in_its_own_process() -> None:
                                capture_output=True, text=True).stdout
     out = subprocess.run([sys.executable, "benchmarks/compare_revisions.py", "HEAD",
                           "--rounds", "1", "--quick"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=600)
+                         text=True, timeout=540)  # before the test's own timeout
     assert out.returncode == 0, out.stdout + out.stderr
     data = json.loads((ROOT / "benchmarks/results/compare_revisions-quick.json")
                       .read_text())
@@ -124,11 +129,43 @@ def test_compare_revisions_measures_each_revision_in_its_own_process() -> None:
                           capture_output=True, text=True).stdout == worktrees
 
 
-def test_compare_revisions_refuses_a_library_from_elsewhere(tmp_path: Path) -> None:
+def test_compare_revisions_refuses_a_library_from_elsewhere(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """The measuring side checks where replay_fsm came from: a figure measured on
     the wrong revision would be a ratio of the same code."""
     compare = _load_benchmark("compare_revisions")
     with pytest.raises(RuntimeError, match="replay_fsm came from"):
         compare.measure(tmp_path, quick=True)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         compare.main(["no-such-revision-anywhere"])
+    assert exit_info.value.code == 2
+    assert "'no-such-revision-anywhere' is not a revision" in capsys.readouterr().err
+
+
+def test_compare_revisions_stops_a_measuring_process_that_outruns_its_time(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A measuring process past its time is stopped with its whole process group,
+    and the timeout reaches the caller."""
+    compare = _load_benchmark("compare_revisions")
+    monkeypatch.setattr(compare, "MEASURE_TIMEOUT_S", 0.5)
+    started: list[subprocess.Popen[str]] = []
+    popen = subprocess.Popen
+
+    def recording(*args: Any, **kwargs: Any) -> subprocess.Popen[str]:
+        started.append(popen(*args, **kwargs))
+        return started[-1]
+    monkeypatch.setattr(compare.subprocess, "Popen", recording)
+    with pytest.raises(subprocess.TimeoutExpired):
+        compare.run_one(ROOT, quick=True)
+    (child,) = started
+    assert child.returncode is not None  # stopped and reaped
+    # What it started leaves too: its resource tracker ends once it is gone. A
+    # process of another parent cannot be waited on, so its group is polled.
+    deadline = time.monotonic() + MARGIN_S
+    while True:
+        try:
+            os.killpg(child.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of its group outlived it"
+        time.sleep(0.05)
