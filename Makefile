@@ -38,13 +38,15 @@ test: install sysdeps
 demo: install
 	$(VENV)/bin/replay-fsm demo
 
-# The model checks: every SPIN claim, witness and broken model, and the refinement
-# check against the real core, slow tier included.
-# The model checks, the bounded mutation checks CI runs, and the mutation figures:
+# The checks of the deep tier, which CI's time does not fit, with the model checks and
+# the bounded mutation checks CI runs: every SPIN claim, witness and broken model at
+# ring depths 2 and 3, the refinement check against the real core, the hand-written
+# and sampled mutants, the benchmark suite's quick run; then the mutation figures:
 # those of the local mutmut run when mutants/ holds one, else the recorded ones.
 verify: install sysdeps
-	REPLAY_FSM_SLOW=1 $(PY) -m pytest tests/test_spin.py tests/test_spin_broken.py \
-	  tests/test_refinement.py tests/test_mutation_sample.py tests/test_mutations.py
+	REPLAY_FSM_SLOW=1 REPLAY_FSM_DEEP=1 $(PY) -m pytest tests/test_spin.py \
+	  tests/test_spin_broken.py tests/test_refinement.py tests/test_mutation_sample.py \
+	  tests/test_mutations.py tests/test_benchmarks.py
 	@if [ -d mutants ]; then $(PY) -m tests.mutation_report || true; \
 	else sed -n '/^## Figures/,/^## Equivalent/p' specs/MUTATION.md; fi
 
@@ -61,7 +63,7 @@ bench-quick: install
 # per module and checks that every survivor is listed in specs/MUTATION.md.
 mutation: install sysdeps
 	$(PY) -m pip install -q "mutmut>=3.8,<4"
-	env -u CI -u REPLAY_FSM_SLOW HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run
+	env -u CI -u REPLAY_FSM_SLOW -u REPLAY_FSM_DEEP HYPOTHESIS_PROFILE=mutation $(VENV)/bin/mutmut run
 	$(PY) -m tests.mutation_report
 
 lint: install

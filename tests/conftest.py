@@ -2,6 +2,8 @@ import os
 
 from hypothesis import HealthCheck, settings
 
+from .tiers import TIERS, tier_runs
+
 # fast: local runs. ci: thorough and derandomized, so a failure replays exactly.
 settings.register_profile(
     "fast", max_examples=25, stateful_step_count=30, deadline=None, print_blob=True,
@@ -20,12 +22,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]
-    """The slow tier runs in CI (CI=true) or with REPLAY_FSM_SLOW=1; locally it skips."""
+    """Skips the tests of each tier this run leaves out (tests/tiers.py)."""
     import pytest
 
-    if os.environ.get("CI") or os.environ.get("REPLAY_FSM_SLOW"):
-        return
-    skip = pytest.mark.skip(reason="slow tier: runs in CI, or set REPLAY_FSM_SLOW=1")
-    for item in items:
-        if "slow" in item.keywords:
-            item.add_marker(skip)
+    for tier, variables in TIERS.items():
+        if tier_runs(tier):
+            continue
+        skip = pytest.mark.skip(reason=f"{tier} tier: set {variables[-1]}=1"
+                                + (" (CI runs it)" if tier == "slow" else " (make verify)"))
+        for item in items:
+            if tier in item.keywords:
+                item.add_marker(skip)

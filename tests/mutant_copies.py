@@ -68,6 +68,7 @@ def run_suite(root: Path, tests: list[str] | tuple[str, ...]) -> tuple[int, str]
     env = dict(os.environ, PYTHONPATH=str(root), HYPOTHESIS_PROFILE="mutation")
     env.pop("CI", None)  # the fast tier suffices to kill; keeps the check short
     env.pop("REPLAY_FSM_SLOW", None)
+    env.pop("REPLAY_FSM_DEEP", None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
            "-p", "tests.mutation_timeout", "-o", f"timeout={PER_TEST_TIMEOUT_S}", *tests]
     try:

@@ -59,7 +59,7 @@ def run(tests: list[str], mutant: str) -> int:
             assert "replay_fsm" not in sys.modules
             os.chdir(MUTANTS)
             sys.path.insert(0, str(MUTANTS))
-            for var in ("CI", "REPLAY_FSM_SLOW"):
+            for var in ("CI", "REPLAY_FSM_SLOW", "REPLAY_FSM_DEEP"):
                 os.environ.pop(var, None)
             os.environ.update(MUTANT_UNDER_TEST=mutant, HYPOTHESIS_PROFILE="mutation")
             null = os.open(os.devnull, os.O_WRONLY)

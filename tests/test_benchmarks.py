@@ -17,7 +17,7 @@ from .support import MARGIN_S
 ROOT = Path(__file__).resolve().parent.parent
 
 
-@pytest.mark.slow
+@pytest.mark.deep  # about 3 minutes: make verify runs it, CI does not
 @pytest.mark.timeout(900)  # every benchmark once, on a machine that may be busy
 def test_bench_quick_runs_and_writes_results() -> None:
     out = subprocess.run([sys.executable, "benchmarks/run_all.py", "--quick"], cwd=ROOT,

@@ -50,7 +50,7 @@ def refinement(depth: int, ticks: int, faults: bool, backend: str | None = None)
 @needs_spin
 @pytest.mark.parametrize("depth,ticks,faults", [
     (2, 5, False), (2, 5, True), (3, 7, False),
-    pytest.param(3, 7, True, marks=pytest.mark.slow)])
+    pytest.param(3, 7, True, marks=pytest.mark.deep)])
 def test_the_model_and_the_core_reach_the_same_states_and_agree_on_every_step(
         depth: int, ticks: int, faults: bool) -> None:
     report = refinement(depth, ticks, faults)

@@ -1,6 +1,7 @@
 """The SPIN model: every claim of specs/claims.pml proved for every backend variant,
-with and without faults, at ring depth 2 and 3; every witness refuted (so no claim
-holds vacuously); no invalid end state; the skeleton generated from the table.
+with and without faults, at ring depth 2 and, in the deep tier (make verify), 3; every
+witness refuted (so no claim holds vacuously); no invalid end state; the skeleton
+generated from the table.
 CI sets REPLAY_FSM_REQUIRE_SPIN=1, so a missing spin or gcc fails there instead of
 skipping."""
 
@@ -18,13 +19,18 @@ from replay_fsm.spec import INVARIANTS, TRANSITIONS, Event, SlotState
 from replay_fsm.verify.promela import slot_table
 from replay_fsm.verify.refinement import SPECS, Pan, PanResult
 
+from .tiers import tier_runs
+
 HAVE = shutil.which("spin") is not None and shutil.which("gcc") is not None
 if not HAVE and os.environ.get("REPLAY_FSM_REQUIRE_SPIN"):
     raise RuntimeError("spin and gcc are required here (REPLAY_FSM_REQUIRE_SPIN is set); "
                        "make sysdeps installs them")
 needs_spin = pytest.mark.skipif(not HAVE, reason="spin or gcc not installed (make sysdeps)")
 
-CONFIGS = [(2, 5), (3, 7)]  # ring depth, ticks: each wraps the ring twice
+# ring depth, ticks: each wraps the ring twice. Depth 3 is the deep tier (make verify).
+CONFIGS = [(2, 5), (3, 7)]
+DEEP = {(3, 7)}
+CONFIG_PARAMS = [pytest.param(*c, marks=pytest.mark.deep) if c in DEEP else c for c in CONFIGS]
 BACKENDS = [None, "CUDA", "ZEROCOPY", "MPS"]  # None: the emulated/manual backends
 FAULTS = [(), ("FAULTS",), ("PACKER_FAULTS",)]
 # Deadlock freedom is searched with both kinds of faults at once: their runs include
@@ -118,6 +124,8 @@ def build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Builder]:
 
     if HAVE:
         for depth, ticks in CONFIGS:
+            if (depth, ticks) in DEEP and not tier_runs("deep"):
+                continue  # skipped: not built
             for backend in BACKENDS:
                 chosen = (backend,) if backend else ()
                 for faults in FAULTS:
@@ -164,7 +172,7 @@ def test_every_ordering_invariant_has_claims_listed_in_the_catalogue() -> None:
 @needs_spin
 @pytest.mark.parametrize("faults", FAULTS, ids=_id)
 @pytest.mark.parametrize("backend", BACKENDS, ids=_id)
-@pytest.mark.parametrize("depth,ticks", CONFIGS)
+@pytest.mark.parametrize("depth,ticks", CONFIG_PARAMS)
 def test_spin_proves_every_claim_and_refutes_every_witness(
         build: Builder, depth: int, ticks: int, backend: str | None,
         faults: tuple[str, ...]) -> None:
@@ -184,7 +192,7 @@ def test_spin_proves_every_claim_and_refutes_every_witness(
 
 @needs_spin
 @pytest.mark.parametrize("backend", BACKENDS, ids=_id)
-@pytest.mark.parametrize("depth,ticks", CONFIGS)
+@pytest.mark.parametrize("depth,ticks", CONFIG_PARAMS)
 def test_spin_finds_no_invalid_end_state(build: Builder, depth: int, ticks: int,
                                          backend: str | None) -> None:
     """No invalid end state, in one search that covers all three fault settings."""

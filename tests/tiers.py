@@ -1,0 +1,21 @@
+"""The test tiers and the variables that turn each on (tests/conftest.py skips the rest).
+
+fast: always. slow: in CI (``CI=true``) or with ``REPLAY_FSM_SLOW=1``. deep: with
+``REPLAY_FSM_DEEP=1``, which ``make verify`` sets and CI does not: the SPIN and
+refinement checks at ring depth 3 and the benchmark suite's quick run, which CI's time
+does not fit; CI runs the same checks at ring depth 2.
+"""
+
+from __future__ import annotations
+
+import os
+
+TIERS = {
+    "slow": ("CI", "REPLAY_FSM_SLOW"),
+    "deep": ("REPLAY_FSM_DEEP",),
+}
+
+
+def tier_runs(tier: str) -> bool:
+    """Whether this run includes ``tier``: one of its variables is set."""
+    return any(os.environ.get(var) for var in TIERS[tier])
