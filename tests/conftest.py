@@ -2,7 +2,7 @@ import os
 
 from hypothesis import HealthCheck, settings
 
-from .tiers import TIERS, tier_runs
+from .tiers import TIERS, skip_reason, tier_runs
 
 # fast: local runs. ci: thorough and derandomized, so a failure replays exactly.
 settings.register_profile(
@@ -25,11 +25,10 @@ def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def
     """Skips the tests of each tier this run leaves out (tests/tiers.py)."""
     import pytest
 
-    for tier, variables in TIERS.items():
+    for tier in TIERS:
         if tier_runs(tier):
             continue
-        skip = pytest.mark.skip(reason=f"{tier} tier: set {variables[-1]}=1"
-                                + (" (CI runs it)" if tier == "slow" else " (make verify)"))
+        skip = pytest.mark.skip(reason=skip_reason(tier))
         for item in items:
             if tier in item.keywords:
                 item.add_marker(skip)

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from .mutation_timeout import TIMEOUT_EXIT_CODE
+from .tiers import TIER_VARIABLES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -66,9 +67,8 @@ def run_suite(root: Path, tests: list[str] | tuple[str, ...]) -> tuple[int, str]
     first failure; a test past ``PER_TEST_TIMEOUT_S`` ends the run with
     ``TIMEOUT_EXIT_CODE``. Returns pytest's exit code and its output."""
     env = dict(os.environ, PYTHONPATH=str(root), HYPOTHESIS_PROFILE="mutation")
-    env.pop("CI", None)  # the fast tier suffices to kill; keeps the check short
-    env.pop("REPLAY_FSM_SLOW", None)
-    env.pop("REPLAY_FSM_DEEP", None)
+    for var in TIER_VARIABLES:  # the fast tier suffices to kill; keeps the check short
+        env.pop(var, None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider",
            "-p", "tests.mutation_timeout", "-o", f"timeout={PER_TEST_TIMEOUT_S}", *tests]
     try:

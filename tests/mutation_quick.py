@@ -34,6 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from tests.mutation_report import MUTANTS, NOT_KILLED, STATUS
+from tests.tiers import TIER_VARIABLES
 
 TIMEOUT_S = 60
 PRELOAD = Path(__file__).with_name("mutation_preload.txt")
@@ -59,7 +60,7 @@ def run(tests: list[str], mutant: str) -> int:
             assert "replay_fsm" not in sys.modules
             os.chdir(MUTANTS)
             sys.path.insert(0, str(MUTANTS))
-            for var in ("CI", "REPLAY_FSM_SLOW", "REPLAY_FSM_DEEP"):
+            for var in TIER_VARIABLES:
                 os.environ.pop(var, None)
             os.environ.update(MUTANT_UNDER_TEST=mutant, HYPOTHESIS_PROFILE="mutation")
             null = os.open(os.devnull, os.O_WRONLY)

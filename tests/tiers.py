@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import os
 
-TIERS = {
-    "slow": ("CI", "REPLAY_FSM_SLOW"),
-    "deep": ("REPLAY_FSM_DEEP",),
+TIERS = {  # tier: (the variables that turn it on, where it runs without them)
+    "slow": (("CI", "REPLAY_FSM_SLOW"), "CI runs it"),
+    "deep": (("REPLAY_FSM_DEEP",), "make verify runs it"),
 }
+# Unset for mutant runs: the fast tier suffices to kill and keeps them short.
+TIER_VARIABLES = tuple(var for variables, _ in TIERS.values() for var in variables)
 
 
 def tier_runs(tier: str) -> bool:
     """Whether this run includes ``tier``: one of its variables is set."""
-    return any(os.environ.get(var) for var in TIERS[tier])
+    return any(os.environ.get(var) for var in TIERS[tier][0])
+
+
+def skip_reason(tier: str) -> str:
+    variables, where = TIERS[tier]
+    return f"{tier} tier: set {variables[-1]}=1 ({where})"
