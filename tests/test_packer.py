@@ -514,6 +514,20 @@ def test_a_channel_needs_room_for_one_record_of_one_field() -> None:
         assert str(info.value) == "capacity and width must be >= 1"
 
 
+def test_a_record_wider_than_the_channel_is_refused_and_takes_no_space() -> None:
+    """A record is the channel's width at most (a shorter one reads back zero-padded).
+    One value too many would land on the text's length; refused before it takes a
+    space, the channel keeps its room and its order."""
+    ch = Channel(1, 2)
+    for put in (ch.put, ch.post_local):
+        with pytest.raises(ValueError) as info:
+            put([1, 2, 3])
+        assert str(info.value) == "a record of this channel has at most 2 values, got 3"
+    assert ch.backlog == 0
+    assert ch.put([4], timeout=1.0) and ch.get(timeout=1.0) == ([4, 0], None)
+    assert ch.put([5, 6], timeout=1.0) and ch.get(timeout=1.0) == ([5, 6], None)
+
+
 def test_an_empty_text_is_a_text_and_not_none() -> None:
     """A packer's error text may be empty; it must still read as an error."""
     ch = Channel(2, 1, text_bytes=8)

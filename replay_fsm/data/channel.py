@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import _multiprocessing
 import multiprocessing as mp
+import struct
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
@@ -48,12 +49,18 @@ class Channel:
         self._buf_np = self._buf.numpy()
         self._text_np = self._text.numpy()
         self._idx_np = self._idx.numpy()
+        # The ring as bytes and the counters as int64 cells: records and counters
+        # are read and written through these, a C call each (numpy's
+        # scalar and slice access cost several times as much per message).
+        self._bytes = memoryview(self._buf_np).cast("B")
+        self._counters = memoryview(self._idx_np).cast("B").cast("q")
+        self._record = struct.Struct(f"{self.width + 1}q")  # a row and its text length
         # post_local's records, for this process's consumer only (never pickled).
         self._local: deque[tuple[list[int], str | None]] = deque()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for key in ("_buf_np", "_text_np", "_idx_np", "_local"):
+        for key in VIEWS:
             state.pop(key)
         return state
 
@@ -70,11 +77,11 @@ class Channel:
     def backlog(self) -> int:
         """Records put and not yet taken (a snapshot; either side may move it); in
         the consumer's process, ``post_local``'s too."""
-        return int(self._idx_np[1] - self._idx_np[0]) + len(self._local)
+        return self._counters[1] - self._counters[0] + len(self._local)
 
     @property
     def closed(self) -> bool:
-        return bool(self._idx_np[2])
+        return bool(self._counters[2])
 
     def put(self, values: Sequence[int], text: str | None = None,
             timeout: float | None = None) -> bool:
@@ -85,25 +92,34 @@ class Channel:
         """
         if self.closed:
             raise ChannelClosed()
-        if text is not None and not self.text_bytes:
-            raise ValueError("this channel carries no text (text_bytes=0)")
+        self._check(values, text)
         if not self._spaces.acquire(timeout=timeout):
             return False
         if self.closed:
             self._spaces.release()
             raise ChannelClosed()
-        i = int(self._idx_np[1]) % self.capacity
-        row = self._buf_np[i]
-        row[: len(values)] = values
+        counters = self._counters
+        i = counters[1] % self.capacity
         if text is None:
-            row[self.width] = -1
+            n_text = -1
         else:
             data = text.encode("utf-8", "replace")[-self.text_bytes:]
             self._text_np[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
-            row[self.width] = len(data)
-        self._idx_np[1] += 1
+            n_text = len(data)
+        # Row i: the values, zero-padded to the width, then the text's length.
+        self._record.pack_into(self._bytes, i * self._record.size, *values,
+                               *(0,) * (self.width - len(values)), n_text)
+        counters[1] += 1
         self._items.release()
         return True
+
+    def _check(self, values: Sequence[int], text: str | None) -> None:
+        """Refuse a record this channel cannot carry, before it takes a space."""
+        if text is not None and not self.text_bytes:
+            raise ValueError("this channel carries no text (text_bytes=0)")
+        if len(values) > self.width:
+            raise ValueError(f"a record of this channel has at most {self.width} "
+                             f"values, got {len(values)}")
 
     def post_local(self, values: Sequence[int], text: str | None = None) -> None:
         """Append one record from the consumer's own process, beside the ring's one
@@ -115,8 +131,7 @@ class Channel:
         """
         if self.closed:
             raise ChannelClosed()
-        if text is not None and not self.text_bytes:
-            raise ValueError("this channel carries no text (text_bytes=0)")
+        self._check(values, text)
         self._local.append((list(values), text))
         self._items.release()
 
@@ -135,13 +150,13 @@ class Channel:
             # Every release follows its record, so a count taken with the local
             # queue empty is the ring's.
             return self._local.popleft()
-        i = int(self._idx_np[0]) % self.capacity
-        row = self._buf_np[i].tolist()
-        n_text = row[self.width]
+        counters = self._counters
+        i = counters[0] % self.capacity
+        *row, n_text = self._record.unpack_from(self._bytes, i * self._record.size)
         text = None if n_text < 0 else bytes(self._text_np[i, :n_text]).decode("utf-8")
-        self._idx_np[0] += 1
+        counters[0] += 1
         self._spaces.release()
-        return row[: self.width], text
+        return row, text
 
     def unlink(self) -> None:
         """Remove the semaphores' names from the system and from the resource
@@ -153,9 +168,13 @@ class Channel:
     def close(self) -> None:
         """Wake every waiter; later puts and gets raise ChannelClosed."""
         if not self.closed:
-            self._idx_np[2] = 1
+            self._counters[2] = 1
             self._items.release()
             self._spaces.release()
+
+
+# The views over the shared tensors, rebuilt in each process that unpickles a channel.
+VIEWS = ("_buf_np", "_text_np", "_idx_np", "_bytes", "_counters", "_record", "_local")
 
 
 def semaphore_name(sem: Any) -> str:
