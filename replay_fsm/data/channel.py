@@ -90,15 +90,15 @@ class Channel:
         Raises:
             ChannelClosed: the channel is closed.
         """
-        if self.closed:
+        counters = self._counters  # [head, tail, closed], read inline: per message
+        if counters[2]:
             raise ChannelClosed()
         self._check(values, text)
         if not self._spaces.acquire(timeout=timeout):
             return False
-        if self.closed:
+        if counters[2]:
             self._spaces.release()
             raise ChannelClosed()
-        counters = self._counters
         i = counters[1] % self.capacity
         if text is None:
             n_text = -1
@@ -143,14 +143,14 @@ class Channel:
         """
         if not self._items.acquire(timeout=timeout):
             return None
-        if self.closed:
+        counters = self._counters
+        if counters[2]:  # closed
             self._items.release()  # wake the next waiter too
             raise ChannelClosed()
         if self._local:
             # Every release follows its record, so a count taken with the local
             # queue empty is the ring's.
             return self._local.popleft()
-        counters = self._counters
         i = counters[0] % self.capacity
         *row, n_text = self._record.unpack_from(self._bytes, i * self._record.size)
         text = None if n_text < 0 else bytes(self._text_np[i, :n_text]).decode("utf-8")
