@@ -338,12 +338,17 @@ class Core:
 
         Raises:
             TypeError, ValueError: ``tick`` is not an int >= 0, or its seed
-                ``base_seed + tick`` leaves the 63-bit range; nothing changed.
+                ``base_seed + tick`` or ``min_snapshot_ptr`` leaves the 63-bit range;
+                nothing changed.
         """
         tick = as_tick(tick)
         if self.base_seed + tick > MAX_SEED:
             raise ValueError(f"tick {tick}: its seed base_seed + tick = "
                              f"{self.base_seed + tick} must be < 2**63")
+        if min_snapshot_ptr is not None and min_snapshot_ptr > MAX_SEED:
+            # The request travels as an int64 record, as the seed does.
+            raise ValueError(f"tick {tick}: min_snapshot_ptr must be < 2**63, got "
+                             f"{min_snapshot_ptr}")
         slot = self._admit(_step((Event.REQUEST, tick, None, None)), actor)
         slot.generation += 1
         self._transition(slot, Event.REQUEST, actor, tick=tick)

@@ -514,18 +514,27 @@ def test_a_channel_needs_room_for_one_record_of_one_field() -> None:
         assert str(info.value) == "capacity and width must be >= 1"
 
 
-def test_a_record_wider_than_the_channel_is_refused_and_takes_no_space() -> None:
-    """A record is the channel's width at most (a shorter one reads back zero-padded).
-    One value too many would land on the text's length; refused before it takes a
-    space, the channel keeps its room and its order."""
+@pytest.mark.parametrize("values,message", [
+    ([1, 2, 3], "a record of this channel has at most 2 values, got 3"),
+    ([2**63, 1], "a record's values must be ints in the int64 range, got [9223372036854775808, 1]"),
+    ([1.5, 1], "a record's values must be ints in the int64 range, got [1.5, 1]"),
+])
+def test_a_record_the_channel_cannot_carry_is_refused_and_takes_no_space(
+        values: list, message: str) -> None:
+    """A record is at most the channel's width of int64 values (a shorter one reads
+    back zero-padded, from the ring and from ``post_local`` alike). One value too
+    many would land on the text's length; refused before it takes a space, a bad
+    record leaves the channel its room and its order."""
     ch = Channel(1, 2)
     for put in (ch.put, ch.post_local):
         with pytest.raises(ValueError) as info:
-            put([1, 2, 3])
-        assert str(info.value) == "a record of this channel has at most 2 values, got 3"
+            put(values)
+        assert str(info.value) == message
     assert ch.backlog == 0
     assert ch.put([4], timeout=1.0) and ch.get(timeout=1.0) == ([4, 0], None)
     assert ch.put([5, 6], timeout=1.0) and ch.get(timeout=1.0) == ([5, 6], None)
+    ch.post_local([7])
+    assert ch.get(timeout=1.0) == ([7, 0], None)
 
 
 def test_an_empty_text_is_a_text_and_not_none() -> None:

@@ -355,6 +355,16 @@ def test_min_snapshot_ptr_and_timeout_are_checked() -> None:
     with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
         with pytest.raises(TypeError, match="min_snapshot_ptr"):
             pipe.start_prepare(0, 8, min_snapshot_ptr=1.5)  # type: ignore[arg-type]
+        # The request carries it as an int64: refused, with nothing changed (it used
+        # to fail the pipeline when the request would not go into its channel).
+        with pytest.raises(ValueError) as info:
+            pipe.start_prepare(0, 8, min_snapshot_ptr=2**63)
+        assert str(info.value) == f"tick 0: min_snapshot_ptr must be < 2**63, got {2**63}"
+        assert pipe.pending == () and not pipe.closed
+        pipe.start_prepare(0, 8, min_snapshot_ptr=2**63 - 1)  # the largest it can carry
+        assert pipe.pending == ((0, 0),)
+        pipe.close()
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
         pipe.start_prepare(0, 8)
         with pytest.raises(ValueError, match="timeout"):
             pipe.wait_until_ready(0, 8, timeout=float("nan"))

@@ -89,37 +89,49 @@ class Channel:
 
         Raises:
             ChannelClosed: the channel is closed.
+            ValueError: a record the channel cannot carry (see ``_pack``); it took
+                no space.
         """
         counters = self._counters  # [head, tail, closed], read inline: per message
         if counters[2]:
             raise ChannelClosed()
-        self._check(values, text)
+        record, data = self._pack(values, text)  # before it takes a space
         if not self._spaces.acquire(timeout=timeout):
             return False
         if counters[2]:
             self._spaces.release()
             raise ChannelClosed()
         i = counters[1] % self.capacity
-        if text is None:
-            n_text = -1
-        else:
-            data = text.encode("utf-8", "replace")[-self.text_bytes:]
+        if data is not None:
             self._text_np[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
-            n_text = len(data)
-        # Row i: the values, zero-padded to the width, then the text's length.
-        self._record.pack_into(self._bytes, i * self._record.size, *values,
-                               *(0,) * (self.width - len(values)), n_text)
+        size = self._record.size
+        self._bytes[i * size:(i + 1) * size] = record
         counters[1] += 1
         self._items.release()
         return True
 
-    def _check(self, values: Sequence[int], text: str | None) -> None:
-        """Refuse a record this channel cannot carry, before it takes a space."""
+    def _pack(self, values: Sequence[int], text: str | None
+              ) -> tuple[bytes, bytes | None]:
+        """A record's row (``values`` zero-padded to the width, then the text's
+        length) and its text's bytes (None without a text).
+
+        Raises:
+            ValueError: more values than the width, a value no int64 holds, or a
+                text on a channel without room for text.
+        """
         if text is not None and not self.text_bytes:
             raise ValueError("this channel carries no text (text_bytes=0)")
         if len(values) > self.width:
             raise ValueError(f"a record of this channel has at most {self.width} "
                              f"values, got {len(values)}")
+        data = None if text is None else text.encode("utf-8", "replace")[-self.text_bytes:]
+        try:
+            row = self._record.pack(*values, *(0,) * (self.width - len(values)),
+                                    -1 if data is None else len(data))
+        except struct.error as exc:
+            raise ValueError(f"a record's values must be ints in the int64 range, got "
+                             f"{list(values)!r}") from exc
+        return row, data
 
     def post_local(self, values: Sequence[int], text: str | None = None) -> None:
         """Append one record from the consumer's own process, beside the ring's one
@@ -128,11 +140,13 @@ class Channel:
 
         Raises:
             ChannelClosed: the channel is closed.
+            ValueError: as ``put``.
         """
         if self.closed:
             raise ChannelClosed()
-        self._check(values, text)
-        self._local.append((list(values), text))
+        self._pack(values, text)  # refused as put refuses it
+        # Zero-padded as the ring's records read back.
+        self._local.append(([*values, *(0,) * (self.width - len(values))], text))
         self._items.release()
 
     def get(self, timeout: float | None = None) -> tuple[list[int], str | None] | None:
