@@ -50,8 +50,8 @@ class Channel:
         self._text_np = self._text.numpy()
         self._idx_np = self._idx.numpy()
         # The ring as bytes and the counters as int64 cells: records and counters
-        # are read and written through these, a C call each (numpy's
-        # scalar and slice access cost several times as much per message).
+        # are read and written through these, a C call each (numpy's scalar and
+        # slice access cost several times as much per message).
         self._bytes = memoryview(self._buf_np).cast("B")
         self._counters = memoryview(self._idx_np).cast("B").cast("q")
         self._record = struct.Struct(f"{self.width + 1}q")  # a row and its text length
@@ -187,7 +187,8 @@ class Channel:
             self._spaces.release()
 
 
-# The views over the shared tensors, rebuilt in each process that unpickles a channel.
+# What each process builds for itself (views over the shared tensors, the record's
+# Struct, post_local's queue): never pickled, rebuilt where a channel is unpickled.
 VIEWS = ("_buf_np", "_text_np", "_idx_np", "_bytes", "_counters", "_record", "_local")
 
 
