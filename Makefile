@@ -41,7 +41,7 @@ demo: install
 # The checks of the deep tier, which CI's time does not fit, with the model checks and
 # the bounded mutation checks CI runs: every SPIN claim, witness and broken model at
 # ring depths 2 and 3, the refinement check against the real core, the hand-written
-# and sampled mutants, the benchmark suite's quick run; then the mutation figures:
+# and sampled mutants, the benchmarks' quick runs; then the mutation figures:
 # those of the local mutmut run when mutants/ holds one, else the recorded ones.
 verify: install sysdeps
 	REPLAY_FSM_SLOW=1 REPLAY_FSM_DEEP=1 $(PY) -m pytest tests/test_spin.py \

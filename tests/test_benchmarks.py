@@ -100,7 +100,7 @@ def test_verdicts_come_from_the_medians_and_record_each_round() -> None:
     assert "varied by 0% to 50% between its fastest and slowest round" in text
 
 
-@pytest.mark.slow
+@pytest.mark.deep  # about a minute: make verify runs it, CI does not
 @pytest.mark.timeout(600)  # four fresh processes, two of them spawn a packer
 def test_compare_revisions_measures_each_revision_in_its_own_process() -> None:
     """Comparing HEAD with this checkout: one round measures the library of each

@@ -2,8 +2,9 @@
 
 fast: always. slow: in CI (``CI=true``) or with ``REPLAY_FSM_SLOW=1``. deep: with
 ``REPLAY_FSM_DEEP=1``, which ``make verify`` sets and CI does not: the SPIN and
-refinement checks at ring depth 3 and the benchmark suite's quick run, which CI's time
-does not fit; CI runs the same checks at ring depth 2.
+refinement checks at ring depth 3 and the benchmarks' quick runs (the suite's and
+compare_revisions'), which CI's time does not fit; CI runs the same checks at ring
+depth 2.
 """
 
 from __future__ import annotations
