@@ -144,9 +144,9 @@ class Channel:
         """
         if self.closed:
             raise ChannelClosed()
-        self._pack(values, text)  # refused as put refuses it
-        # Zero-padded as the ring's records read back.
-        self._local.append(([*values, *(0,) * (self.width - len(values))], text))
+        record, _ = self._pack(values, text)  # refused as put refuses it
+        *row, _ = self._record.unpack(record)  # read back as the ring's records are
+        self._local.append((row, text))
         self._items.release()
 
     def get(self, timeout: float | None = None) -> tuple[list[int], str | None] | None:
