@@ -363,7 +363,6 @@ def test_min_snapshot_ptr_and_timeout_are_checked() -> None:
         assert pipe.pending == () and not pipe.closed
         pipe.start_prepare(0, 8, min_snapshot_ptr=2**63 - 1)  # the largest it can carry
         assert pipe.pending == ((0, 0),)
-        pipe.close()
     with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
         pipe.start_prepare(0, 8)
         with pytest.raises(ValueError, match="timeout"):
