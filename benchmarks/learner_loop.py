@@ -520,21 +520,12 @@ def verdicts(result: dict[str, Any]) -> dict[str, bool]:
     return out
 
 
-def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
-    malloc_fixed = steady_malloc()
-    torch.set_num_threads(1)
-    dev = torch.device(device)
-    rows, width, n = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
-    rounds, ticks = (1, 4) if quick else (4, 30)
-    loads = (0, 1) if quick else LOADS
-    rb = ReplayBuffer(rows, (width - 5) // 2, 2)
-    rb.add_packed(torch.randn(rows, rb.width))
-    try:
-        import torchrl  # noqa: F401
-        torchrl_note = None
-    except ImportError:
-        torchrl_note = "torchrl not installed (make bench installs it)"
-    # Calibrate: pack time, then a compute step of ~2x the pack (heavy: hidden layers
+def calibrate(rb: ReplayBuffer, n: int, dev: torch.device
+              ) -> tuple[float, float, float, dict[str, tuple[int, int]]]:
+    """The bare gather's time per batch of ``n`` rows, the learner step's base time
+    and time per hidden layer (seconds), and each regime's step as (hidden units,
+    hidden layers)."""
+    # The pack's time, then a compute step of ~2x the pack (heavy: hidden layers
     # of 128 units), ~1x (balanced) and ~0.4x (light: a narrower first layer alone; one
     # hidden layer costs more than a pack). Medians after a warm-up, so one slow
     # moment of the machine does not pick the wrong regime. The result records each
@@ -542,7 +533,7 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
     out = torch.empty(n, rb.width)
     seeds = itertools.count()
     pack_s = median_time(lambda: torch.index_select(
-        rb.storage, 0, sample_indices(rows, n, next(seeds)), out=out), repeat=7)
+        rb.storage, 0, sample_indices(rb.size, n, next(seeds)), out=out), repeat=7)
 
     def cost(hidden: int, reps: int) -> float:
         probe = make_compute(rb.width, hidden, reps, dev)
@@ -567,6 +558,24 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
         "data-bound": (units(0.4), 0)}
     if len(set(regimes.values())) < len(regimes):
         print(f"note: on this machine some regimes coincide: {regimes}")
+    return pack_s, base, per_rep, regimes
+
+
+def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
+    malloc_fixed = steady_malloc()
+    torch.set_num_threads(1)
+    dev = torch.device(device)
+    rows, width, n = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
+    rounds, ticks = (1, 4) if quick else (4, 30)
+    loads = (0, 1) if quick else LOADS
+    rb = ReplayBuffer(rows, (width - 5) // 2, 2)
+    rb.add_packed(torch.randn(rows, rb.width))
+    try:
+        import torchrl  # noqa: F401
+        torchrl_note = None
+    except ImportError:
+        torchrl_note = "torchrl not installed (make bench installs it)"
+    pack_s, base, per_rep, regimes = calibrate(rb, n, dev)
     results: dict[str, Any] = {"pack_ms": pack_s * 1e3, "compute_base_ms": base * 1e3,
                                "compute_rep_ms": per_rep * 1e3}
     for name, (hidden, reps) in regimes.items():

@@ -19,6 +19,7 @@ import checkpoint  # noqa: E402
 import common  # noqa: E402
 import core_overhead  # noqa: E402
 import cost_model  # noqa: E402
+import cpu_split  # noqa: E402
 import cuda_copy  # noqa: E402
 import interference  # noqa: E402
 import learner_loop  # noqa: E402
@@ -37,6 +38,7 @@ def main() -> int:
     packing.main(args.quick)
     learner_overhead.main(args.quick)
     learner_loop.main(args.quick, args.device)
+    cpu_split.main(args.quick)
     interference.main(args.quick)
     cost_model.main(args.quick)
     checkpoint.main(args.quick)

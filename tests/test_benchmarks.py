@@ -24,7 +24,7 @@ def test_bench_quick_runs_and_writes_results() -> None:
                          capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout + out.stderr
     for name in ("core_overhead", "packing", "learner_overhead", "learner_loop",
-                 "interference", "cost_model", "checkpoint"):
+                 "cpu_split", "interference", "cost_model", "checkpoint"):
         data = json.loads((ROOT / "benchmarks/results" / f"{name}-quick.json").read_text())
         assert data["quick"] and data["figures"] and data["machine"]["torch"]
     assert "synchronous sampling" in out.stdout
@@ -169,3 +169,25 @@ def test_compare_revisions_stops_a_measuring_process_that_outruns_its_time(
             break
         assert time.monotonic() < deadline, "a process of its group outlived it"
         time.sleep(0.05)
+
+
+def test_cpu_split_counts_each_thread_under_its_role() -> None:
+    """The split names each thread's CPU: the double buffer's gather thread, the
+    thread collector's packer and transfer threads, and none under another's role."""
+    import torch
+
+    from replay_fsm import ReplayBuffer
+
+    split = _load_benchmark("cpu_split")
+    loop = _load_benchmark("learner_loop")
+    rb = ReplayBuffer(4096, 40, 4)  # wider than the step's first layer reads
+    rb.add_packed(torch.randn(4096, rb.width))
+    dev = torch.device("cpu")
+    compute = loop.make_compute(rb.width, 16, 0, dev)
+    floor = split.measure(loop.BareDoubleBuffer(rb, 1024, compute, dev), 4)
+    assert floor["gather thread"] > 0 and floor["learner thread"] > 0
+    assert floor["packer thread"] == floor["transfer thread"] == floor["packer process"] == 0
+    ours = split.measure(loop.ReplayFSM(rb, 1024, compute, dev, "thread", 2), 4)
+    assert ours["packer thread"] > 0 and ours["transfer thread"] > 0
+    assert ours["gather thread"] == ours["packer process"] == 0
+    assert ours["wall"] > 0
