@@ -66,9 +66,11 @@ def _loop_table(regime: str, result: dict[str, Any], cfg: dict[str, Any]) -> lis
     return out
 
 
-def _cores_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
+def _cores_paragraph(f: dict[str, Any], regimes: list[str], split: bool = False
+                     ) -> list[str]:
     """Where the cores went with one background process: ours against synchronous
-    sampling's and the background's, over every regime (pinned apart)."""
+    sampling's and the background's, over every regime (pinned apart). ``split``:
+    cpu_split's table follows, which says where the extra CPU goes."""
     rows = [f[r]["columns"]["load1"] for r in regimes if "load1" in f[r]["columns"]]
     if not rows or not _has_cores(rows):
         return []
@@ -107,10 +109,69 @@ def _cores_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
                f"synchronous sampling's CPU time per tick (mean tick x cores; the gather "
                f"and the learner's step slow each other through the memory bandwidth and "
                f"the shared cache), and the replay_fsm rows {min(spent):.2f}-"
-               f"{max(spent):.2f} x (what they spend beyond the double buffer is not "
-               f"pinned down yet: issue #18). On about one core, an overlapped tick is "
-               f"the longer one.")
+               f"{max(spent):.2f} x ("
+               + ("the split by thread below says where the difference goes"
+                  if split else "what they spend beyond the double buffer is not pinned "
+                  "down yet: issue #18")
+               + "). On about one core, an overlapped tick is the longer one.")
     return [*out, ""]
+
+
+SPLIT_ROWS = {"synchronous sampling": "synchronous sampling",
+              "bare double buffer (floor)": "bare double buffer",
+              "replay_fsm thread collector, depth 2": "thread collector, depth 2",
+              "replay_fsm process collector, depth 2": "process collector, depth 2"}
+
+
+def _cpu_split(f: dict[str, Any]) -> list[str]:
+    """cpu_split's table: CPU per tick by thread, with no background load, and what
+    the replay_fsm rows spend beyond the bare double buffer, by thread."""
+    regimes = [r for r in ("compute-bound", "balanced") if r in f]
+    out = ["**Where the CPU goes, thread by thread** (`benchmarks/cpu_split.py`, a run "
+           "of its own: CPU ms per tick with no background load, summed over its "
+           "rounds; the learner thread's includes its calls, the chunks it packs "
+           "itself while it waits, and its step)", "",
+           "| regime | contender | mean tick ms | learner thread | gather thread | "
+           "packer thread | transfer thread | packer process | all | x synchronous |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in regimes:
+        for key, label in SPLIT_ROWS.items():
+            v = f[r][key]
+            out.append(f"| {r} | {label} | {v['tick_ms']:.2f} | "
+                       f"{v['learner thread_ms']:.2f} | {v['gather thread_ms']:.2f} | "
+                       f"{v['packer thread_ms']:.2f} | {v['transfer thread_ms']:.2f} | "
+                       f"{v['packer process_ms']:.2f} | {v['cpu_ms']:.2f} | "
+                       f"{v['cpu_over_sync']:.3f} |")
+    out.append("")
+    parts = []
+    for r in regimes:
+        db, ours = f[r]["bare double buffer (floor)"], f[r]["replay_fsm thread collector, "
+                                                           "depth 2"]
+        parts.append(
+            f"{r}, {ours['cpu_ms'] - db['cpu_ms']:+.2f} ms: the learner thread "
+            f"{ours['learner thread_ms'] - db['learner thread_ms']:+.2f}, the packer "
+            f"thread {ours['packer thread_ms'] - db['gather thread_ms']:+.2f} over the "
+            f"gather thread, the transfer thread {ours['transfer thread_ms']:+.2f}")
+    g = f["gather"]
+    one = g["index_select_cpu_ms"]  # ms a batch, and each way's extra per chunk in us
+    per_chunk = (g["chunks_checked_over_index_select"] - 1) * one / g["chunks"] * 1e3
+    check = (g["chunks_checked_over_index_select"] - g["chunks_over_index_select"]) * one \
+        / g["chunks"] * 1e3
+    text = ("Beyond the bare double buffer, the thread collector at depth 2 spent per "
+            "tick: " + "; ".join(parts) + f". Alone on one thread, the packer's way of "
+            f"gathering a batch ({g['chunks']:.0f} chunks, so that a waiting learner can "
+            f"take the ones the packer has not reached, each copied by "
+            f"`ReplayBuffer.gather`, which brackets the copy with the torn-row check of "
+            f"INV-ROW) took {g['chunks_checked_over_index_select']:.3f} x the CPU of one "
+            f"`index_select` of the same rows ({one:.2f} ms; "
+            f"{g['chunks_over_index_select']:.3f} x for the chunks without the check; "
+            f"median of {g['rounds']:.0f} interleaved rounds): about {per_chunk:.0f} us a "
+            f"chunk, {check:.0f} of them the check. Each chunk's calls start with the "
+            f"caches the previous chunk's copy evicted, as the learner's calls do after "
+            f"its step (the cold figures below). Where the learner waits "
+            f"(balanced), the chunks it packs itself move CPU from the packer thread to "
+            f"the learner thread.")
+    return [*out, text, ""]
 
 
 def _floor_paragraph(f: dict[str, Any], regimes: list[str]) -> list[str]:
@@ -205,7 +266,11 @@ def section(suffix: str = "") -> str:
                     "the same batch) measured in the same rounds.", ""]
         if all("compute_over_gather" in f[r] for r in regimes):
             out += _floor_paragraph(f, regimes)
-        out += _cores_paragraph(f, regimes)
+        split = _load("cpu_split", suffix)
+        has_split = bool(split) and "missing" not in split["figures"]
+        out += _cores_paragraph(f, regimes, has_split)
+        if split and has_split:
+            out += _cpu_split(split["figures"])
         out += _verdicts(f["verdicts"], f.get("verdict_detail", {}),
                          _round_spread(f, regimes))
     inter = _load("interference", suffix)
