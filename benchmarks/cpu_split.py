@@ -7,12 +7,14 @@ by thread: the learner thread (its calls, the chunks it packs itself while it wa
 and its step, slowed by whatever runs beside it), the helper threads of its process
 (the double buffer's gather thread; replay_fsm's packer and transfer threads) and a
 packer process. Contenders: compute only, synchronous sampling, the bare double
-buffer and replay_fsm's thread and process collectors at ring depth 2, on
-learner_loop's workload and calibration, in its compute-bound and balanced regimes.
+buffer and replay_fsm's thread and process collectors at ring depth 2, and the thread
+collector once more with the learner's own packs off (the control for them), on
+learner_loop's workload and calibration (its own, in this run: each regime's step
+over the bare gather is recorded), in its compute-bound and balanced regimes.
 Contenders are interleaved round by round (ABBA); each figure is the CPU time over
-every round divided by every timed tick. CPU time per thread of the learner's
-process is read from the thread's own CPU clock; a packer process's from the
-kernel's per-thread run time in /proc: Linux only.
+every round divided by every timed tick. The CPU time of each thread of the
+learner's process is read from the thread's own CPU clock, a packer process's from
+the process's CPU clock (every thread of it, ended ones too): Linux only.
 
 Beside it, alone on one thread (CPU time, interleaved rounds): the packer's way of
 gathering a batch against one bare ``index_select``. The packer splits a batch in
@@ -28,7 +30,6 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -67,25 +68,25 @@ ROLES = ("learner thread", "gather thread", "packer thread", "transfer thread",
          "packer process", "other threads")
 WARM_UP = 3  # untimed ticks first, as learner_loop's run_ticks
 SYNC = "synchronous sampling"
-FLOOR = "bare double buffer (floor)"
 
 
 def process_cpu_s(pid: int) -> float | None:
-    """The CPU seconds every thread of process ``pid`` has run so far, from the
-    kernel's per-thread run time (``/proc/<pid>/task/<tid>/schedstat``); None where
-    /proc cannot tell (not Linux, or it exited)."""
-    base = Path(f"/proc/{pid}/task")
+    """The CPU seconds process ``pid`` has used so far, every thread of it, ended
+    ones too: its CPU clock (Linux's clock_getcpuclockid encoding, which Python does
+    not expose); None where it cannot be read (not Linux, or it exited)."""
     try:
-        tids = os.listdir(base)
-    except OSError:
+        return time.clock_gettime(((~pid) << 3) | 2)  # CPUCLOCK_SCHED, process-wide
+    except (OSError, AttributeError, OverflowError):
         return None
-    total = 0
-    for tid in tids:
-        try:
-            total += int((base / tid / "schedstat").read_text().split()[0])
-        except (OSError, ValueError, IndexError):
-            continue  # a thread that ended while we looked
-    return total / 1e9
+
+
+def unsupported() -> str | None:
+    """Why this machine cannot split the CPU by thread, or None."""
+    if not hasattr(time, "pthread_getcpuclockid"):
+        return "per-thread CPU clocks (time.pthread_getcpuclockid) are missing here"
+    if process_cpu_s(os.getpid()) is None:
+        return "another process's CPU clock cannot be read here (Linux only)"
+    return None
 
 
 def threads_cpu_s() -> dict[int, tuple[str, float]]:
@@ -106,7 +107,7 @@ def threads_cpu_s() -> dict[int, tuple[str, float]]:
 def role_of(name: str) -> str:
     """The role of a helper thread of this process, from its Python thread name."""
     for part, role in (("packer", "packer thread"), ("transfer", "transfer thread"),
-                       ("_gather", "gather thread")):
+                       ("gather", "gather thread")):
         if part in name:
             return role
     return "other threads"
@@ -114,9 +115,11 @@ def role_of(name: str) -> str:
 
 def measure(c: Contender, ticks: int) -> dict[str, float] | None:
     """Open ``c``, tick it ``WARM_UP`` times, then ``ticks`` times timed: the wall
-    seconds of the timed ticks and the CPU seconds each role spent meanwhile (threads
-    of this process no Python thread accounts for, torch's say, count as "other
-    threads"); None where /proc cannot tell a packer process's."""
+    seconds of the timed ticks and the CPU seconds each role spent meanwhile. Threads
+    that ran before ``c`` opened, and threads of this process no Python thread
+    accounts for (torch's, say), count as "other threads". None where a packer
+    process's CPU clock cannot be read."""
+    earlier = {t.ident for t in threading.enumerate()}
     c.open()
     try:
         for t in range(WARM_UP):
@@ -135,7 +138,8 @@ def measure(c: Contender, ticks: int) -> dict[str, float] | None:
         c.close()
     spent = dict.fromkeys(ROLES, 0.0)
     for ident, (name, seconds) in after.items():
-        role = "learner thread" if ident == learner else role_of(name)
+        role = ("learner thread" if ident == learner else
+                "other threads" if ident in earlier else role_of(name))
         spent[role] += seconds - before.get(ident, (name, 0.0))[1]
     spent["other threads"] += max(0.0, process_after - process_before - sum(spent.values()))
     for b, a in zip(helpers_before, helpers_after, strict=True):
@@ -150,12 +154,13 @@ def run_regime(rb: ReplayBuffer, n: int, compute: Any, dev: torch.device, rounds
                ticks: int) -> dict[str, Any] | None:
     """Per contender: the mean tick (median of rounds) and each role's CPU time per
     tick (ms), the CPU time of every role together, and that over synchronous
-    sampling's; None where /proc cannot tell."""
+    sampling's; None where a packer process's CPU clock cannot be read."""
     contenders: list[Contender] = [
         ComputeOnly(rb, n, compute, dev), Synchronous(rb, n, compute, dev),
         BareDoubleBuffer(rb, n, compute, dev),
         ReplayFSM(rb, n, compute, dev, "thread", 2),
-        ReplayFSM(rb, n, compute, dev, "process", 2)]
+        ReplayFSM(rb, n, compute, dev, "process", 2),
+        ReplayFSM(rb, n, compute, dev, "thread", 2, learner_packs=False)]
     totals: dict[str, dict[str, float]] = {c.name: dict.fromkeys(ROLES, 0.0)
                                            for c in contenders}
     means: dict[str, list[float]] = {c.name: [] for c in contenders}
@@ -187,8 +192,10 @@ def run_regime(rb: ReplayBuffer, n: int, compute: Any, dev: torch.device, rounds
 
 def gather_cost(rb: ReplayBuffer, n: int, rounds: int) -> dict[str, float]:
     """CPU ms per batch of ``n`` rows on this thread: one ``index_select``, the same
-    rows in the packer's chunks, and those through ``ReplayBuffer.gather``; and each
-    over the first, the median of the rounds' ratios."""
+    rows in the packer's chunks, and those through ``ReplayBuffer.gather``; each over
+    the first (the median of the rounds' ratios, and their quartiles); and per chunk,
+    in us, the chunks' cost beyond the one call and the check's beyond the chunks
+    (medians of the rounds' differences)."""
     out = torch.empty(n, rb.width).share_memory_()  # as the packer's host slots
     chunks = chunk_count(n)
     bounds = [n * c // chunks for c in range(chunks + 1)]
@@ -216,9 +223,18 @@ def gather_cost(rb: ReplayBuffer, n: int, rounds: int) -> dict[str, float]:
             per[name].append((time.thread_time() - start) / len(batches))
     figures = {"chunks": float(chunks), "rounds": float(rounds)}
     for name, times in per.items():
+        ratios = [a / b for a, b in zip(times, per["index_select"], strict=True)]
         figures[f"{name}_cpu_ms"] = statistics.median(times) * 1e3
-        figures[f"{name}_over_index_select"] = statistics.median(
-            a / b for a, b in zip(times, per["index_select"], strict=True))
+        figures[f"{name}_over_index_select"] = statistics.median(ratios)
+        if len(ratios) > 1:
+            low, _, high = statistics.quantiles(ratios, n=4)
+            figures[f"{name}_over_index_select_quartiles"] = [low, high]
+
+    def per_chunk_us(a: str, b: str) -> float:
+        return statistics.median(x - y for x, y in zip(per[a], per[b], strict=True)) \
+            / chunks * 1e6
+    figures["chunk_us"] = per_chunk_us("chunks_checked", "index_select")
+    figures["check_us"] = per_chunk_us("chunks_checked", "chunks")
     return figures
 
 
@@ -228,9 +244,17 @@ def main(quick: bool = False) -> dict[str, Any]:
     dev = torch.device("cpu")
     rows, width, n = (20_000, 128, 2048) if quick else (200_000, 500, 16_384)
     rounds, ticks = (2, 4) if quick else (6, 30)
+    config: dict[str, Any] = {"rows": rows, "batch": n, "rounds": rounds, "ticks": ticks,
+                              "learner_threads": 1, "malloc_thresholds_fixed": malloc_fixed}
+    why = unsupported()
+    if why is not None:
+        print(f"cpu_split: {why}")
+        write_result("cpu_split", config, {"missing": why}, quick=quick)
+        return {"missing": why}
     rb = ReplayBuffer(rows, (width - 5) // 2, 2)
     rb.add_packed(torch.randn(rows, rb.width))
-    pack_s, base, per_rep, regimes = calibrate(rb, n, dev)
+    config["width"] = rb.width
+    pack_s, _, _, regimes = calibrate(rb, n, dev)
     figures: dict[str, Any] = {"pack_ms": pack_s * 1e3,
                                "gather": gather_cost(rb, n, 4 if quick else 30)}
     for name in REGIMES:
@@ -238,13 +262,14 @@ def main(quick: bool = False) -> dict[str, Any]:
         result = run_regime(rb, n, make_compute(rb.width, hidden, reps, dev), dev,
                             rounds, ticks)
         if result is None:
-            figures["missing"] = "a packer process's CPU time needs Linux /proc"
+            figures["missing"] = "a packer process's CPU clock could not be read"
             break
-        figures[name] = result
-    write_result("cpu_split", {"rows": rows, "width": rb.width, "batch": n,
-                               "rounds": rounds, "ticks": ticks, "learner_threads": 1,
-                               "malloc_thresholds_fixed": malloc_fixed},
-                 figures, quick=quick)
+        # The regime as it came out here: the step (hidden units, hidden layers) and
+        # compute only's CPU per tick over one index_select's per batch.
+        figures[name] = {"rows": result, "step": [hidden, reps], "compute_over_gather":
+                         result["compute only (ideal)"]["cpu_ms"]
+                         / figures["gather"]["index_select_cpu_ms"]}
+    write_result("cpu_split", config, figures, quick=quick)
     if "missing" in figures:
         print(f"cpu_split: {figures['missing']}")
         return figures
@@ -253,8 +278,10 @@ def main(quick: bool = False) -> dict[str, Any]:
                     f"(mean tick = wall / ticks, median of {rounds} rounds)", [
             (k, f"{v['tick_ms']:.2f}", *(f"{v[f'{role}_ms']:.2f}" for role in ROLES),
              f"{v['cpu_ms']:.2f}", f"{v['cpu_over_sync']:.3f}")
-            for k, v in figures[name].items()
+            for k, v in figures[name]["rows"].items()
         ], ("contender", "tick ms", *ROLES, "all", "x synchronous")))
+        print(f"{name}: compute only {figures[name]['compute_over_gather']:.2f} x one "
+              "index_select's CPU")
     g = figures["gather"]
     print(f"the packer's gather alone, CPU per batch: one index_select "
           f"{g['index_select_cpu_ms']:.2f} ms; {g['chunks']:.0f} chunks "

@@ -179,7 +179,8 @@ class BareDoubleBuffer(Contender):
         self.wanted, self.gathered = threading.Semaphore(0), threading.Semaphore(0)
         self.stopping = False
         self.error: BaseException | None = None
-        self.thread = threading.Thread(target=self._gather, daemon=True)
+        self.thread = threading.Thread(target=self._gather, name="double-buffer-gather",
+                                       daemon=True)
         self.thread.start()
         self.t = 0
         self.wanted.release()  # tick 0

@@ -110,7 +110,7 @@ def _cores_paragraph(f: dict[str, Any], regimes: list[str], split: bool = False
                f"and the learner's step slow each other through the memory bandwidth and "
                f"the shared cache), and the replay_fsm rows {min(spent):.2f}-"
                f"{max(spent):.2f} x ("
-               + ("the split by thread below says where the difference goes"
+               + ("the split by thread below shows where it goes at ring depth 2"
                   if split else "what they spend beyond the double buffer is not pinned "
                   "down yet: issue #18")
                + "). On about one core, an overlapped tick is the longer one.")
@@ -120,57 +120,70 @@ def _cores_paragraph(f: dict[str, Any], regimes: list[str], split: bool = False
 SPLIT_ROWS = {"synchronous sampling": "synchronous sampling",
               "bare double buffer (floor)": "bare double buffer",
               "replay_fsm thread collector, depth 2": "thread collector, depth 2",
+              "replay_fsm thread collector, depth 2, learner packs off":
+                  "thread collector, depth 2, learner packs off",
               "replay_fsm process collector, depth 2": "process collector, depth 2"}
 
 
 def _cpu_split(f: dict[str, Any]) -> list[str]:
     """cpu_split's table: CPU per tick by thread, with no background load, and what
-    the replay_fsm rows spend beyond the bare double buffer, by thread."""
+    the thread collector spends beyond the bare double buffer, by thread."""
     regimes = [r for r in ("compute-bound", "balanced") if r in f]
     out = ["**Where the CPU goes, thread by thread** (`benchmarks/cpu_split.py`, a run "
-           "of its own: CPU ms per tick with no background load, summed over its "
-           "rounds; the learner thread's includes its calls, the chunks it packs "
-           "itself while it waits, and its step)", "",
-           "| regime | contender | mean tick ms | learner thread | gather thread | "
-           "packer thread | transfer thread | packer process | all | x synchronous |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+           "of its own with its own calibration of the regimes: CPU ms per tick with no "
+           "background load, over all its rounds; the learner thread's includes its "
+           "calls, the chunks it packs itself while it waits, and its step)", "",
+           "| regime (compute / one index_select) | contender | mean tick ms | learner "
+           "thread | gather thread | packer thread | transfer thread | packer process | "
+           "all | x synchronous | learner packs per tick |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in regimes:
         for key, label in SPLIT_ROWS.items():
-            v = f[r][key]
-            out.append(f"| {r} | {label} | {v['tick_ms']:.2f} | "
-                       f"{v['learner thread_ms']:.2f} | {v['gather thread_ms']:.2f} | "
-                       f"{v['packer thread_ms']:.2f} | {v['transfer thread_ms']:.2f} | "
-                       f"{v['packer process_ms']:.2f} | {v['cpu_ms']:.2f} | "
-                       f"{v['cpu_over_sync']:.3f} |")
+            v = f[r]["rows"].get(key)
+            if v is None:
+                continue
+            packs = v.get("learner_packs_per_tick")
+            out.append(f"| {r} ({f[r]['compute_over_gather']:.2f}) | {label} | "
+                       f"{v['tick_ms']:.2f} | {v['learner thread_ms']:.2f} | "
+                       f"{v['gather thread_ms']:.2f} | {v['packer thread_ms']:.2f} | "
+                       f"{v['transfer thread_ms']:.2f} | {v['packer process_ms']:.2f} | "
+                       f"{v['cpu_ms']:.2f} | {v['cpu_over_sync']:.3f} | "
+                       + ("" if packs is None else f"{packs:.2f}") + " |")
     out.append("")
     parts = []
     for r in regimes:
-        db, ours = f[r]["bare double buffer (floor)"], f[r]["replay_fsm thread collector, "
-                                                           "depth 2"]
+        rows = f[r]["rows"]
+        db, ours = rows["bare double buffer (floor)"], rows["replay_fsm thread collector, "
+                                                            "depth 2"]
         parts.append(
             f"{r}, {ours['cpu_ms'] - db['cpu_ms']:+.2f} ms: the learner thread "
             f"{ours['learner thread_ms'] - db['learner thread_ms']:+.2f}, the packer "
             f"thread {ours['packer thread_ms'] - db['gather thread_ms']:+.2f} over the "
             f"gather thread, the transfer thread {ours['transfer thread_ms']:+.2f}")
     g = f["gather"]
-    one = g["index_select_cpu_ms"]  # ms a batch, and each way's extra per chunk in us
-    per_chunk = (g["chunks_checked_over_index_select"] - 1) * one / g["chunks"] * 1e3
-    check = (g["chunks_checked_over_index_select"] - g["chunks_over_index_select"]) * one \
-        / g["chunks"] * 1e3
+    low, high = g.get("chunks_checked_over_index_select_quartiles", [float("nan")] * 2)
+    alone = (g["chunks_checked_over_index_select"] - 1) * g["index_select_cpu_ms"]
+    bound = f["compute-bound"]["rows"]
+    packs = bound["replay_fsm thread collector, depth 2"]["learner_packs_per_tick"]
+    excess = (bound["replay_fsm thread collector, depth 2"]["packer thread_ms"]
+              - bound["bare double buffer (floor)"]["gather thread_ms"])
     text = ("Beyond the bare double buffer, the thread collector at depth 2 spent per "
             "tick: " + "; ".join(parts) + f". Alone on one thread, the packer's way of "
             f"gathering a batch ({g['chunks']:.0f} chunks, so that a waiting learner can "
             f"take the ones the packer has not reached, each copied by "
             f"`ReplayBuffer.gather`, which brackets the copy with the torn-row check of "
             f"INV-ROW) took {g['chunks_checked_over_index_select']:.3f} x the CPU of one "
-            f"`index_select` of the same rows ({one:.2f} ms; "
-            f"{g['chunks_over_index_select']:.3f} x for the chunks without the check; "
-            f"median of {g['rounds']:.0f} interleaved rounds): about {per_chunk:.0f} us a "
-            f"chunk, {check:.0f} of them the check. Each chunk's calls start with the "
-            f"caches the previous chunk's copy evicted, as the learner's calls do after "
-            f"its step (the cold figures below). Where the learner waits "
-            f"(balanced), the chunks it packs itself move CPU from the packer thread to "
-            f"the learner thread.")
+            f"`index_select` of the same rows (quartiles of {g['rounds']:.0f} interleaved "
+            f"rounds {low:.3f}-{high:.3f}; {g['chunks_over_index_select']:.3f} x for the "
+            f"chunks without the check): about {g['chunk_us']:.0f} us a chunk, "
+            f"{g['check_us']:.0f} of them the check, or {alone:.2f} ms a batch, against "
+            f"the packer thread's {excess:+.2f} ms over the gather thread in the "
+            f"compute-bound regime, where the learner packed {packs:.2f} times a tick: "
+            f"the rest of that is not pinned down by these figures. The "
+            f"learner-packs-off row is the "
+            f"control for the learner's own packs: where the learner waits for its batch, "
+            f"the chunks it packs itself move CPU from the packer thread to the learner "
+            f"thread.")
     return [*out, text, ""]
 
 

@@ -173,21 +173,60 @@ def test_compare_revisions_stops_a_measuring_process_that_outruns_its_time(
 
 def test_cpu_split_counts_each_thread_under_its_role() -> None:
     """The split names each thread's CPU: the double buffer's gather thread, the
-    thread collector's packer and transfer threads, and none under another's role."""
+    collectors' packer thread or process and transfer thread, and none under another's
+    role; a thread that ran before the contender opened is not counted as its own."""
+    import threading
+
     import torch
 
     from replay_fsm import ReplayBuffer
 
     split = _load_benchmark("cpu_split")
     loop = _load_benchmark("learner_loop")
+    if split.unsupported() is not None:
+        pytest.skip(split.unsupported())
     rb = ReplayBuffer(4096, 40, 4)  # wider than the step's first layer reads
     rb.add_packed(torch.randn(4096, rb.width))
     dev = torch.device("cpu")
     compute = loop.make_compute(rb.width, 16, 0, dev)
-    floor = split.measure(loop.BareDoubleBuffer(rb, 1024, compute, dev), 4)
+    stop = threading.Event()
+
+    def busy() -> None:
+        while not stop.is_set():
+            sum(range(1000))
+    # Busy, and named as a packer would be, but started before the contender opens.
+    bystander = threading.Thread(target=busy, name="bystander-packer", daemon=True)
+    bystander.start()
+    try:
+        floor = split.measure(loop.BareDoubleBuffer(rb, 1024, compute, dev), 4)
+    finally:
+        stop.set()
+        bystander.join()
     assert floor["gather thread"] > 0 and floor["learner thread"] > 0
     assert floor["packer thread"] == floor["transfer thread"] == floor["packer process"] == 0
     ours = split.measure(loop.ReplayFSM(rb, 1024, compute, dev, "thread", 2), 4)
     assert ours["packer thread"] > 0 and ours["transfer thread"] > 0
     assert ours["gather thread"] == ours["packer process"] == 0
     assert ours["wall"] > 0
+    spawned = split.measure(loop.ReplayFSM(rb, 1024, compute, dev, "process", 2), 4)
+    assert spawned["packer process"] > 0 and spawned["transfer thread"] > 0
+    assert spawned["packer thread"] == spawned["gather thread"] == 0
+
+
+def test_cpu_split_reads_a_process_clock_that_counts_all_its_cpu() -> None:
+    """A packer process's CPU clock, read as cpu_split reads it, is the process's
+    whole CPU time: read on this process around CPU work, it covers at least what
+    this process's own clock counted in between."""
+    import os
+
+    split = _load_benchmark("cpu_split")
+    if split.unsupported() is not None:
+        pytest.skip(split.unsupported())
+    outer0 = split.process_cpu_s(os.getpid())
+    inner0 = time.process_time()
+    sum(i * i for i in range(200_000))
+    inner1 = time.process_time()
+    outer1 = split.process_cpu_s(os.getpid())
+    assert inner1 > inner0
+    assert outer1 - outer0 >= inner1 - inner0
+    assert split.process_cpu_s(2**22 + 1) is None  # above Linux's pid limit: no process
