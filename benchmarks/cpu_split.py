@@ -39,27 +39,11 @@ from replay_fsm.data.packer import chunk_count
 from replay_fsm.data.sampling import sample_indices
 
 try:
+    import learner_loop
     from common import steady_malloc, table, write_result
-    from learner_loop import (
-        BareDoubleBuffer,
-        ComputeOnly,
-        Contender,
-        ReplayFSM,
-        Synchronous,
-        calibrate,
-        make_compute,
-    )
 except ImportError:  # run as a module
+    from benchmarks import learner_loop
     from benchmarks.common import steady_malloc, table, write_result
-    from benchmarks.learner_loop import (
-        BareDoubleBuffer,
-        ComputeOnly,
-        Contender,
-        ReplayFSM,
-        Synchronous,
-        calibrate,
-        make_compute,
-    )
 
 REGIMES = ("compute-bound", "balanced")
 # Per thread's role, in the order of the table's columns; "other threads" is any
@@ -113,7 +97,7 @@ def role_of(name: str) -> str:
     return "other threads"
 
 
-def measure(c: Contender, ticks: int) -> dict[str, float] | None:
+def measure(c: learner_loop.Contender, ticks: int) -> dict[str, float] | None:
     """Open ``c``, tick it ``WARM_UP`` times, then ``ticks`` times timed: the wall
     seconds of the timed ticks and the CPU seconds each role spent meanwhile. Threads
     that ran before ``c`` opened, and threads of this process no Python thread
@@ -155,12 +139,13 @@ def run_regime(rb: ReplayBuffer, n: int, compute: Any, dev: torch.device, rounds
     """Per contender: the mean tick (median of rounds) and each role's CPU time per
     tick (ms), the CPU time of every role together, and that over synchronous
     sampling's; None where a packer process's CPU clock cannot be read."""
-    contenders: list[Contender] = [
-        ComputeOnly(rb, n, compute, dev), Synchronous(rb, n, compute, dev),
-        BareDoubleBuffer(rb, n, compute, dev),
-        ReplayFSM(rb, n, compute, dev, "thread", 2),
-        ReplayFSM(rb, n, compute, dev, "process", 2),
-        ReplayFSM(rb, n, compute, dev, "thread", 2, learner_packs=False)]
+    contenders: list[learner_loop.Contender] = [
+        learner_loop.ComputeOnly(rb, n, compute, dev),
+        learner_loop.Synchronous(rb, n, compute, dev),
+        learner_loop.BareDoubleBuffer(rb, n, compute, dev),
+        learner_loop.ReplayFSM(rb, n, compute, dev, "thread", 2),
+        learner_loop.ReplayFSM(rb, n, compute, dev, "process", 2),
+        learner_loop.ReplayFSM(rb, n, compute, dev, "thread", 2, learner_packs=False)]
     totals: dict[str, dict[str, float]] = {c.name: dict.fromkeys(ROLES, 0.0)
                                            for c in contenders}
     means: dict[str, list[float]] = {c.name: [] for c in contenders}
@@ -173,7 +158,7 @@ def run_regime(rb: ReplayBuffer, n: int, compute: Any, dev: torch.device, rounds
             means[c.name].append(spent.pop("wall") / ticks)
             for role, s in spent.items():
                 totals[c.name][role] += s
-            if isinstance(c, ReplayFSM):  # warm-up ticks included
+            if isinstance(c, learner_loop.ReplayFSM):  # warm-up ticks included
                 packs[c.name][0] += c.packed_here[0]
                 packs[c.name][1] += c.packed_here[1]
     timed = rounds * ticks
@@ -182,7 +167,7 @@ def run_regime(rb: ReplayBuffer, n: int, compute: Any, dev: torch.device, rounds
         row: dict[str, Any] = {"tick_ms": statistics.median(means[c.name]) * 1e3}
         row.update({f"{role}_ms": s / timed * 1e3 for role, s in totals[c.name].items()})
         row["cpu_ms"] = sum(totals[c.name].values()) / timed * 1e3
-        if isinstance(c, ReplayFSM):
+        if isinstance(c, learner_loop.ReplayFSM):
             row["learner_packs_per_tick"] = packs[c.name][0] / max(packs[c.name][1], 1)
         rows[c.name] = row
     for row in rows.values():
@@ -254,13 +239,13 @@ def main(quick: bool = False) -> dict[str, Any]:
     rb = ReplayBuffer(rows, (width - 5) // 2, 2)
     rb.add_packed(torch.randn(rows, rb.width))
     config["width"] = rb.width
-    pack_s, _, _, regimes = calibrate(rb, n, dev)
+    pack_s, _, _, regimes = learner_loop.calibrate(rb, n, dev)
     figures: dict[str, Any] = {"pack_ms": pack_s * 1e3,
                                "gather": gather_cost(rb, n, 4 if quick else 30)}
     for name in REGIMES:
         hidden, reps = regimes[name]
-        result = run_regime(rb, n, make_compute(rb.width, hidden, reps, dev), dev,
-                            rounds, ticks)
+        compute = learner_loop.make_compute(rb.width, hidden, reps, dev)
+        result = run_regime(rb, n, compute, dev, rounds, ticks)
         if result is None:
             figures["missing"] = "a packer process's CPU clock could not be read"
             break

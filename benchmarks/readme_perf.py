@@ -150,11 +150,10 @@ def _cpu_split(f: dict[str, Any]) -> list[str]:
                        f"{v['cpu_ms']:.2f} | {v['cpu_over_sync']:.3f} | "
                        + ("" if packs is None else f"{packs:.2f}") + " |")
     out.append("")
+    floor, like = "bare double buffer (floor)", "replay_fsm thread collector, depth 2"
     parts = []
     for r in regimes:
-        rows = f[r]["rows"]
-        db, ours = rows["bare double buffer (floor)"], rows["replay_fsm thread collector, "
-                                                            "depth 2"]
+        db, ours = f[r]["rows"][floor], f[r]["rows"][like]
         parts.append(
             f"{r}, {ours['cpu_ms'] - db['cpu_ms']:+.2f} ms: the learner thread "
             f"{ours['learner thread_ms'] - db['learner thread_ms']:+.2f}, the packer "
@@ -164,9 +163,8 @@ def _cpu_split(f: dict[str, Any]) -> list[str]:
     low, high = g.get("chunks_checked_over_index_select_quartiles", [float("nan")] * 2)
     alone = (g["chunks_checked_over_index_select"] - 1) * g["index_select_cpu_ms"]
     bound = f["compute-bound"]["rows"]
-    packs = bound["replay_fsm thread collector, depth 2"]["learner_packs_per_tick"]
-    excess = (bound["replay_fsm thread collector, depth 2"]["packer thread_ms"]
-              - bound["bare double buffer (floor)"]["gather thread_ms"])
+    packs = bound[like]["learner_packs_per_tick"]
+    excess = bound[like]["packer thread_ms"] - bound[floor]["gather thread_ms"]
     text = ("Beyond the bare double buffer, the thread collector at depth 2 spent per "
             "tick: " + "; ".join(parts) + f". Alone on one thread, the packer's way of "
             f"gathering a batch ({g['chunks']:.0f} chunks, so that a waiting learner can "
@@ -179,11 +177,10 @@ def _cpu_split(f: dict[str, Any]) -> list[str]:
             f"{g['check_us']:.0f} of them the check, or {alone:.2f} ms a batch, against "
             f"the packer thread's {excess:+.2f} ms over the gather thread in the "
             f"compute-bound regime, where the learner packed {packs:.2f} times a tick: "
-            f"the rest of that is not pinned down by these figures. The "
-            f"learner-packs-off row is the "
-            f"control for the learner's own packs: where the learner waits for its batch, "
-            f"the chunks it packs itself move CPU from the packer thread to the learner "
-            f"thread.")
+            f"the rest of that is not pinned down by these figures. The learner-packs-off "
+            f"row is the control for the learner's own packs: where the learner waits for "
+            f"its batch, the chunks it packs itself move CPU from the packer thread to the "
+            f"learner thread.")
     return [*out, text, ""]
 
 
