@@ -317,9 +317,6 @@ def forget_spy(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, str]]:
     return told
 
 
-# Here the creator of the semaphores is the process that removes their names, so its
-# own clean-up at collection finds them gone and says so; in use they are two processes.
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_an_orphaned_packer_closes_and_removes_every_shared_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The learner that created the handle is gone: the packer closes the channels
@@ -345,7 +342,6 @@ def test_an_orphaned_packer_closes_and_removes_every_shared_name(
     rb.add_packed(constant_rows(rb, 1, 2))  # the buffer keeps working here
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_channel_unlink_goes_on_past_a_name_already_gone(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A name already removed does not stop the unlinking of the others."""
@@ -364,7 +360,39 @@ def test_channel_unlink_goes_on_past_a_name_already_gone(
         assert not set(ch.semaphore_names) & set(os.listdir("/dev/shm"))
 
 
-@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+UNLINK_IN_THE_CREATOR = """
+import os
+from replay_fsm import ReplayBuffer
+from replay_fsm.data.packer import PackerHandle
+rb = ReplayBuffer(16, 1, 1)
+h = PackerHandle.create(2, 8, rb.width)
+names = rb.semaphore_names + h.semaphore_names
+shm = os.path.isdir("/dev/shm")
+assert not shm or set(names) <= set(os.listdir("/dev/shm")), names
+h.close()
+h.unlink()
+rb.unlink()
+rb.unlink()  # twice: nothing left to do
+assert not shm or set(names).isdisjoint(os.listdir("/dev/shm")), names
+print("unlinked", len(names))
+"""
+
+
+def test_unlink_in_the_creating_process_leaves_nothing_to_report_at_exit() -> None:
+    """``unlink`` in the process that made the semaphores (a learner cleaning up by
+    hand): the names go at once, and the process exits without multiprocessing's own
+    clean-up reporting them gone (a FileNotFoundError traceback per name) or the
+    resource tracker reporting a leak."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", UNLINK_IN_THE_CREATOR],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["unlinked", "6"]
+    assert done.stderr == ""
+
+
 def test_serve_forever_serves_until_its_learner_dies() -> None:
     """The packer-only process body: it ignores Ctrl-C (the learner decides), uses the
     torch threads it is given, serves requests, and ends on its own once its learner

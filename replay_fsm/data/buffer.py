@@ -18,7 +18,6 @@ either side between any two steps and choose the interleaving
 
 from __future__ import annotations
 
-import _multiprocessing
 import contextlib
 import multiprocessing as mp
 import os
@@ -26,7 +25,6 @@ import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from multiprocessing import resource_tracker
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,6 +32,7 @@ import torch
 
 from ..core import as_count
 from . import checkpoint
+from .channel import semaphore_name, unlink_semaphore
 
 Array = Any  # torch.Tensor or np.ndarray
 
@@ -209,18 +208,13 @@ class ReplayBuffer:
     @property
     def semaphore_names(self) -> tuple[str, ...]:
         """The /dev/shm name of the write lock's semaphore (to check none is left)."""
-        return (f"sem.{self._write_lock._semlock.name.lstrip('/')}",)  # type: ignore[attr-defined]
+        return (semaphore_name(self._write_lock),)
 
     def unlink(self) -> None:
         """Remove the write lock's semaphore name from the system and from the
         resource tracker, from any process holding the buffer (for when its creator
         died and cannot). The buffer keeps working in the processes that hold it."""
-        name = self._write_lock._semlock.name  # type: ignore[attr-defined]
-        try:
-            _multiprocessing.sem_unlink(name)
-        except FileNotFoundError:
-            return  # already gone
-        resource_tracker.unregister(name, "semaphore")
+        unlink_semaphore(self._write_lock)
 
     @property
     def width(self) -> int:

@@ -20,6 +20,8 @@ import struct
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
+from multiprocessing import synchronize as mp_synchronize
+from multiprocessing import util as mp_util
 from typing import Any
 
 import numpy as np
@@ -199,10 +201,29 @@ def semaphore_name(sem: Any) -> str:
 
 def unlink_semaphore(sem: Any) -> None:
     """Remove a multiprocessing semaphore's (or lock's) name from the system and from
-    the resource tracker; handles already open keep working."""
+    the resource tracker; handles already open keep working.
+
+    In the process that created the semaphore, multiprocessing holds a finalizer that
+    removes the name at exit or collection and reports a name already gone with a
+    traceback: that finalizer is run now instead, once, so nothing is left to say."""
     name = sem._semlock.name
+    cleanup = _creator_cleanup(name)
     try:
-        _multiprocessing.sem_unlink(name)
+        if cleanup is not None:
+            cleanup()  # unlinks and unregisters; leaves the registry even if it raises
+        else:
+            _multiprocessing.sem_unlink(name)
+            resource_tracker.unregister(name, "semaphore")
     except FileNotFoundError:
-        return  # already gone
-    resource_tracker.unregister(name, "semaphore")
+        return  # already gone, and whoever removed it told the tracker
+
+
+def _creator_cleanup(name: str) -> Any:
+    """The finalizer multiprocessing registered for semaphore ``name`` in this
+    process (its creator), or None (another process made it, or it already ran)."""
+    registry = mp_util._finalizer_registry or {}  # type: ignore[attr-defined]
+    cleanup = mp_synchronize.SemLock._cleanup  # type: ignore[attr-defined]
+    for finalizer in list(registry.values()):
+        if finalizer._callback is cleanup and finalizer._args == (name,):
+            return finalizer
+    return None
