@@ -221,9 +221,11 @@ def unlink_semaphore(sem: Any) -> None:
 def _creator_cleanup(name: str) -> Any:
     """The finalizer multiprocessing registered for semaphore ``name`` in this
     process (its creator), or None (another process made it, or it already ran)."""
-    registry = mp_util._finalizer_registry or {}  # type: ignore[attr-defined]
-    cleanup = mp_synchronize.SemLock._cleanup  # type: ignore[attr-defined]
-    for finalizer in list(registry.values()):
-        if finalizer._callback is cleanup and finalizer._args == (name,):
-            return finalizer
+    try:
+        cleanup = mp_synchronize.SemLock._cleanup  # type: ignore[attr-defined]
+        for finalizer in list((mp_util._finalizer_registry or {}).values()):  # type: ignore[attr-defined]
+            if finalizer._callback is cleanup and finalizer._args == (name,):
+                return finalizer
+    except AttributeError:  # a multiprocessing without them: unlink as any process does
+        pass
     return None
