@@ -370,6 +370,7 @@ names = rb.semaphore_names + h.semaphore_names
 shm = os.path.isdir("/dev/shm")
 assert not shm or set(names) <= set(os.listdir("/dev/shm")), names
 h.close()
+# (before unlink)
 h.unlink()
 rb.unlink()
 rb.unlink()  # twice: nothing left to do
@@ -391,6 +392,22 @@ def test_unlink_in_the_creating_process_leaves_nothing_to_report_at_exit() -> No
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["unlinked", "6"]
     assert done.stderr == ""
+
+
+def test_unlink_without_multiprocessing_internals_still_removes_the_names() -> None:
+    """Where multiprocessing lacks the finalizer internals unlink looks for (another
+    Python), unlink removes the names as any process does; only the exit-time report
+    comes back."""
+    import subprocess
+    import sys
+
+    script = UNLINK_IN_THE_CREATOR.replace(
+        "# (before unlink)", "import multiprocessing.synchronize as s\n"
+        "del s.SemLock._cleanup  # the finalizers made so far keep their own reference")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["unlinked", "6"]
 
 
 def test_serve_forever_serves_until_its_learner_dies() -> None:
