@@ -37,6 +37,10 @@ from .spec import (
 from .wire import MAX_SEED, CopyOrder, PackDone, PackRequest, ReleaseToken, TransitionRecord
 
 Observer = Callable[[TransitionRecord], None]
+# Far beyond any useful prefetch (2-4 is the useful range); a slot holds a whole batch
+# on the host and on the device, and a process's handles and memory run out long before
+# a ring of many thousand slots is built.
+MAX_RING_DEPTH = 64
 
 
 class _Keep:
@@ -226,6 +230,10 @@ class Core:
     def __init__(self, ring_depth: int, *, base_seed: int = 0, sample_count: int = 1,
                  observer: Observer | None = None) -> None:
         self.ring_depth = as_count("ring_depth", ring_depth, 2)
+        if self.ring_depth > MAX_RING_DEPTH:
+            raise ValueError(f"ring_depth must be <= {MAX_RING_DEPTH}, got {ring_depth}: a "
+                             "ring prefetches ring_depth - 1 ticks ahead, and each slot "
+                             "holds a whole batch on the host and on the device")
         self.base_seed = as_count("base_seed", base_seed)
         if self.base_seed > MAX_SEED:
             raise ValueError(f"base_seed must be an int in [0, 2**63), got {base_seed!r}")
@@ -405,7 +413,13 @@ class Core:
         """Put every slot in FAILED for good; later calls raise chained to ``error``.
 
         A second failure keeps the first cause; a failure after close is ignored.
+
+        Raises:
+            TypeError: ``error`` is not an exception (later calls chain to it).
         """
+        if not isinstance(error, BaseException):
+            raise TypeError(f"fail takes the exception that broke the run, got {error!r} "
+                            f"of type {type(error).__name__}")
         if self._closed or self._failure is not None:
             return
         self._failure = error

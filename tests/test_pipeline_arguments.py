@@ -67,6 +67,9 @@ def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
      "stall_timeout must be a finite number of seconds > 0 or None, got 0"),
     ({"stall_timeout": float("nan")}, ValueError,
      "stall_timeout must be a finite number of seconds > 0 or None, got nan"),
+    ({"ring_depth": 65}, ValueError,
+     "ring_depth must be <= 64, got 65: a ring prefetches ring_depth - 1 ticks ahead, "
+     "and each slot holds a whole batch on the host and on the device"),
 ])
 def test_a_bad_argument_is_named(kwargs: dict, error: type, message: str) -> None:
     args = {"sample_count": 8, **kwargs}
@@ -79,6 +82,25 @@ def test_the_smallest_values_are_accepted() -> None:
     with Pipeline(buffer(), sample_count=1, trace=True, trace_capacity=1,
                   packer_threads=1) as pipe:
         pipe.start_prepare(0, 1)
+        assert pipe.sample_large_batch(0, 1)["obs"].shape == (1, 3)
+
+
+def test_the_deepest_ring_is_accepted() -> None:
+    with Pipeline(buffer(), sample_count=1, ring_depth=64) as pipe:
+        assert pipe.ring_depth == 64
+        for tick in range(63):
+            pipe.start_prepare(tick, 1)
+        assert pipe.sample_large_batch(0, 1)["obs"].shape == (1, 3)
+
+
+def test_fail_refuses_what_is_not_an_exception_and_changes_nothing() -> None:
+    """``fail("oops")`` would leave a cause no later call can chain to: refused."""
+    with Pipeline(buffer(), sample_count=1) as pipe:
+        with pytest.raises(TypeError) as info:
+            pipe.fail("oops")  # type: ignore[arg-type]
+        assert str(info.value) == ("fail takes the exception that broke the run, got "
+                                   "'oops' of type str")
+        pipe.start_prepare(0, 1)  # still usable
         assert pipe.sample_large_batch(0, 1)["obs"].shape == (1, 3)
 
 

@@ -54,7 +54,7 @@ class Pipeline:
         device: the learner's device ("cpu", "cuda", "cuda:1", "mps", ...).
         sample_count: rows per batch; every call must pass the same value.
         base_seed: tick t samples with seed ``base_seed + t`` (INV-DATA).
-        ring_depth: slots in the ring (>= 2); up to ring_depth - 1 ticks prefetch.
+        ring_depth: slots in the ring (2 to 64); up to ring_depth - 1 ticks prefetch.
         collector: "thread" (a packer thread here), "process" (a spawned packer-only
             process), "external" (your collector calls ``Packer.attach``), or a
             ``CollectorLink`` instance (the seed's queues: ``replay_fsm.compat``).
@@ -360,7 +360,11 @@ class Pipeline:
     def fail(self, error: BaseException) -> None:
         """Fail the pipeline with ``error`` as the cause: every later call raises
         chained to it (INV-STICKY). For a collector or a test that knows the run is
-        broken. A second failure keeps the first cause."""
+        broken. A second failure keeps the first cause.
+
+        Raises:
+            TypeError: ``error`` is not an exception; nothing changed.
+        """
         with self._lock:
             self._fail_locked(error)
 
