@@ -160,18 +160,35 @@ def test_every_fields_shape_error_names_it_exactly(field: str) -> None:
     assert rb.ptr == 0 and not rb.storage.any()
 
 
-@pytest.mark.parametrize("obs", [[[0.0] * 3] * 5, np.zeros(5), np.zeros((5, 3, 1))],
-                         ids=["list", "1-d", "3-d"])
+@pytest.mark.parametrize("obs", [np.zeros(5), np.zeros((5, 3, 1))], ids=["1-d", "3-d"])
 def test_obs_that_is_not_a_matrix_is_refused_by_name(obs: object) -> None:
-    """Kills xǁReplayBufferǁadd mutants 1 and 11-20 (the obs check and its message:
-    the shape it names, read with getattr so that a list says ())."""
+    """The obs check and its message, naming the shape given."""
     rb = ReplayBuffer(8, 3, 2)
     f = fields(5, 3, 2, 0, 0)
-    shape = tuple(getattr(obs, "shape", ()))
+    shape = tuple(obs.shape)  # type: ignore[attr-defined]
     with pytest.raises(ValueError) as info:
         rb.add(obs, f["actions"], f["rewards"], f["next_obs"], f["dones"],  # type: ignore[arg-type]
                f["truncated"])
     assert str(info.value) == f"obs: got shape {shape}, expected (n, 3)"
+
+
+@pytest.mark.parametrize("obs,expected", [
+    ([[0.0] * 3] * 5, "obs must be a torch.Tensor or numpy.ndarray, got list"),
+    (None, "obs must be a torch.Tensor or numpy.ndarray, got NoneType"),
+    (np.full((5, 3), "a"), "obs must hold real numbers, got dtype <U1"),
+], ids=["list", "None", "strings"])
+def test_obs_that_is_not_an_array_of_numbers_is_a_type_error(obs: object,
+                                                             expected: str) -> None:
+    """What the docstring promises for a field that is not a tensor or array of real
+    numbers, obs included (its shape is read first), and a string array (torch
+    cannot convert it)."""
+    rb = ReplayBuffer(8, 3, 2)
+    f = fields(5, 3, 2, 0, 0)
+    with pytest.raises(TypeError) as info:
+        rb.add(obs, f["actions"], f["rewards"], f["next_obs"], f["dones"],  # type: ignore[arg-type]
+               f["truncated"])
+    assert str(info.value) == expected
+    assert rb.ptr == 0
 
 
 def test_a_field_that_is_not_an_array_names_its_type() -> None:
@@ -439,3 +456,16 @@ def test_the_finite_check_applies_to_the_values_stored() -> None:
     with pytest.raises(ValueError, match=r"^row 0 of the batch: obs\[0\] is inf"):
         rb.add_packed(torch.full((1, rb.width), 1e300, dtype=torch.float64))
     assert rb.ptr == 0
+
+
+@pytest.mark.parametrize("shape", [(3, 11), (2, 12), (2,)])
+def test_gather_refuses_an_out_of_the_wrong_shape(shape: tuple[int, ...]) -> None:
+    """torch's index_select would resize ``out`` (a warning at most): the caller's
+    tensor is refused instead, untouched."""
+    rb = ReplayBuffer(8, 3, 2)
+    rb.add_packed(constant_rows(rb, 1, 4))
+    out = torch.full(shape, -1.0)
+    with pytest.raises(ValueError) as info:
+        rb.gather(torch.tensor([0, 3]), out)
+    assert str(info.value) == f"out: got shape {shape}, expected (2, 11) for 2 indices"
+    assert out.shape == shape and bool((out == -1).all())

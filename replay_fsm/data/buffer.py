@@ -100,6 +100,8 @@ class Layout:
 
 def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor:
     if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"{name} must hold real numbers, got dtype {value.dtype}")
         tensor = torch.from_numpy(np.ascontiguousarray(value))
     elif isinstance(value, torch.Tensor):
         tensor = value.detach()
@@ -263,7 +265,10 @@ class ReplayBuffer:
                 nothing is written.
             TypeError: a field is not a tensor or array of real numbers.
         """
-        if not hasattr(obs, "shape") or len(obs.shape) != 2:
+        if not isinstance(obs, (torch.Tensor, np.ndarray)):
+            raise TypeError(f"obs must be a torch.Tensor or numpy.ndarray, got "
+                            f"{type(obs).__name__}")
+        if len(obs.shape) != 2:
             raise ValueError(f"obs: got shape {tuple(getattr(obs, 'shape', ()))}, "
                              f"expected (n, {self.obs_dim})")
         n = int(obs.shape[0])
@@ -366,7 +371,15 @@ class ReplayBuffer:
         region-stable row at a time, until none is being written. A gather that meets
         no add allocates nothing after the calling thread's first: its check goes
         into that thread's ``GatherScratch``.
+
+        Raises:
+            ValueError: ``out`` is not [len(indices), width] (torch would resize it).
+            IndexError: an index outside the storage (torch's message).
         """
+        if out.shape != (indices.shape[0], self.layout.width):
+            raise ValueError(f"out: got shape {tuple(out.shape)}, expected "
+                             f"({indices.shape[0]}, {self.layout.width}) for "
+                             f"{indices.shape[0]} indices")
         scratch = getattr(self._per_thread, "scratch", None)
         if scratch is None:
             scratch = self._per_thread.scratch = GatherScratch(self._seq.shape[0])
