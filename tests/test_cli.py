@@ -126,6 +126,49 @@ def test_sac_checks_its_out_before_it_trains(capsys: pytest.CaptureFixture[str],
         assert ("a-file" if "a-file" in str(out) else "folder.json") in err, err
 
 
+def test_an_out_that_is_a_file_is_named(capsys: pytest.CaptureFixture[str],
+                                        tmp_path: Path) -> None:
+    """demo and sac with --out naming a file: one line that says so, not errno 17."""
+    taken = tmp_path / "a-file"
+    taken.write_text("mine")
+    for command in (["demo", "--ticks", "2"], ["sac", "--env", "Pendulum-v1", "--ticks", "2"]):
+        err = one_line_error(capsys, main([*command, "--out", str(taken), "--no-progress"]))
+        assert f"{taken} is a file" in err, err
+    assert taken.read_text() == "mine"
+
+
+def test_sac_checks_its_extras_before_it_trains(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without matplotlib the plot would fail after the whole run: sac refuses at once,
+    naming what is missing and the extra that installs it."""
+    import importlib.util
+
+    from replay_fsm.trainers import cli as sac_cli
+    from replay_fsm.trainers import run
+
+    def never(config: object) -> None:
+        raise AssertionError("trained although an extra is missing")
+
+    monkeypatch.setattr(run, "train", never)
+    monkeypatch.setattr(run, "compare", never)
+    found = importlib.util.find_spec
+    for gone in (("matplotlib",), ("gymnasium", "matplotlib")):
+        monkeypatch.setattr(sac_cli, "find_spec",
+                            lambda name, gone=gone: None if name in gone else found(name))
+        err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--ticks", "2",
+                                           "--out", str(tmp_path), "--no-progress"]))
+        assert f"needs {' and '.join(gone)}: pip install 'replay-fsm[mujoco]'" in err, err
+
+
+def test_learner_threads_below_one_is_named(capsys: pytest.CaptureFixture[str],
+                                            tmp_path: Path) -> None:
+    for command in (["demo"], ["sac", "--env", "Pendulum-v1"]):
+        err = one_line_error(capsys, main([*command, "--ticks", "2", "--learner-threads",
+                                           "-1", "--out", str(tmp_path), "--no-progress"]))
+        assert "learner_threads must be None or" in err and "got -1" in err, err
+
+
 def test_python_dash_m_replay_fsm_is_the_command() -> None:
     out = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"],
                          capture_output=True, text=True, timeout=120)

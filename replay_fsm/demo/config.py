@@ -64,6 +64,10 @@ class DemoConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        threads = self.learner_threads
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
+                                    or threads < 1):
+            raise ValueError(f"learner_threads must be None or an int >= 1, got {threads!r}")
         if self.interrupt_signal not in STOP_SIGNALS:
             raise ValueError(f"interrupt_signal must be SIGINT or SIGTERM, got "
                              f"{self.interrupt_signal!r}")

@@ -56,6 +56,8 @@ def run(config: DemoConfig | None = None,
     if config.learner_threads is not None:
         torch.set_num_threads(config.learner_threads)
     out_dir = Path(config.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")
     out_dir.mkdir(parents=True, exist_ok=True)
     dev = torch.device(config.device)
     rb = ReplayBuffer(config.capacity, OBS, ACT)

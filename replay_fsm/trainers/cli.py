@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from importlib.util import find_spec
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -40,6 +41,11 @@ def main(args: argparse.Namespace) -> int:
     from ..signals import exit_code
     from .report import plot
     from .run import RunInterrupted, SACConfig, compare, output_path, train, write
+
+    missing = [name for name in ("gymnasium", "matplotlib") if find_spec(name) is None]
+    if missing:  # now, not after the run (matplotlib draws the plot at its end)
+        raise ImportError(f"replay-fsm sac needs {' and '.join(missing)}: pip install "
+                          "'replay-fsm[mujoco]'")
 
     config = SACConfig(
         env=args.env, num_envs=args.num_envs, batch_size=args.batch_size,

@@ -113,6 +113,9 @@ class SACConfig:
             raise ValueError(f"collector must be one of {COLLECTORS}, got {self.collector!r}")
         if self.ring_depth < 2:
             raise ValueError(f"ring_depth must be >= 2, got {self.ring_depth}")
+        if self.learner_threads is not None and self.learner_threads < 1:
+            raise ValueError(f"learner_threads must be None or >= 1, got "
+                             f"{self.learner_threads}")
         written = self.snapshot_ptr(self.ticks + self.ring_depth)
         if self.sampling == "sync" and written > self.capacity:
             raise ValueError(f"sampling='sync' reads the storage while the collector "
@@ -381,10 +384,14 @@ def output_path(out: str | Path) -> Path:
     Raises:
         OSError: the folder cannot be made, or is not writable.
         IsADirectoryError: the .json path is a folder.
+        NotADirectoryError: the folder is a file.
     """
     path = Path(out)
     if path.suffix != ".json":
         path = path / "sac.json"
+    if path.parent.exists() and not path.parent.is_dir():
+        raise NotADirectoryError(f"{path.parent} is a file, not a folder; --out names a "
+                                 "folder or a .json file")
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; --out names a folder or a .json file")
