@@ -276,7 +276,11 @@ class Pipeline:
             return True
 
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
-        """Whether ``tick_id`` can be sampled without waiting. Never blocks."""
+        """Whether ``tick_id`` can be sampled without waiting. Never blocks.
+
+        Raises:
+            PipelineFailed, PipelineClosed: as every learner call.
+        """
         self._validate(sample_count)
         return self._call(None, self._ready, as_tick(tick_id))
 
@@ -323,7 +327,11 @@ class Pipeline:
         return self._call("sample_large_batch", self._acquire, as_tick(tick_id))
 
     def after_tick(self) -> None:
-        """Release the hot batch (no-op when none is hot); its slot can be reused."""
+        """Release the hot batch (no-op when none is hot); its slot can be reused.
+
+        Raises:
+            PipelineFailed, PipelineClosed: as every learner call.
+        """
         self._call("after_tick", self._release)
 
     def _release(self) -> None:
