@@ -113,3 +113,34 @@ def test_conformance_catches_two_hot_slots() -> None:
                          "actor": who})
     report = check(recs)
     assert not report.ok and "INV-HOT" in str(report.violation)
+
+
+def request_log(ticks: int) -> list[dict]:
+    """A well-formed log: ``ticks`` requests into a ring of 2, the first two legal."""
+    return [{"slot": t % 2, "tick": t, "from": "idle", "to": "requested", "event": "request",
+             "actor": "learner"} for t in range(ticks)]
+
+
+@pytest.mark.parametrize("slot,why", [
+    ("x", "malformed record: ValueError"), (None, "malformed record: TypeError"),
+    (-1, "malformed record: slot -1 is negative"),
+    (64, "slot 64 is outside the deepest ring (64 slots)"),
+])
+def test_a_bad_slot_is_reported_at_its_own_record(slot: object, why: str) -> None:
+    """The ring's size is read from every record's slot first; a record whose slot is
+    not a slot number is reported at its index, with its context, not at #0."""
+    recs = request_log(2)
+    recs.append({**recs[0], "slot": slot})
+    report = check(recs)
+    assert not report.ok and report.index == 2, str(report)
+    assert str(report.violation).startswith(why), report.violation
+    assert [c["index"] for c in report.context] == [0, 1, 2]
+
+
+def test_check_trace_of_a_binary_file_names_it(capsys: pytest.CaptureFixture[str],
+                                               tmp_path: Path) -> None:
+    path = tmp_path / "trace.bin"
+    path.write_bytes(b"\x00\xff\xfe binary")
+    assert main(["check-trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and f"{path} is not text (JSON lines)" in err, err

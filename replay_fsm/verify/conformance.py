@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import Core
+from ..core import MAX_RING_DEPTH, Core
 from ..errors import PipelineClosed, PipelineFailed, ProtocolError
 from ..spec import Actor, Event, SlotState
 from ..wire import PackDone, TransitionRecord
@@ -61,6 +61,9 @@ def load(path: str | Path) -> list[dict[str, Any]]:
         text = Path(path).read_text()
     except OSError as exc:
         raise TraceFileError(f"cannot read {path}: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise TraceFileError(f"{path} is not text (JSON lines): byte {exc.start} is not "
+                             f"{exc.encoding}") from exc
     stripped = text.lstrip()
     try:
         if stripped.startswith("["):
@@ -102,12 +105,6 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
     if not recs:
         report.violation = "the log is empty: no transition to check"
         return report
-    try:
-        depth = 1 + max(int(r["slot"]) for r in recs)
-    except (KeyError, TypeError, ValueError) as exc:
-        report.violation, report.index = f"malformed record: {exc!r}", 0
-        return report
-    report.slots = depth
 
     def bad(i: int, why: str) -> Report:
         report.violation, report.index = why, i
@@ -115,6 +112,19 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         report.context = [{"index": k, "record": recs[k]} for k in range(lo, i + 1)]
         return report
 
+    slots = []
+    for i, r in enumerate(recs):  # the ring's size first: the largest slot named
+        try:
+            slots.append(int(r["slot"]))
+        except (KeyError, TypeError, ValueError) as exc:
+            return bad(i, f"malformed record: {exc!r}")
+        if slots[-1] < 0:
+            return bad(i, f"malformed record: slot {slots[-1]} is negative")
+    depth = 1 + max(slots)
+    if depth > MAX_RING_DEPTH:
+        return bad(slots.index(depth - 1), f"slot {depth - 1} is outside the deepest ring "
+                                           f"({MAX_RING_DEPTH} slots)")
+    report.slots = depth
     if depth < 2:
         return bad(0, "the log names only slot 0; a ring has at least 2 slots")
     made: list[TransitionRecord] = []
