@@ -251,3 +251,27 @@ def deaf_until_killed(ready: Any) -> None:
         signal.signal(signum, signal.SIG_IGN)
     ready.set()
     threading.Event().wait()
+
+
+class Gate:
+    """Unpickles only once ``opened`` (a spawn-context Event) is set, or after
+    ``limit_s``: placed before a handle in a spawned process's arguments, it holds the
+    child before it opens the handle's semaphores by name."""
+
+    def __init__(self, opened: Any, limit_s: float = 120.0) -> None:
+        self.opened, self.limit_s = opened, limit_s
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, float]]:
+        return (_pass_gate, (self.opened, self.limit_s))
+
+
+def _pass_gate(opened: Any, limit_s: float) -> Gate:
+    opened.wait(limit_s)
+    return Gate(opened, limit_s)
+
+
+def attach_and_leave(gate: Gate, handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """A collector that attaches and serves until the channels are closed."""
+    packer = Packer.attach(handle, rb)
+    while not packer.closed:
+        packer.service(timeout=0.05)

@@ -48,6 +48,33 @@ def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
         assert (tmp_path / name).exists(), name
 
 
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_ctrl_c_during_start_up_still_writes_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, collector: str) -> None:
+    """Ctrl-C while the learner is being made (its first torch.optim import takes
+    seconds), the collector just started: the run stops with no tick done, the
+    collector is stopped and joined, and the files are written (as the README says)."""
+    from replay_fsm.demo import runner
+    from replay_fsm.demo.learner import Learner
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt  # what Ctrl-C raises in the learner's thread
+
+    workers: list = []
+    make = runner._make_collector
+    monkeypatch.setattr(Learner, "create", interrupted)
+    monkeypatch.setattr(runner, "_make_collector",
+                        lambda *a: workers.append(make(*a)) or workers[-1])
+    summary = run(DemoConfig(ticks=5, collector=collector, out=tmp_path, sample_count=256,
+                             capacity=10_000, envs=32, progress=False))
+    assert summary["interrupted"] and summary["ticks"] == 0
+    assert len(workers) == 1 and not workers[0].is_alive()
+    if collector == "process":
+        assert workers[0].exitcode == 0  # it attached, found the channels closed, left
+    for name in ("trace.json", "transitions.jsonl", "summary.json"):
+        assert (tmp_path / name).exists(), name
+
+
 def test_sigterm_injected_with_no_handler_is_refused_before_anything_starts(
         tmp_path: Path) -> None:
     """SIGTERM's default would kill the caller outright (a test runner too): the

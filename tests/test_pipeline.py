@@ -97,6 +97,38 @@ def test_external_collector_attaches_in_its_own_process() -> None:
     assert proc.exitcode == 0  # close() closed the channels; the collector returned
 
 
+def test_an_external_collector_still_starting_when_the_pipeline_closes_leaves_cleanly(
+        ) -> None:
+    """close() before the collector process has opened the handle's semaphores (still
+    starting Python and torch, as a Ctrl-C during a run's start-up finds it): the names
+    stay while the pipeline does, so the child attaches, finds the channels closed and
+    returns, instead of failing in multiprocessing's unpickling with a traceback."""
+    import gc
+    import multiprocessing as mp
+
+    from .collectors import Gate, attach_and_leave
+
+    ctx = mp.get_context("spawn")
+    opened = ctx.Event()
+    rb = buffer(rows=0)
+    pipe = Pipeline(rb, sample_count=32, collector="external")
+    proc = ctx.Process(target=attach_and_leave,
+                       args=(Gate(opened), pipe.packer_handle(), rb))
+    proc.start()  # its arguments are in the pipe; the child holds before the handle
+    try:
+        pipe.close()
+        gc.collect()  # whatever close let go of is gone now
+        opened.set()
+        proc.join(120)
+        assert proc.exitcode == 0
+    finally:
+        opened.set()
+        proc.join(30)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+
+
 def test_sigkill_of_the_collector_raises_collector_died() -> None:
     """INV-LIVE: a dead packer process fails the learner within the liveness bound."""
     rb = buffer()

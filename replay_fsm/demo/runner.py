@@ -67,21 +67,24 @@ def run(config: DemoConfig | None = None,
                     checked=config.checked, trace=True, liveness_timeout=30.0)
     stop = threading.Event()
     worker: Any = None
+    fingerprint: list[int] = []
+    losses: list[float] = []
+    tick_times: list[float] = []
+    compare: dict[str, float] = {}
+    done_ticks = 0
+    interrupted = False
+    t_start = time.perf_counter()
+    bar = tqdm(total=config.ticks, disable=True)  # the real one once the loop starts
     try:
-        worker = _start_collector(config, rb, pipe, stop)
-        learner = Learner.create(dev, config.seed)
-        warm = (4 * config.sample_count if config.collect_steps is None
-                else config.collect_steps * config.envs)
-        fingerprint: list[int] = []
-        losses: list[float] = []
-        tick_times: list[float] = []
-        compare: dict[str, float] = {}
-        done_ticks = 0
-        interrupted = False
-        t_start = time.perf_counter()
-        bar = tqdm(total=config.ticks, disable=not config.progress, unit="tick",
-                   dynamic_ncols=True)
-        try:
+        try:  # start-up too (the learner's first import takes seconds): Ctrl-C writes
+            worker = _make_collector(config, rb, pipe, stop)
+            _start_collector(pipe, worker)
+            learner = Learner.create(dev, config.seed)
+            warm = (4 * config.sample_count if config.collect_steps is None
+                    else config.collect_steps * config.envs)
+            t_start = time.perf_counter()
+            bar = tqdm(total=config.ticks, disable=not config.progress, unit="tick",
+                       dynamic_ncols=True)
             pipe.start_prepare(0, config.sample_count, min_snapshot_ptr=warm)
             for tick in range(config.ticks):
                 t0 = time.perf_counter()
@@ -153,21 +156,26 @@ def run(config: DemoConfig | None = None,
     return summary
 
 
-def _start_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,
-                     stop: threading.Event) -> Any:
-    """The demo's collector, started: a spawned process that ignores the stop signals
-    (``collect_process``), or a thread."""
+def _make_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,
+                    stop: threading.Event) -> Any:
+    """The demo's collector, not started yet: a spawned process that ignores the stop
+    signals (``collect_process``), or a thread."""
     args = (rb, pipe.packer_handle(), config.envs, config.seed)
     if config.collector == "thread":
-        thread = threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
-                                  daemon=True)
-        thread.start()
-        return thread
-    process = mp.get_context("spawn").Process(
+        return threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
+                                daemon=True)
+    return mp.get_context("spawn").Process(
         target=collect_process, args=(*args, config.collect_steps), daemon=True)
-    start_ignoring(process, STOP_SIGNALS)
-    pipe.watch(process, "the demo collector process")
-    return process
+
+
+def _start_collector(pipe: Pipeline, worker: Any) -> None:
+    """Start the collector ``_make_collector`` made; the pipeline watches a process.
+    Made first, so that whatever interrupts the start, ``_stop_collector`` has it."""
+    if isinstance(worker, threading.Thread):
+        worker.start()
+        return
+    start_ignoring(worker, STOP_SIGNALS)
+    pipe.watch(worker, "the demo collector process")
 
 
 def _stop_collector(pipe: Pipeline, stop: threading.Event, worker: Any,

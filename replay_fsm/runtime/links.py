@@ -301,6 +301,7 @@ class ExternalCollector(ChannelLink):
         super().__init__(replay_buffer, ring_depth, sample_count)
         self.attach_timeout = attach_timeout
         self._first_request_ns: int | None = None
+        self._unattached: PackerHandle | None = None  # kept by stop (see there)
 
     def send(self, request: PackRequest, *, snapshot: tuple[int, int],
              hot_slot: int) -> None:
@@ -327,6 +328,15 @@ class ExternalCollector(ChannelLink):
         if pid != os.getpid() and not process_alive(pid):
             return Gone(f"the collector process (pid {pid}) is gone")
         return self._silence(f"the collector (pid {pid})", waiting, timeout)
+
+    def stop(self, timeout: float) -> list[str]:
+        handle = self._handle
+        if handle is not None and not handle.packer_pid:
+            # No collector attached yet: one still starting opens the channels'
+            # semaphores by name when it unpickles the handle, so they stay as long as
+            # this link does; it then attaches, finds the channels closed and leaves.
+            self._unattached = handle
+        return super().stop(timeout)
 
 
 def make_link(kind: str, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
