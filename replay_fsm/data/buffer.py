@@ -33,6 +33,7 @@ import torch
 from ..core import as_count
 from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
+from .shared import shared_zeros
 
 Array = Any  # torch.Tensor or np.ndarray
 
@@ -160,6 +161,8 @@ class ReplayBuffer:
             integer (bools and floats are refused).
         ValueError: a capacity, ``obs_dim``, ``action_dim`` or ``region_rows`` below 1, or
             a negative ``critic_dim``.
+        MemoryError: the rows do not fit in the machine's memory or in the free space
+            of /dev/shm (the message names the size).
     """
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
@@ -176,7 +179,8 @@ class ReplayBuffer:
         self.obs_dim, self.action_dim, self.critic_dim = obs_dim, action_dim, critic_dim
         self.check_finite = check_finite
         self.layout = Layout.build(obs_dim, action_dim, critic_dim)
-        self.storage = torch.zeros(capacity, self.layout.width).share_memory_()
+        self.storage = shared_zeros(capacity, self.layout.width,
+                                    what=f"a replay buffer of {capacity} rows")
         # Invariant: _counters = [ptr, size]; written only after the rows they cover.
         self._counters = torch.zeros(2, dtype=torch.int64).share_memory_()
         self._views()

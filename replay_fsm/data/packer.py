@@ -30,6 +30,7 @@ from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, e
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed, semaphore_name, unlink_semaphore
 from .sampling import sample_indices
+from .shared import shared_zeros
 
 ERROR_TEXT_BYTES = 16384
 LEARNER_CHECK_S = 0.25  # how often a packer looks whether its learner still lives
@@ -103,8 +104,9 @@ class PackerHandle:
             # requests the learner packed itself wait to be dropped (ChannelLink.take).
             requests=Channel(2 * ring_depth, REQUEST_FIELDS),
             done=Channel(ring_depth, DONE_FIELDS, text_bytes=ERROR_TEXT_BYTES),
-            host_slots=[torch.zeros(sample_count, width).share_memory_()
-                        for _ in range(ring_depth)],
+            host_slots=[shared_zeros(sample_count, width,
+                                     what=f"host slot {i} of {sample_count} rows")
+                        for i in range(ring_depth)],
             packer_state=state,
             claims=torch.zeros(ring_depth, START_NS + 1, dtype=torch.int64).share_memory_(),
             claim_lock=mp.get_context("spawn").Lock(),

@@ -1,0 +1,57 @@
+"""Tensors in shared memory, refused up front with an error that says what to change
+when they cannot fit (a container's /dev/shm is often 64 MB), instead of torch's
+allocator message from deep inside."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import torch
+
+SHM = "/dev/shm"  # where Linux keeps shared memory (torch's sharing strategies use it)
+
+
+def shared_zeros(*shape: int, what: str, dtype: torch.dtype = torch.float32
+                 ) -> torch.Tensor:
+    """``torch.zeros(*shape, dtype=dtype).share_memory_()``, checked first against the
+    machine's memory and the free space of /dev/shm (where there is one).
+
+    Raises:
+        MemoryError: it cannot fit; the message names ``what``, its size and the room.
+    """
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    room = _room()
+    if room is not None and nbytes > room[1]:
+        raise MemoryError(f"{what} needs {_size(nbytes)} of shared memory, more than "
+                          f"{room[0]} ({_size(room[1])}): make it smaller, or give the "
+                          f"machine more (a container's /dev/shm: docker run --shm-size)")
+    try:
+        return torch.zeros(*shape, dtype=dtype).share_memory_()
+    except RuntimeError as exc:  # the allocator's own refusal, past the checks above
+        raise MemoryError(f"{what}: {_size(nbytes)} of shared memory could not be "
+                          f"allocated: {exc}") from exc
+
+
+def _room() -> tuple[str, int] | None:
+    """The smaller of the machine's memory and /dev/shm's free space, named; None
+    where neither can be read."""
+    rooms = []
+    try:
+        rooms.append(("the machine's memory",
+                      os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")))
+    except (ValueError, OSError, AttributeError):
+        pass
+    try:
+        st = os.statvfs(SHM)
+        rooms.append((f"the free space of {SHM}", st.f_bavail * st.f_frsize))
+    except (OSError, AttributeError):
+        pass
+    return min(rooms, key=lambda r: r[1]) if rooms else None
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
