@@ -52,8 +52,9 @@ def _diagram(args: argparse.Namespace) -> int:
     render = {"mermaid": diagram.mermaid, "dot": diagram.dot, "svg": diagram.svg,
               "sequence": lambda h: diagram.sequence()}[args.format]
     text = render(highlight)
-    if args.out:
-        Path(args.out).write_text(text)
+    out = getattr(args, "out", None)  # not given: standard output
+    if out:
+        Path(out).write_text(text)
     else:
         sys.stdout.write(text)
     return 0
@@ -80,18 +81,20 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="replay-fsm", description=__doc__)
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = ap.add_subparsers(dest="command", required=True)
+    commands: dict[str, argparse.ArgumentParser] = {}
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
         # --help shows each option's default
-        return sub.add_parser(name, help=help,
-                              formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        commands[name] = sub.add_parser(
+            name, help=help, formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+        return commands[name]
 
     demo = command("demo", help="run a small off-policy trainer through the pipeline")
     demo.add_argument("--ticks", type=int, default=300,
                       help="learner ticks; the comparison with synchronous sampling then "
                       "runs 60 more of each")
     demo.add_argument("--device", default="cpu", help="the learner's device: cpu, cuda, ...")
-    demo.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (>= 2)")
+    demo.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (2-64)")
     demo.add_argument("--collector", choices=["process", "thread"], default="process",
                       help="where the demo's collector steps its environments")
     demo.add_argument("--out", default="demo-out",
@@ -114,7 +117,8 @@ def main(argv: list[str] | None = None) -> int:
     dia = command("diagram", help="draw the slot state machine from the table")
     dia.add_argument("--format", choices=["mermaid", "dot", "svg", "sequence"],
                      default="mermaid", help="svg needs graphviz's dot")
-    dia.add_argument("--out", help="a file (default: standard output)")
+    dia.add_argument("--out", default=argparse.SUPPRESS,
+                     help="a file (default: standard output)")
     dia.add_argument("--highlight", choices=[s.name.lower() for s in SlotState]
                      + [s.name for s in SlotState], help="a state to draw in colour")
     dia.set_defaults(fn=_diagram)
@@ -129,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.add_argument("--faults", action="store_true", help="also explore fail and close")
     exp.set_defaults(fn=_explore)
 
-    args = ap.parse_args(argv)
+    args, unknown = ap.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     made = _new_folders(getattr(args, "out", None))
     try:
         with sigterm_as_interrupt() as terms:  # kill, timeout, a scheduler: as Ctrl-C

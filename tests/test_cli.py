@@ -183,4 +183,22 @@ def test_version_and_defaults_in_help(capsys: pytest.CaptureFixture[str]) -> Non
     assert capsys.readouterr().out.strip() == f"replay-fsm {replay_fsm.__version__}"
     with pytest.raises(SystemExit):
         main(["demo", "--help"])
-    assert "slots in the ring (>= 2) (default: 2)" in capsys.readouterr().out
+    assert "slots in the ring (2-64) (default: 2)" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["diagram", "--help"])
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps at the terminal's width
+    assert "--out OUT a file (default: standard output) --highlight" in out, out
+
+
+@pytest.mark.parametrize("argv,unknown", [
+    (["demo", "--bogus"], "--bogus"), (["check-trace", "a", "b"], "b"),
+    (["explore", "--ticks", "2", "--depht", "3"], "--depht 3")])
+def test_an_unknown_argument_gets_its_commands_usage(capsys: pytest.CaptureFixture[str],
+                                                     argv: list[str], unknown: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"usage: replay-fsm {argv[0]} "), err
+    assert err.splitlines()[-1] == (f"replay-fsm {argv[0]}: error: unrecognized "
+                                    f"arguments: {unknown}"), err

@@ -23,7 +23,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="cpu", help="the learner's device: cpu, cuda, ...")
     parser.add_argument("--sampling", choices=["pipeline", "sync", "both"], default="pipeline",
                         help="both: the same run twice, then the speed-up and bit-identity")
-    parser.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (>= 2)")
+    parser.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (2-64)")
     parser.add_argument("--collector", choices=["process", "thread"], default="process",
                         help="where the environments step")
     parser.add_argument("--hidden", type=int, default=256, help="units per hidden layer")
