@@ -28,7 +28,7 @@ __version__ = "0.1.0"
 # name -> module that defines it
 _EXPORTS = {
     "INVARIANTS": "spec", "TRANSITIONS": "spec", "Actor": "spec", "Event": "spec",
-    "SlotState": "spec", "Core": "core",
+    "SlotState": "spec", "Core": "core", "MAX_RING_DEPTH": "core",
     "CollectorDied": "errors", "DataStalled": "errors", "IllegalTransition": "errors",
     "PackerError": "errors", "PipelineClosed": "errors", "PipelineFailed": "errors",
     "ProtocolError": "errors", "TransferFailed": "errors",
@@ -40,7 +40,7 @@ _EXPORTS = {
 __all__ = [
     "INVARIANTS", "TRANSITIONS", "Actor", "CheckpointError", "CollectorDied", "Core",
     "DataStalled", "Event",
-    "IllegalTransition", "Packer", "PackerError", "PackerHandle", "Pipeline",
+    "IllegalTransition", "MAX_RING_DEPTH", "Packer", "PackerError", "PackerHandle", "Pipeline",
     "PipelineClosed", "PipelineFailed", "ProtocolError", "ReplayBuffer", "SlotState",
     "Statistics", "TransferBackend", "TransferFailed",
 ]
@@ -60,7 +60,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:
-    from .core import Core
+    from .core import MAX_RING_DEPTH, Core
     from .data.buffer import ReplayBuffer
     from .data.checkpoint import CheckpointError
     from .data.packer import Packer, PackerHandle

@@ -217,6 +217,10 @@ class Core:
     Tick t always sits in slot ``t % ring_depth`` (INV-ORDER's ring order), whatever
     the first tick is, so a run resumed at tick N uses the slots the first run used.
 
+    Raises (from the constructor): ValueError for a ring_depth outside 2 to
+    MAX_RING_DEPTH, a negative base_seed or one past the 63-bit range; TypeError
+    for a non-integer one.
+
     Raises (from every step):
         IllegalTransition: the step is not in the table from the slot's state, the
             actor is not the row's, or its guard does not hold; nothing changed.

@@ -68,6 +68,7 @@ def test_ctrl_c_during_start_up_still_writes_the_files(
     summary = run(DemoConfig(ticks=5, collector=collector, out=tmp_path, sample_count=256,
                              capacity=10_000, envs=32, progress=False))
     assert summary["interrupted"] and summary["ticks"] == 0
+    assert summary["trace_conforms"]  # the close's transitions, and nothing else
     assert len(workers) == 1 and not workers[0].is_alive()
     if collector == "process":
         assert workers[0].exitcode == 0  # it attached, found the channels closed, left

@@ -122,9 +122,13 @@ def request_log(ticks: int) -> list[dict]:
 
 
 @pytest.mark.parametrize("slot,why", [
-    ("x", "malformed record: ValueError"), (None, "malformed record: TypeError"),
-    (-1, "malformed record: slot -1 is negative"),
-    (64, "slot 64 is outside the deepest ring (64 slots)"),
+    ("x", "malformed record: slot 'x' is not an int"),
+    (None, "malformed record: slot None is not an int"),
+    (1.7, "malformed record: slot 1.7 is not an int"),
+    (True, "malformed record: slot True is not an int"),
+    (float("inf"), "malformed record: slot inf is not an int"),
+    (-1, "malformed record: slot -1 is outside any ring (0 to 63)"),
+    (64, "malformed record: slot 64 is outside any ring (0 to 63)"),
 ])
 def test_a_bad_slot_is_reported_at_its_own_record(slot: object, why: str) -> None:
     """The ring's size is read from every record's slot first; a record whose slot is
@@ -144,3 +148,11 @@ def test_check_trace_of_a_binary_file_names_it(capsys: pytest.CaptureFixture[str
     assert main(["check-trace", str(path)]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and f"{path} is not text (JSON lines)" in err, err
+
+
+def test_an_infinite_tick_is_a_malformed_record_not_a_crash() -> None:
+    recs = request_log(3)
+    recs[2]["tick"] = float("inf")  # what JSON's Infinity loads as
+    report = check(recs)
+    assert not report.ok and report.index == 2
+    assert str(report.violation).startswith("malformed record: OverflowError"), report

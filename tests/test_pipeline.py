@@ -101,8 +101,9 @@ def test_an_external_collector_still_starting_when_the_pipeline_closes_leaves_cl
         ) -> None:
     """close() before the collector process has opened the handle's semaphores (still
     starting Python and torch, as a Ctrl-C during a run's start-up finds it): the names
-    stay while the pipeline does, so the child attaches, finds the channels closed and
-    returns, instead of failing in multiprocessing's unpickling with a traceback."""
+    of a watched process's handle stay while the pipeline does, so the child attaches,
+    finds the channels closed and returns, instead of failing in multiprocessing's
+    unpickling with a traceback."""
     import gc
     import multiprocessing as mp
 
@@ -115,6 +116,7 @@ def test_an_external_collector_still_starting_when_the_pipeline_closes_leaves_cl
     proc = ctx.Process(target=attach_and_leave,
                        args=(Gate(opened), pipe.packer_handle(), rb))
     proc.start()  # its arguments are in the pipe; the child holds before the handle
+    pipe.watch(proc)  # a watched collector still running: its handle outlives close
     try:
         pipe.close()
         gc.collect()  # whatever close let go of is gone now
@@ -253,6 +255,24 @@ def test_nothing_left_after_close() -> None:
     if os.path.isdir("/dev/shm"):
         # Per pipeline: two semaphores in each of two channels, and the claim lock.
         assert len(ours) == 10 and ours.isdisjoint(os.listdir("/dev/shm"))
+
+
+def test_an_external_collector_that_never_attached_leaves_nothing_after_close() -> None:
+    """With no collector attached and none watched still running (one that exited,
+    here), close() lets the handle go, and the channels' semaphores with it: a handle
+    is kept past close only for a watched collector that may still be starting."""
+    class Exited:
+        pid, exitcode = 1, 0
+
+        def is_alive(self) -> bool:
+            return False
+
+    pipe = Pipeline(buffer(), sample_count=16, collector="external")
+    names = set(pipe.packer_handle().semaphore_names)
+    pipe.watch(Exited())
+    pipe.close()
+    if os.path.isdir("/dev/shm"):
+        assert len(names) == 5 and names.isdisjoint(os.listdir("/dev/shm"))
 
 
 def test_bad_inputs_raise_and_change_nothing() -> None:

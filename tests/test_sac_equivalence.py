@@ -61,7 +61,9 @@ def test_snapshot_schedule() -> None:
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"ring_depth": 1}, "ring_depth"),
+    ({"ring_depth": 1}, "ring_depth must be between 2 and 64, got 1"),
+    ({"sampling": "sync", "ring_depth": 65}, "ring_depth must be between 2 and 64, got 65"),
+    ({"learner_threads": 0}, "learner_threads must be None or >= 1, got 0"),
     ({"sampling": "sometimes"}, "sampling"),
     ({"batch_size": 0}, "batch_size"),
     ({"sampling": "sync", "capacity": 100}, "must not wrap"),

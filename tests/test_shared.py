@@ -71,3 +71,14 @@ def test_the_allocators_refusal_is_a_memory_error_that_names_it(
                                          (3 << 20, "3.0 MiB"), (5 << 30, "5.0 GiB")])
 def test_sizes_read_in_binary_units(nbytes: int, text: str) -> None:
     assert shared._size(nbytes) == text
+
+
+def test_another_allocator_error_stays_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only a lack of room becomes a MemoryError: too many open files (a file
+    descriptor per shared tensor) is not one, and keeps torch's error."""
+    def refuse(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+        raise RuntimeError("unable to open shared memory object: Too many open files (24)")
+
+    monkeypatch.setattr(shared.torch, "zeros", refuse)
+    with pytest.raises(RuntimeError, match="Too many open files"):
+        shared.shared_zeros(4, 4, what="a test tensor")

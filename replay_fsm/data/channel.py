@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import _multiprocessing
 import multiprocessing as mp
+import os
 import struct
 from collections import deque
 from collections.abc import Sequence
@@ -224,7 +225,9 @@ def _creator_cleanup(name: str) -> Any:
     try:
         cleanup = mp_synchronize.SemLock._cleanup  # type: ignore[attr-defined]
         for finalizer in list((mp_util._finalizer_registry or {}).values()):  # type: ignore[attr-defined]
-            if finalizer._callback is cleanup and finalizer._args == (name,):
+            # A bare os.fork() child inherits the registry; the entry is the parent's.
+            if (finalizer._callback is cleanup and finalizer._args == (name,)
+                    and finalizer._pid == os.getpid()):
                 return finalizer
     except AttributeError:  # a multiprocessing without them: unlink as any process does
         pass

@@ -10,6 +10,9 @@ import os
 import torch
 
 SHM = "/dev/shm"  # where Linux keeps shared memory (torch's sharing strategies use it)
+# What torch's refusals say when the room ran out: the CPU allocator's, and a full
+# /dev/shm's (ENOSPC, when the shared file is written).
+OUT_OF_ROOM = ("can't allocate memory", "No space left on device")
 
 
 def shared_zeros(*shape: int, what: str, dtype: torch.dtype = torch.float32
@@ -28,7 +31,10 @@ def shared_zeros(*shape: int, what: str, dtype: torch.dtype = torch.float32
                           f"machine more (a container's /dev/shm: docker run --shm-size)")
     try:
         return torch.zeros(*shape, dtype=dtype).share_memory_()
-    except RuntimeError as exc:  # the allocator's own refusal, past the checks above
+    except RuntimeError as exc:
+        if not any(words in str(exc) for words in OUT_OF_ROOM):
+            raise  # not a lack of memory (too many open files, say): torch's own error
+        # The allocator's refusal past the checks above (another process took the room).
         raise MemoryError(f"{what}: {_size(nbytes)} of shared memory could not be "
                           f"allocated: {exc}") from exc
 

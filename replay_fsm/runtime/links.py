@@ -331,10 +331,12 @@ class ExternalCollector(ChannelLink):
 
     def stop(self, timeout: float) -> list[str]:
         handle = self._handle
-        if handle is not None and not handle.packer_pid:
-            # No collector attached yet: one still starting opens the channels'
-            # semaphores by name when it unpickles the handle, so they stay as long as
-            # this link does; it then attaches, finds the channels closed and leaves.
+        if (handle is not None and not handle.packer_pid
+                and any(process.is_alive() for process, _ in self._watched)):
+            # No collector attached yet, and a watched one still runs: still starting,
+            # it opens the channels' semaphores by name when it unpickles the handle,
+            # so they stay as long as this link does; it then attaches, finds the
+            # channels closed and leaves. With nothing watched alive they go now.
             self._unattached = handle
         return super().stop(timeout)
 

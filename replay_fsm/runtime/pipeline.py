@@ -218,7 +218,9 @@ class Pipeline:
     def watch(self, process: Any, what: str = "the collector process") -> None:
         """Fail fast with CollectorDied when ``process`` dies: a
         ``multiprocessing.Process``, or anything with ``is_alive()``, ``pid`` and
-        ``exitcode`` (the error names them)."""
+        ``exitcode`` (the error names them). A watched collector still running when
+        the pipeline closes, not attached yet, can still open the handle's semaphores:
+        the pipeline keeps them until it goes, and the collector attaches and leaves."""
         with self._lock:
             self._link.watch(process, what)
 

@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_fsm import CollectorDied, Pipeline, ReplayBuffer  # the public API only
+from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
 
@@ -111,8 +111,9 @@ class SACConfig:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
         if self.collector not in COLLECTORS:
             raise ValueError(f"collector must be one of {COLLECTORS}, got {self.collector!r}")
-        if self.ring_depth < 2:
-            raise ValueError(f"ring_depth must be >= 2, got {self.ring_depth}")
+        if not 2 <= self.ring_depth <= MAX_RING_DEPTH:
+            raise ValueError(f"ring_depth must be between 2 and {MAX_RING_DEPTH}, got "
+                             f"{self.ring_depth}")
         if self.learner_threads is not None and self.learner_threads < 1:
             raise ValueError(f"learner_threads must be None or >= 1, got "
                              f"{self.learner_threads}")

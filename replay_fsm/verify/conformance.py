@@ -112,18 +112,15 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         report.context = [{"index": k, "record": recs[k]} for k in range(lo, i + 1)]
         return report
 
-    slots = []
+    depth = 0
     for i, r in enumerate(recs):  # the ring's size first: the largest slot named
-        try:
-            slots.append(int(r["slot"]))
-        except (KeyError, TypeError, ValueError) as exc:
-            return bad(i, f"malformed record: {exc!r}")
-        if slots[-1] < 0:
-            return bad(i, f"malformed record: slot {slots[-1]} is negative")
-    depth = 1 + max(slots)
-    if depth > MAX_RING_DEPTH:
-        return bad(slots.index(depth - 1), f"slot {depth - 1} is outside the deepest ring "
-                                           f"({MAX_RING_DEPTH} slots)")
+        slot = r.get("slot") if isinstance(r, dict) else None
+        if type(slot) is not int:
+            return bad(i, f"malformed record: slot {slot!r} is not an int")
+        if not 0 <= slot < MAX_RING_DEPTH:
+            return bad(i, f"malformed record: slot {slot} is outside any ring (0 to "
+                          f"{MAX_RING_DEPTH - 1})")
+        depth = max(depth, slot + 1)
     report.slots = depth
     if depth < 2:
         return bad(0, "the log names only slot 0; a ring has at least 2 slots")
@@ -138,7 +135,7 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
             actor = None if r.get("actor") is None else Actor(r["actor"])
             tick = None if r.get("tick") is None else int(r["tick"])
             generation = int(r.get("generation", -1))
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
             return bad(i, f"malformed record: {exc!r}")
         if slot >= depth or src is not core.state(slot):
             return bad(i, f"slot {slot} is {core.state(slot).name} but the record leaves "
