@@ -273,7 +273,7 @@ class ReplayBuffer:
             raise TypeError(f"obs must be a torch.Tensor or numpy.ndarray, got "
                             f"{type(obs).__name__}")
         if len(obs.shape) != 2:
-            raise ValueError(f"obs: got shape {tuple(getattr(obs, 'shape', ()))}, "
+            raise ValueError(f"obs: got shape {tuple(obs.shape)}, "
                              f"expected (n, {self.obs_dim})")
         n = int(obs.shape[0])
         o, a, c = self.obs_dim, self.action_dim, self.critic_dim
