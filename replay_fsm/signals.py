@@ -14,6 +14,11 @@ closes its pipeline, which ends its helper processes, and writes what it has.
 - The command line takes SIGTERM as it takes Ctrl-C (``sigterm_as_interrupt``): the
   same clean stop, its files written, and the shell's code for the signal (143).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
+- A stop signal taken through this module's handlers (``sigterm_as_interrupt``) waits
+  for a pipeline step the main thread is in (``step``): Python runs a handler between
+  any two bytecodes, and an interrupt raised inside a step would leave it half done
+  (a slot changed but its trace record never written, a lock released but not taken
+  back). The step raises it once it is done, or at its next wait slice.
 
 A library call installs no handler of its own: only the command line and the
 multi-rank demo, which own their processes, do.
@@ -23,11 +28,20 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from types import CodeType, FrameType
+from typing import Any, TypeVar
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+F = TypeVar("F", bound=Callable[..., Any])
+# The code of the functions marked ``step``: a handler finds them on the stack.
+_STEPS: set[CodeType] = set()
+# The stop taken while the main thread was in a step, not raised yet (one at most).
+# The pipeline reads it after each step and at each wait slice: a plain list, so
+# that the read is one truth test.
+DEFERRED: list[KeyboardInterrupt] = []
 
 
 class Interrupted(KeyboardInterrupt):
@@ -83,20 +97,70 @@ def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
         yield
 
 
+def step(fn: F) -> F:
+    """Mark ``fn`` as a step: a stop signal that this module's handlers take while
+    the main thread runs it (or anything it calls) is deferred, not raised there.
+    The caller of a step raises it once the step returns (``raise_deferred``); a
+    step that waits raises it at its next wait slice, where nothing is half done.
+    ``fn`` itself is returned unchanged: a step costs nothing when no signal comes."""
+    _STEPS.add(fn.__code__)
+    return fn
+
+
+def in_step(frame: FrameType | None) -> bool:
+    """Whether ``frame`` or one of its callers runs a function marked ``step``."""
+    while frame is not None:
+        if frame.f_code in _STEPS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def raise_deferred() -> None:
+    """Raise the stop deferred past a step, if any, on the main thread (the one
+    the handlers ran on); elsewhere do nothing."""
+    if DEFERRED and threading.current_thread() is threading.main_thread():
+        raise DEFERRED.pop()
+
+
+def interrupt_after_step(make: Callable[[int], KeyboardInterrupt]
+                         ) -> Callable[[int, FrameType | None], None]:
+    """A handler raising ``make(signum)`` where the signal lands, or, inside a
+    ``step``, once the step is done (``DEFERRED``). A second stop signal while one
+    is deferred is raised at once: a step that never ends still stops."""
+    def handler(signum: int, frame: FrameType | None) -> None:
+        stop = make(signum)
+        if not DEFERRED and in_step(frame):
+            DEFERRED.append(stop)
+            return
+        DEFERRED.clear()
+        raise stop
+    return handler
+
+
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[list[int]]:
     """A with-block in which SIGTERM raises ``Interrupted(SIGTERM)``, a
-    KeyboardInterrupt: the command line stops on it as on Ctrl-C. It yields the
-    list of the SIGTERMs it took (a command that catches the interrupt itself and
-    reports Ctrl-C's 130 still exits with SIGTERM's 143)."""
+    KeyboardInterrupt: the command line stops on it as on Ctrl-C. Both it and
+    Ctrl-C (a plain KeyboardInterrupt, as Python's own handler raises) wait for the
+    pipeline step the main thread is in (``step``). It yields the list of the
+    SIGTERMs it took (a command that catches the interrupt itself and reports
+    Ctrl-C's 130 still exits with SIGTERM's 143)."""
     taken: list[int] = []
 
-    def stop(signum: int, frame: object) -> None:
+    def make(signum: int) -> KeyboardInterrupt:
+        if signum == signal.SIGINT:
+            return KeyboardInterrupt()
         taken.append(signum)
-        raise Interrupted(signum)
+        return Interrupted(signum)
 
-    with handling((signal.SIGTERM,), stop):
-        yield taken
+    try:
+        with handling(STOP_SIGNALS, interrupt_after_step(make)):
+            yield taken
+    finally:
+        late, DEFERRED[:] = DEFERRED[:], []
+    if late:  # a step's caller that never asked: raised here, never lost
+        raise late[0]
 
 
 def start_ignoring(process: Any, signums: tuple[int, ...] = (signal.SIGINT,)) -> None:

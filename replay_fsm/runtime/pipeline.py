@@ -30,6 +30,7 @@ from ..errors import (
     ProtocolError,
     ReplayFSMError,
 )
+from ..signals import DEFERRED, raise_deferred, step
 from ..spec import AVAILABLE, Actor, SlotState
 from ..transfer import build_backend
 from ..transfer.base import TransferBackend
@@ -253,6 +254,7 @@ class Pipeline:
         return self._call("start_prepare", self._request, as_tick(tick_id),
                           min_snapshot_ptr)
 
+    @step
     def _request(self, tick_id: int, min_snapshot_ptr: int | None) -> bool:
         with self._lock:
             self._raise_if_unusable()
@@ -286,6 +288,7 @@ class Pipeline:
         self._validate(sample_count)
         return self._call(None, self._ready, as_tick(tick_id))
 
+    @step
     def _ready(self, tick_id: int) -> bool:
         with self._lock:
             self._pump_locked()
@@ -336,6 +339,7 @@ class Pipeline:
         """
         self._call("after_tick", self._release)
 
+    @step
     def _release(self) -> None:
         with self._lock:
             self._raise_if_unusable()
@@ -375,8 +379,12 @@ class Pipeline:
         Raises:
             TypeError: ``error`` is not an exception; nothing changed.
         """
-        with self._lock:
-            self._fail_locked(error)
+        try:
+            with self._lock:
+                self._fail_locked(error)
+        finally:
+            if DEFERRED:  # a stop signal came during the step: raised now
+                raise_deferred()
 
     def add_observer(self, observer: Observer) -> None:
         """Report every later transition and span to ``observer`` (see
@@ -443,21 +451,32 @@ class Pipeline:
     def close(self) -> None:
         """Stop everything: stop the collector link and the transfer worker, drain
         copies, unregister page-locked memory. Idempotent (INV-CLOSE)."""
-        interrupted: BaseException | None = None
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            try:
-                self._core.close()
-            except BaseException as exc:  # noqa: BLE001 - an observer's; re-raised below
-                interrupted = exc  # the core is closed; the rest of close still runs
-            self._cv.notify_all()
-        self.forced = self._link.stop(STOP_TIMEOUT_S) + self._worker.stop(STOP_TIMEOUT_S)
-        self.backend.close()
-        self._views = []  # drop our views of device memory so it is freed now
-        if interrupted is not None:
-            raise interrupted
+        try:
+            with self._lock:
+                if self._closed:
+                    return
+                interrupted = self._close_core()
+                self._cv.notify_all()
+            self.forced = (self._link.stop(STOP_TIMEOUT_S)
+                           + self._worker.stop(STOP_TIMEOUT_S))
+            self.backend.close()
+            self._views = []  # drop our views of device memory so it is freed now
+            if interrupted is not None:
+                raise interrupted
+        finally:
+            if DEFERRED:  # a stop signal came during the core's close: raised now
+                raise_deferred()
+
+    @step
+    def _close_core(self) -> BaseException | None:
+        """Mark the pipeline closed and close the core, as one step; returns what an
+        observer raised (the core is closed all the same; the rest of close runs)."""
+        self._closed = True
+        try:
+            self._core.close()
+        except BaseException as exc:  # noqa: BLE001 - an observer's; re-raised by close
+            return exc
+        return None
 
     def __enter__(self) -> Pipeline:
         return self
@@ -469,18 +488,26 @@ class Pipeline:
 
     def _call(self, name: str | None, fn: Any, *args: Any) -> Any:
         """Run a learner call, in a torch.profiler range named ``name`` when tracing.
-        A KeyboardInterrupt anywhere in it closes the pipeline, so no step is left
-        half done (a request taken but never sent, say) and no thread or process is
-        left waiting on a learner that has stopped."""
+        ``fn`` is a ``step``: a stop signal taken by replay_fsm's handlers while it
+        runs is raised here once it returns or raises (chained to what it raised),
+        or by its wait, between slices. A KeyboardInterrupt closes the pipeline, so
+        no thread or process is left waiting on a learner that has stopped (and no
+        request is left taken but never sent, where a handler of Python's own
+        raised it mid-step)."""
         try:
-            if name is None or self.tracer is None:
-                return fn(*args)
-            with torch.profiler.record_function(f"replay_fsm/{name}"):
-                return fn(*args)
+            try:
+                if name is None or self.tracer is None:
+                    return fn(*args)
+                with torch.profiler.record_function(f"replay_fsm/{name}"):
+                    return fn(*args)
+            finally:
+                if DEFERRED:
+                    raise_deferred()
         except KeyboardInterrupt:
             self.close()
             raise
 
+    @step
     def _wait(self, tick: int, deadline: float | None) -> bool:
         with self._lock:
             self._raise_if_unusable()
@@ -496,6 +523,8 @@ class Pipeline:
         started = None
         rows: RowWatch | None = None  # made when the wait is for rows
         while True:
+            if DEFERRED:  # a stop signal came during the wait: nothing is half done here
+                raise_deferred()
             self._pump_locked()
             self._raise_if_unusable()
             state = self._core.state(slot)
@@ -563,6 +592,7 @@ class Pipeline:
                        tick=tick, slot=slot, chunks=took)
         return bool(took)
 
+    @step
     def _acquire(self, tick: int) -> dict[str, torch.Tensor]:
         with self._lock:
             self._raise_if_unusable()
@@ -653,6 +683,7 @@ class Pipeline:
         with self._lock:
             self._fail_locked(error, actor=actor)
 
+    @step
     def _fail_locked(self, error: BaseException, cause: BaseException | None = None, *,
                      actor: Actor | None = None) -> None:
         if cause is not None:

@@ -1,0 +1,278 @@
+"""A stop signal that lands inside a pipeline step waits for the step (signals.step).
+
+Python runs a signal handler between any two bytecodes of the main thread. Raised
+there, inside a step, the interrupt left it half done: a slot changed with its
+trace record never written (the demo's trace then failed check-trace), or a lock
+released for a wait and never taken back (a RuntimeError hid the interrupt).
+Under ``sigterm_as_interrupt`` (the command line's handlers) the step finishes and
+the interrupt is raised after it, or at its wait's next slice.
+"""
+
+from __future__ import annotations
+
+import gc
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer, signals
+from replay_fsm.data.packer import Packer
+from replay_fsm.errors import PipelineClosed, PipelineFailed
+from replay_fsm.runtime.observers import Observer
+from replay_fsm.transfer.manual import ManualBackend
+from replay_fsm.verify.conformance import check
+
+from .tiers import tier_runs
+
+N = 64
+
+
+def buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(4096, 8, 2)
+    rb.add_packed(torch.randn(1024, rb.width))
+    return rb
+
+
+@pytest.fixture
+def stops() -> Iterator[list[int]]:
+    """The command line's handlers, and nothing deferred left behind by a test."""
+    with signals.sigterm_as_interrupt() as taken:
+        yield taken
+    assert signals.DEFERRED == []
+
+
+# -- the handler ----------------------------------------------------------------------
+
+
+def test_inside_a_step_the_handler_defers_and_a_second_signal_raises_at_once() -> None:
+    frames: list[FrameType] = []
+
+    def called() -> None:
+        frames.append(sys._getframe())
+
+    @signals.step
+    def in_a_step() -> None:
+        called()
+
+    in_a_step()
+    called()
+    inside, outside = frames
+    handler = signals.interrupt_after_step(signals.Interrupted)
+    try:
+        with pytest.raises(signals.Interrupted):
+            handler(signal.SIGTERM, outside)  # not in a step: raised where it lands
+        assert signals.DEFERRED == []
+        handler(signal.SIGTERM, inside)  # in a step (a caller of the frame): deferred
+        assert [type(e) for e in signals.DEFERRED] == [signals.Interrupted]
+        with pytest.raises(signals.Interrupted):
+            handler(signal.SIGINT, inside)  # a second one: the user insists
+        assert signals.DEFERRED == []
+        handler(signal.SIGTERM, inside)
+        seen: list[list[Any]] = []
+        thread = threading.Thread(target=lambda: (signals.raise_deferred(),
+                                                  seen.append(list(signals.DEFERRED))))
+        thread.start()
+        thread.join()
+        assert len(seen[0]) == 1  # another thread never raises the main thread's stop
+        with pytest.raises(signals.Interrupted) as info:
+            signals.raise_deferred()
+        assert info.value.signum == signal.SIGTERM and signals.DEFERRED == []
+    finally:
+        signals.DEFERRED.clear()
+
+
+def test_a_stop_still_deferred_when_the_block_ends_is_raised_there() -> None:
+    """A step whose caller never asks loses nothing: the block raises it."""
+    with pytest.raises(signals.Interrupted):
+        with signals.sigterm_as_interrupt() as taken:
+            signals.DEFERRED.append(signals.Interrupted(signal.SIGTERM))
+    assert signals.DEFERRED == [] and taken == []
+
+
+def test_ctrl_c_is_a_plain_keyboard_interrupt_and_the_handlers_come_back() -> None:
+    before = [signal.getsignal(s) for s in signals.STOP_SIGNALS]
+    with pytest.raises(KeyboardInterrupt) as info:
+        with signals.sigterm_as_interrupt() as taken:
+            signal.raise_signal(signal.SIGINT)
+            for _ in range(10_000):  # the handler runs between bytecodes, soon
+                pass
+    assert type(info.value) is KeyboardInterrupt and taken == []
+    assert [signal.getsignal(s) for s in signals.STOP_SIGNALS] == before
+
+
+# -- the pipeline ---------------------------------------------------------------------
+
+
+class SignalsOnce(Observer):
+    """Sends SIGTERM to this process from inside the first REQUEST's step."""
+
+    def __init__(self) -> None:
+        self.sent = False
+
+    def transition(self, record: Any, time_ns: int) -> None:
+        if not self.sent:
+            self.sent = True
+            signal.raise_signal(signal.SIGTERM)
+
+
+def test_a_signal_inside_a_step_is_raised_after_it_and_the_step_is_whole(
+        stops: list[int]) -> None:
+    """The signal lands inside start_prepare's core step (an observer sends it): the
+    request is made and sent whole, then the call raises and the pipeline closes."""
+    with Pipeline(buffer(), sample_count=N, backend="manual", trace=True) as pipe:
+        observer = SignalsOnce()
+        pipe.add_observer(observer)
+        with pytest.raises(signals.Interrupted) as info:
+            pipe.start_prepare(0, N)
+        assert observer.sent and stops == [signal.SIGTERM]
+        innermost = info.traceback[-1]
+        assert innermost.name == "raise_deferred", info.traceback  # not mid-step
+        assert pipe.closed
+        assert pipe.tracer is not None
+        records = pipe.tracer.transitions()
+        assert [(r["event"], r["to"]) for r in records][:1] == [("request", "requested")]
+        assert check(records).ok, check(records)
+
+
+class PumpSignals(ManualBackend):
+    """A backend the learner pumps while it waits: its first pump sends SIGTERM.
+    Copies never complete, so the wait would last until the watchdog's verdict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pumps = 0
+
+    def pump(self) -> None:
+        self.pumps += 1
+        if self.pumps == 1:
+            signal.raise_signal(signal.SIGTERM)
+
+
+@pytest.mark.timeout(120)
+def test_a_signal_during_a_wait_is_raised_at_its_next_slice(stops: list[int]) -> None:
+    """Not at the wait's end: the learner waits for a copy that never completes, and
+    the stop is raised within the wait (the watchdog would say the copy engine hung
+    only after liveness_timeout, 60 s here)."""
+    backend = PumpSignals()
+    with Pipeline(buffer(), sample_count=N, backend=backend, trace=True,
+                  liveness_timeout=60.0) as pipe:
+        pipe.start_prepare(0, N)
+        with pytest.raises(signals.Interrupted) as info:
+            pipe.sample_large_batch(0, N)
+        assert info.traceback[-1].name == "raise_deferred"
+        assert backend.pumps >= 1 and pipe.closed
+        with pytest.raises(PipelineClosed):
+            pipe.after_tick()
+        assert pipe.tracer is not None and check(pipe.tracer.transitions()).ok
+
+
+def test_a_step_that_raises_with_a_stop_deferred_raises_the_stop_chained_to_it(
+        stops: list[int]) -> None:
+    """The stop is never lost to the step's own error: a failed pipeline's call
+    raises PipelineFailed, and the signal that came during it wins, chained."""
+    with Pipeline(buffer(), sample_count=N, backend=PumpSignals()) as pipe:
+        pipe.fail(RuntimeError("the run broke"))
+        with pytest.raises(signals.Interrupted) as info:
+            pipe.batch_ready(0, N)  # pumps (the signal), then finds the failure
+        assert isinstance(info.value.__context__, PipelineFailed)
+        assert pipe.closed
+
+
+# -- a signal at every bytecode -----------------------------------------------------
+
+
+def _run_interrupted_at(k: int | None, traced: int) -> tuple[list[str], Any, Any]:
+    """Tick 0, then ``traced`` ticks with SIGTERM sent at the ``k``-th bytecode the
+    main thread runs in them (None: list them, send nothing). Each tick waits
+    1 ms for its batch first (a wait with a deadline never packs: the lock of
+    threading's Condition.wait is released and taken back there), then samples it:
+    the learner packs it itself (its lock released and taken back around the pack)
+    and the cpu backend copies it on the learner's thread. The collector, attached
+    here, only drops the requests the learner packed, between ticks. Nothing runs
+    on another thread meanwhile: the bytecodes are the same from run to run.
+
+    Returns the function of each bytecode run (file:function; listed when ``k`` is
+    None), what the loop raised (None if nothing) and the conformance of the trace
+    after close."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, ring_depth=3, trace=True, backend="cpu",
+                    collector="external")
+    collector = Packer.attach(pipe.packer_handle(), rb)
+    count, functions = 0, []
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        nonlocal count
+        if event == "opcode":
+            count += 1
+            if count == k:
+                signal.raise_signal(signal.SIGTERM)
+            elif k is None:
+                code = frame.f_code
+                functions.append(f"{Path(code.co_filename).name}:{code.co_name}")
+        return local
+
+    def call(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        return local
+
+    raised: Any = None
+    gc.disable()  # no finalizer of an earlier run's objects runs at the k-th bytecode
+    try:
+        try:
+            for tick in range(1 + traced):
+                if tick >= 1:
+                    sys.settrace(call)
+                pipe.start_prepare(tick, N)
+                assert not pipe.wait_until_ready(tick, N, timeout=0.001)
+                pipe.sample_large_batch(tick, N)
+                pipe.after_tick()
+                sys.settrace(None)
+                collector.service(0.0)  # drops the request the learner packed
+                assert collector.handle.requests.backlog == 0
+        finally:
+            sys.settrace(None)
+            gc.enable()
+    except BaseException as exc:  # noqa: BLE001 - what the test looks at
+        raised = exc
+    try:
+        pipe.close()
+    except BaseException as exc:  # noqa: BLE001 - the signal after the last bytecode
+        raised = raised or exc
+    assert pipe.tracer is not None
+    return functions, raised, check(pipe.tracer.transitions())
+
+
+# Bytecodes every one of which is tried: where a lock is released and taken back.
+DENSE = ("threading.py:", "pipeline.py:_take_locked", "pipeline.py:_pump_locked")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_sigterm_at_any_bytecode_of_the_learners_calls_leaves_a_conforming_trace(
+        stops: list[int]) -> None:
+    """SIGTERM at the k-th bytecode of a tick's calls (in the pipeline, in
+    threading's Condition.wait, in torch's Python): the loop stops with the
+    interrupt itself, and the trace conforms. Without steps, many of them tore the
+    trace, or turned the interrupt into 'cannot release un-acquired lock'. CI tries
+    every 5th bytecode of one tick and each one in DENSE; the deep tier each one of
+    two ticks."""
+    deep = tier_runs("deep")
+    traced, stride = (2, 1) if deep else (1, 5)
+    functions, raised, conformance = _run_interrupted_at(None, traced)
+    assert raised is None and conformance.ok, (raised, conformance)
+    assert any(f.startswith(DENSE[0]) for f in functions), "no wait in the ticks"
+    runs = [k for k, function in enumerate(functions, 1)
+            if k % stride == 0 or function.startswith(DENSE)]
+    bad = []
+    for k in runs:
+        _, raised, conformance = _run_interrupted_at(k, traced)
+        if not isinstance(raised, signals.Interrupted) or not conformance.ok:
+            bad.append(f"k={k} ({functions[k - 1]}): {raised!r}; {str(conformance)[:300]}")
+    assert not bad, f"{len(bad)} of {len(runs)}:\n" + "\n".join(bad[:5])
