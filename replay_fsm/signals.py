@@ -18,7 +18,8 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   for a pipeline step the main thread is in (``step``): Python runs a handler between
   any two bytecodes, and an interrupt raised inside a step would leave it half done
   (a slot changed but its trace record never written, a lock released but not taken
-  back). The step raises it once it is done, or at its next wait slice.
+  back). The step's caller raises it once the step is done (or the step itself at
+  its next wait slice); the same signal again is raised at once.
 
 A library call installs no handler of its own: only the command line and the
 multi-rank demo, which own their processes, do.
@@ -27,6 +28,7 @@ multi-rank demo, which own their processes, do.
 from __future__ import annotations
 
 import signal
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,9 +40,9 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 F = TypeVar("F", bound=Callable[..., Any])
 # The code of the functions marked ``step``: a handler finds them on the stack.
 _STEPS: set[CodeType] = set()
-# The stop taken while the main thread was in a step, not raised yet (one at most).
-# The pipeline reads it after each step and at each wait slice: a plain list, so
-# that the read is one truth test.
+# The stops taken while the main thread was in a step, not raised yet (the first is
+# raised). The pipeline reads it after each step and at each wait slice: a plain
+# list, so that the read is one truth test.
 DEFERRED: list[KeyboardInterrupt] = []
 
 
@@ -100,9 +102,10 @@ def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
 def step(fn: F) -> F:
     """Mark ``fn`` as a step: a stop signal that this module's handlers take while
     the main thread runs it (or anything it calls) is deferred, not raised there.
-    The caller of a step raises it once the step returns (``raise_deferred``); a
-    step that waits raises it at its next wait slice, where nothing is half done.
-    ``fn`` itself is returned unchanged: a step costs nothing when no signal comes."""
+    The caller of the outermost step raises it once the step returns or raises
+    (``raise_deferred``); a step that waits raises it at its next wait slice, where
+    nothing is half done. ``fn`` itself is returned unchanged: a step costs nothing
+    when no signal comes."""
     _STEPS.add(fn.__code__)
     return fn
 
@@ -116,25 +119,34 @@ def in_step(frame: FrameType | None) -> bool:
     return False
 
 
-def raise_deferred() -> None:
-    """Raise the stop deferred past a step, if any, on the main thread (the one
-    the handlers ran on); elsewhere do nothing."""
-    if DEFERRED and threading.current_thread() is threading.main_thread():
-        raise DEFERRED.pop()
+def raise_deferred(*, within_step: bool = False) -> None:
+    """Raise the first stop deferred past a step, if any: on the main thread (the
+    one the handlers ran on), and, unless ``within_step`` (a wait between its
+    slices, where nothing is half done), only outside every step (a pipeline closed
+    or failed from inside another step's work leaves the stop to that step's
+    caller). Elsewhere do nothing."""
+    if (DEFERRED and threading.current_thread() is threading.main_thread()
+            and (within_step or not in_step(sys._getframe(1)))):
+        stop = DEFERRED[0]
+        DEFERRED.clear()
+        raise stop
 
 
 def interrupt_after_step(make: Callable[[int], KeyboardInterrupt]
                          ) -> Callable[[int, FrameType | None], None]:
     """A handler raising ``make(signum)`` where the signal lands, or, inside a
-    ``step``, once the step is done (``DEFERRED``). A second stop signal while one
-    is deferred is raised at once: a step that never ends still stops."""
+    ``step``, once the step is done (``DEFERRED``). The same signal again while it
+    is deferred is raised at once: a step that never ends still stops. Another
+    signal joins it (a terminal's Ctrl-C and a wrapper's SIGTERM often come
+    together). Appended first: a signal that comes while this one walks the stack
+    finds it."""
     def handler(signum: int, frame: FrameType | None) -> None:
         stop = make(signum)
-        if not DEFERRED and in_step(frame):
-            DEFERRED.append(stop)
-            return
-        DEFERRED.clear()
-        raise stop
+        again = any(signum_of(taken) == signum for taken in DEFERRED)
+        DEFERRED.append(stop)
+        if again or not in_step(frame):
+            DEFERRED.clear()
+            raise stop
     return handler
 
 

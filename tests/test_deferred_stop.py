@@ -11,9 +11,11 @@ the interrupt is raised after it, or at its wait's next slice.
 from __future__ import annotations
 
 import gc
+import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
@@ -45,13 +47,14 @@ def stops() -> Iterator[list[int]]:
     """The command line's handlers, and nothing deferred left behind by a test."""
     with signals.sigterm_as_interrupt() as taken:
         yield taken
-    assert signals.DEFERRED == []
+        assert signals.DEFERRED == []  # before the block's end raises what is left
 
 
 # -- the handler ----------------------------------------------------------------------
 
 
-def test_inside_a_step_the_handler_defers_and_a_second_signal_raises_at_once() -> None:
+def test_inside_a_step_the_handler_defers_and_the_same_signal_again_raises_at_once(
+        ) -> None:
     frames: list[FrameType] = []
 
     def called() -> None:
@@ -70,10 +73,12 @@ def test_inside_a_step_the_handler_defers_and_a_second_signal_raises_at_once() -
             handler(signal.SIGTERM, outside)  # not in a step: raised where it lands
         assert signals.DEFERRED == []
         handler(signal.SIGTERM, inside)  # in a step (a caller of the frame): deferred
-        assert [type(e) for e in signals.DEFERRED] == [signals.Interrupted]
-        with pytest.raises(signals.Interrupted):
-            handler(signal.SIGINT, inside)  # a second one: the user insists
-        assert signals.DEFERRED == []
+        assert _raised_by(lambda: handler(signal.SIGINT, inside)) is None  # joins it
+        assert [e.signum for e in signals.DEFERRED] == [  # type: ignore[attr-defined]
+            signal.SIGTERM, signal.SIGINT]
+        with pytest.raises(signals.Interrupted) as info:
+            handler(signal.SIGINT, inside)  # the same again: the user insists
+        assert info.value.signum == signal.SIGINT and signals.DEFERRED == []
         handler(signal.SIGTERM, inside)
         seen: list[list[Any]] = []
         thread = threading.Thread(target=lambda: (signals.raise_deferred(),
@@ -81,11 +86,83 @@ def test_inside_a_step_the_handler_defers_and_a_second_signal_raises_at_once() -
         thread.start()
         thread.join()
         assert len(seen[0]) == 1  # another thread never raises the main thread's stop
+
+        @signals.step
+        def nested() -> None:
+            signals.raise_deferred()  # inside a step: left to the step's caller
+
+        nested()
+        assert len(signals.DEFERRED) == 1
         with pytest.raises(signals.Interrupted) as info:
             signals.raise_deferred()
         assert info.value.signum == signal.SIGTERM and signals.DEFERRED == []
     finally:
         signals.DEFERRED.clear()
+
+
+def _raised_by(fn: Any) -> BaseException | None:
+    """What ``fn()`` raised, a KeyboardInterrupt included (one escaping a test would
+    stop the whole run), or None."""
+    try:
+        fn()
+    except BaseException as exc:  # noqa: BLE001 - what the test looks at
+        return exc
+    return None
+
+
+def test_two_signals_that_come_together_both_wait_for_the_step(
+        stops: list[int]) -> None:
+    """A terminal's Ctrl-C and a wrapper's SIGTERM, pending at once: Python runs
+    both handlers in one go, inside the step. Neither raises there; the first is
+    raised after it."""
+    done = []
+
+    @signals.step
+    def a_step() -> None:
+        both = {signal.SIGINT, signal.SIGTERM}
+        signal.pthread_sigmask(signal.SIG_BLOCK, both)
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGINT)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both handlers run soon
+        for _ in range(10_000):
+            pass
+        done.append(len(signals.DEFERRED))
+
+    assert _raised_by(a_step) is None and done == [2]  # the step finished whole
+    with pytest.raises(KeyboardInterrupt):
+        signals.raise_deferred()
+    assert signals.DEFERRED == []
+
+
+def test_a_signal_while_the_handler_walks_the_stack_is_not_lost(
+        stops: list[int]) -> None:
+    """The handler can itself be interrupted (between its bytecodes): the second
+    signal finds the first already deferred, and the first is raised after the
+    step."""
+    sent = []
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if frame.f_code is signals.in_step.__code__ and not sent:
+            sent.append(signal.SIGINT)
+            signal.raise_signal(signal.SIGINT)  # lands while the first walks
+        return tracer
+
+    @signals.step
+    def a_step() -> None:
+        sys.settrace(tracer)
+        try:
+            signal.raise_signal(signal.SIGTERM)
+            for _ in range(10_000):
+                pass
+        finally:
+            sys.settrace(None)
+
+    assert _raised_by(a_step) is None
+    assert sent and {signals.signum_of(e) for e in signals.DEFERRED} == {
+        signal.SIGTERM, signal.SIGINT}
+    with pytest.raises(KeyboardInterrupt):
+        signals.raise_deferred()
+    assert signals.DEFERRED == []
 
 
 def test_a_stop_still_deferred_when_the_block_ends_is_raised_there() -> None:
@@ -164,8 +241,10 @@ def test_a_signal_during_a_wait_is_raised_at_its_next_slice(stops: list[int]) ->
     with Pipeline(buffer(), sample_count=N, backend=backend, trace=True,
                   liveness_timeout=60.0) as pipe:
         pipe.start_prepare(0, N)
+        started = time.monotonic()
         with pytest.raises(signals.Interrupted) as info:
             pipe.sample_large_batch(0, N)
+        assert time.monotonic() - started < 30.0  # a slice is 50 ms; the verdict 60 s
         assert info.traceback[-1].name == "raise_deferred"
         assert backend.pumps >= 1 and pipe.closed
         with pytest.raises(PipelineClosed):
@@ -185,14 +264,140 @@ def test_a_step_that_raises_with_a_stop_deferred_raises_the_stop_chained_to_it(
         assert pipe.closed
 
 
+class SignalsAndCloses(Observer):
+    """In pipeline A's first step: sends SIGTERM (deferred), then closes pipeline B,
+    as a finalizer or an observer might."""
+
+    def __init__(self, other: Pipeline) -> None:
+        self.other, self.close_raised = other, None
+        self.sent = False
+
+    def transition(self, record: Any, time_ns: int) -> None:
+        if not self.sent:
+            self.sent = True
+            signal.raise_signal(signal.SIGTERM)
+            try:
+                self.other.close()
+            except BaseException as exc:  # noqa: BLE001 - what the test looks at
+                self.close_raised = exc
+
+
+def test_a_pipeline_closed_inside_another_ones_step_leaves_the_stop_to_that_step(
+        stops: list[int]) -> None:
+    """close() raises a deferred stop only outside every step: inside one (here an
+    observer of A's request closes B), raising it would cut A's step short, or, in
+    a finalizer, lose it."""
+    with Pipeline(buffer(), sample_count=N, backend="manual", trace=True) as a, \
+            Pipeline(buffer(), sample_count=N, backend="manual") as b:
+        observer = SignalsAndCloses(b)
+        a.add_observer(observer)
+        with pytest.raises(signals.Interrupted) as info:
+            a.start_prepare(0, N)
+        assert observer.sent and observer.close_raised is None and b.closed
+        assert info.traceback[-1].name == "raise_deferred" and a.closed
+        assert a.tracer is not None and check(a.tracer.transitions()).ok
+
+
+def test_the_same_signal_again_inside_a_copy_on_the_learners_thread_is_a_stop(
+        stops: list[int]) -> None:
+    """SIGTERM during the learner's own pack is deferred; a second SIGTERM, inside
+    the copy-complete callback the cpu backend runs on the learner's thread, is
+    raised at once: it comes out as the stop, never as a copy-engine failure."""
+    from replay_fsm.core import Core
+
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, backend="cpu", collector="external")
+    targets = {Pipeline._take_locked.__code__: "first", Core.copied.__code__: "second"}
+    sent: list[str] = []
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        which = targets.get(frame.f_code)
+        if event == "call" and which is not None and which not in sent:
+            sent.append(which)
+            signal.raise_signal(signal.SIGTERM)
+        return None
+
+    try:
+        pipe.start_prepare(0, N)
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(KeyboardInterrupt) as info:
+                pipe.sample_large_batch(0, N)
+        finally:
+            sys.settrace(None)
+        assert sent == ["first", "second"]
+        assert isinstance(info.value, signals.Interrupted), info.value
+        assert pipe.closed and signals.DEFERRED == []
+        with pytest.raises(PipelineClosed):  # closed, not failed
+            pipe.after_tick()
+    finally:
+        pipe.close()
+
+
+@pytest.mark.timeout(120)
+def test_a_stop_during_a_learner_pack_held_up_by_the_claim_lock_is_raised_then(
+        stops: list[int]) -> None:
+    """The learner wrote a chunk and must count it, but the claim lock's holder (a
+    stopped packer) keeps it: the take retries for up to a minute. A stop signal
+    then ends it at the next retry, not after the minute (60 s here; the bound
+    below is half that)."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, backend="cpu", collector="external",
+                    liveness_timeout=60.0)
+    handle = pipe.packer_handle()
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:  # the stopped packer
+        handle.claim_lock.acquire()
+        held.set()
+        release.wait()
+        handle.claim_lock.release()
+
+    holder = threading.Thread(target=hold)
+    real_claim = handle.claim
+
+    def claim(*args: Any, **kwargs: Any) -> Any:
+        got = real_claim(*args, **kwargs)
+        if not holder.is_alive() and not held.is_set():
+            holder.start()  # it takes the lock right after the learner's claim
+            assert held.wait(60)
+        return got
+
+    def tracer(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "call" and frame.f_code.co_name == "give_up" and not sent:
+            sent.append(time.monotonic())
+            signal.raise_signal(signal.SIGTERM)
+        return None
+
+    sent: list[float] = []
+    handle.claim = claim  # type: ignore[method-assign]
+    try:
+        pipe.start_prepare(0, N)
+        sys.settrace(tracer)
+        try:
+            with pytest.raises(signals.Interrupted):
+                pipe.sample_large_batch(0, N)
+        finally:
+            sys.settrace(None)
+        assert sent and time.monotonic() - sent[0] < 30.0
+        assert pipe.closed
+    finally:
+        release.set()
+        if holder.is_alive():
+            holder.join(60)
+        pipe.close()
+
+
 # -- a signal at every bytecode -----------------------------------------------------
 
 
-def _run_interrupted_at(k: int | None, traced: int) -> tuple[list[str], Any, Any]:
+def _run_interrupted_at(k: int | None, traced: int, wait_s: float
+                        ) -> tuple[list[str], Any, Any]:
     """Tick 0, then ``traced`` ticks with SIGTERM sent at the ``k``-th bytecode the
     main thread runs in them (None: list them, send nothing). Each tick waits
-    1 ms for its batch first (a wait with a deadline never packs: the lock of
-    threading's Condition.wait is released and taken back there), then samples it:
+    ``wait_s`` for its batch first (a wait with a deadline never packs; one that
+    outlasts the bytecodes before it enters threading's Condition.wait, whose lock
+    is released and taken back there), then samples it:
     the learner packs it itself (its lock released and taken back around the pack)
     and the cpu backend copies it on the learner's thread. The collector, attached
     here, only drops the requests the learner packed, between ticks. Nothing runs
@@ -230,7 +435,7 @@ def _run_interrupted_at(k: int | None, traced: int) -> tuple[list[str], Any, Any
                 if tick >= 1:
                     sys.settrace(call)
                 pipe.start_prepare(tick, N)
-                assert not pipe.wait_until_ready(tick, N, timeout=0.001)
+                assert not pipe.wait_until_ready(tick, N, timeout=wait_s)
                 pipe.sample_large_batch(tick, N)
                 pipe.after_tick()
                 sys.settrace(None)
@@ -249,30 +454,39 @@ def _run_interrupted_at(k: int | None, traced: int) -> tuple[list[str], Any, Any
     return functions, raised, check(pipe.tracer.transitions())
 
 
-# Bytecodes every one of which is tried: where a lock is released and taken back.
-DENSE = ("threading.py:", "pipeline.py:_take_locked", "pipeline.py:_pump_locked")
+# Where a lock is released and taken back: every bytecode there is tried (the wait's
+# in the ticks that wait in it).
+DENSE = ("pipeline.py:_take_locked", "pipeline.py:_pump_locked")
+WAIT = ("threading.py:wait",)
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_sigterm_at_any_bytecode_of_the_learners_calls_leaves_a_conforming_trace(
         stops: list[int]) -> None:
-    """SIGTERM at the k-th bytecode of a tick's calls (in the pipeline, in
-    threading's Condition.wait, in torch's Python): the loop stops with the
-    interrupt itself, and the trace conforms. Without steps, many of them tore the
-    trace, or turned the interrupt into 'cannot release un-acquired lock'. CI tries
-    every 5th bytecode of one tick and each one in DENSE; the deep tier each one of
-    two ticks."""
+    """SIGTERM at the k-th bytecode of a tick's calls (in the pipeline, in torch's
+    Python, in threading's Condition.wait): the loop stops with the interrupt
+    itself, and the trace conforms. Without steps, many of them tore the trace, or
+    turned the interrupt into 'cannot release un-acquired lock'. CI tries every 5th
+    bytecode of a tick whose wait ends at once and each one of DENSE, then each
+    one of Condition.wait in a tick that waits there (40 ms, longer than the
+    bytecodes before it take when traced). The deep tier does the same over two
+    ticks, with every bytecode of the first kind."""
     deep = tier_runs("deep")
     traced, stride = (2, 1) if deep else (1, 5)
-    functions, raised, conformance = _run_interrupted_at(None, traced)
-    assert raised is None and conformance.ok, (raised, conformance)
-    assert any(f.startswith(DENSE[0]) for f in functions), "no wait in the ticks"
-    runs = [k for k, function in enumerate(functions, 1)
-            if k % stride == 0 or function.startswith(DENSE)]
-    bad = []
-    for k in runs:
-        _, raised, conformance = _run_interrupted_at(k, traced)
-        if not isinstance(raised, signals.Interrupted) or not conformance.ok:
-            bad.append(f"k={k} ({functions[k - 1]}): {raised!r}; {str(conformance)[:300]}")
-    assert not bad, f"{len(bad)} of {len(runs)}:\n" + "\n".join(bad[:5])
+    tried, failures = 0, []
+    for wait_s, every, dense in ((0.001, stride, DENSE), (0.04, 0, WAIT)):
+        functions, raised, conformance = _run_interrupted_at(None, traced, wait_s)
+        assert raised is None and conformance.ok, (raised, conformance)
+        waits = any(f.startswith(WAIT) for f in functions)
+        assert waits == (wait_s > 0.01), f"a {wait_s} s wait: Condition.wait {waits}"
+        runs = [k for k, function in enumerate(functions, 1)
+                if (every and k % every == 0) or function.startswith(dense)]
+        for k in runs:
+            _, raised, conformance = _run_interrupted_at(k, traced, wait_s)
+            if not isinstance(raised, signals.Interrupted) or not conformance.ok:
+                failures.append(f"k={k} ({functions[k - 1]}, {wait_s} s wait): "
+                                f"{raised!r}; {str(conformance)[:300]}")
+        tried += len(runs)
+    bad = len(failures)
+    assert not bad, f"{bad} of {tried}:\n" + "\n".join(failures[:5])

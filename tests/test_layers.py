@@ -26,6 +26,7 @@ ALLOWED_PRIVATE = {
     ("data/channel.py", "_callback"): "a finalizer's callback, to find the semaphore's",
     ("data/channel.py", "_args"): "a finalizer's arguments: the semaphore's name",
     ("data/channel.py", "_pid"): "a finalizer's process: a fork child inherits the parent's",
+    ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",
 }
 
 

@@ -524,7 +524,7 @@ class Pipeline:
         rows: RowWatch | None = None  # made when the wait is for rows
         while True:
             if DEFERRED:  # a stop signal came during the wait: nothing is half done here
-                raise_deferred()
+                raise_deferred(within_step=True)
             self._pump_locked()
             self._raise_if_unusable()
             state = self._core.state(slot)
@@ -570,7 +570,11 @@ class Pipeline:
 
         def give_up() -> None:
             # Called, without the lock, while a written chunk cannot be counted (the
-            # claim lock's holder is stopped or dead): the watchdog's verdict ends it.
+            # claim lock's holder is stopped or dead): a stop signal or the watchdog's
+            # verdict ends it (either way the chunk is lost, and the pipeline closes
+            # or fails).
+            if DEFERRED:
+                raise_deferred(within_step=True)
             failure = self._watchdog.verdict(tick, slot, SlotState.REQUESTED, 0.0)
             if failure is not None:
                 raise failure
@@ -641,6 +645,7 @@ class Pipeline:
 
     # -- transfer worker, copy engine, collector callbacks --------------------
 
+    @step  # on the learner's thread too, for a batch it packed to its end
     def _on_pack_done(self, done: PackDone) -> CopyOrder | None:
         if done.error is not None:
             self.fail(PackerError(done.tick, done.error))
@@ -657,6 +662,7 @@ class Pipeline:
             self._copy_submit_ns[done.slot] = time.monotonic_ns()
             return order
 
+    @step  # on the learner's thread too (the cpu backend; a test's ManualBackend)
     def _on_copy_complete(self, slot: int) -> None:
         try:
             with self._lock:
@@ -667,6 +673,8 @@ class Pipeline:
                            time.monotonic_ns(), tick=self._core.tick_of(slot), slot=slot,
                            bytes=self._slot_bytes)
                 self._cv.notify_all()
+        except KeyboardInterrupt:
+            raise  # a stop signal on the learner's thread (its own copy): not a failure
         except BaseException as exc:  # noqa: BLE001 - reported to the learner
             self._fail(exc, Actor.COPY_ENGINE)
 
