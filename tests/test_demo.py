@@ -24,6 +24,41 @@ def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> Non
     assert json.loads((tmp_path / "summary.json").read_text())["ticks"] == 25
     assert check(load(tmp_path / "transitions.jsonl")).ok
     assert "speed-up over synchronous" in format_summary(summary, tmp_path)
+    # The run's figures are its own ticks': the comparison after them (which copies
+    # batches of its own) is reported apart, under "compare".
+    assert summary["bytes_moved"] == 25 * _slot_bytes(512)
+    assert summary["compare"]["ticks_each"] > 0
+
+
+def _slot_bytes(sample_count: int) -> int:
+    from replay_fsm import ReplayBuffer
+    from replay_fsm.demo.env import ACT, OBS
+
+    rb = ReplayBuffer(8, OBS, ACT)
+    return sample_count * rb.width * rb.storage.element_size()
+
+
+def test_ctrl_c_during_the_comparison_keeps_the_runs_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C in the comparison after the run's ticks: every tick was done, the run
+    is reported as interrupted, and its figures are the run's ticks' alone."""
+    from replay_fsm.demo import Learner
+
+    real_step = Learner.step
+    calls = {"n": 0}
+
+    def step(self: Learner, batch: dict, all_reduce: object = None) -> float:
+        calls["n"] += 1
+        if calls["n"] == 20 + 5:  # the comparison's fifth pipelined tick
+            raise KeyboardInterrupt
+        return real_step(self, batch, all_reduce)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Learner, "step", step)
+    summary = run(DemoConfig(ticks=20, collector="thread", out=tmp_path, sample_count=256,
+                             capacity=10_000, envs=32, progress=False))
+    assert summary["interrupted"] and summary["ticks"] == 20
+    assert summary["compare"] == {} and summary["trace_conforms"]
+    assert summary["bytes_moved"] == 20 * _slot_bytes(256)
 
 
 def test_ctrl_c_stops_cleanly_and_still_writes_the_files(

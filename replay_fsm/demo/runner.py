@@ -25,6 +25,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
+from ..runtime.observers import Statistics
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, start_ignoring
 from ..spec import INVARIANTS
@@ -73,6 +74,7 @@ def run(config: DemoConfig | None = None,
     compare: dict[str, float] = {}
     done_ticks = 0
     interrupted = False
+    stats: Statistics | None = None
     t_start = time.perf_counter()
     bar = tqdm(total=config.ticks, disable=True)  # the real one once the loop starts
     try:
@@ -106,22 +108,24 @@ def run(config: DemoConfig | None = None,
                 tick_times.append(time.perf_counter() - t0)
                 done_ticks += 1
                 if tick % 10 == 0 or tick == config.ticks - 1:
-                    stats = pipe.statistics()
+                    live = pipe.statistics()
                     elapsed = time.perf_counter() - t_start
-                    bar.set_postfix(stall=f"{100 * stats.learner_wait_s / elapsed:.0f}%",
+                    bar.set_postfix(stall=f"{100 * live.learner_wait_s / elapsed:.0f}%",
                                     loss=f"{losses[-1]:.3f}",
                                     slots="".join(s.name[0] for s in pipe.states))
                 bar.update(1)
             bar.close()
-            elapsed = time.perf_counter() - t_start
+            # The run's figures end with its ticks: the comparison after them runs
+            # ticks of its own (and synchronous ones) and reports them apart.
+            elapsed, stats = time.perf_counter() - t_start, pipe.statistics()
             compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm,
                                all_reduce)
         except KeyboardInterrupt:
             interrupted = True
         finally:
             bar.close()
-            elapsed = time.perf_counter() - t_start
-            stats = pipe.statistics()
+            if stats is None:  # stopped before the comparison
+                elapsed, stats = time.perf_counter() - t_start, pipe.statistics()
     finally:
         _stop_collector(pipe, stop, worker)
     assert pipe.tracer is not None
