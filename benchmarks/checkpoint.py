@@ -5,7 +5,7 @@
 - ReplayBuffer.load vs torch.load vs a sequential read of the same bytes, cold (the
   file's pages dropped from the page cache with posix_fadvise, which touches no other
   file) and warm; and within our load, the part spent reading and checking the rows
-  (the rest is constructing the buffer: zeroed memory moved into shared memory);
+  (the rest is constructing the buffer: its shared memory made);
 - the longest an add waits while a save runs and a thread keeps adding, flat out (a
   worst case: the catch-up passes cannot converge and the locked pass writes every
   row again) and paced at about 100k rows/s (an environment-bound collector).

@@ -27,6 +27,8 @@ ALLOWED_PRIVATE = {
     ("data/channel.py", "_args"): "a finalizer's arguments: the semaphore's name",
     ("data/channel.py", "_pid"): "a finalizer's process: a fork child inherits the parent's",
     ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",
+    ("data/shared.py", "_new_shared"): "the shared-memory object share_memory_ makes, "
+    "made without its private zeroed copy (twice the memory at its peak)",
 }
 
 

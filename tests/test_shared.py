@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 import pytest
@@ -56,10 +58,10 @@ def test_the_allocators_refusal_is_a_memory_error_that_names_it(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Past the checks (another process took the room meanwhile), torch's own refusal
     still comes back as a MemoryError naming what was asked for."""
-    def refuse(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    def refuse(nbytes: int) -> torch.UntypedStorage:
         raise RuntimeError("unable to write to file </torch_1_2>: No space left on device")
 
-    monkeypatch.setattr(shared.torch, "zeros", refuse)
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
     with pytest.raises(MemoryError) as info:
         shared.shared_zeros(4, 4, what="a test tensor")
     assert str(info.value).startswith("a test tensor: 64 B of shared memory could not be "
@@ -76,9 +78,69 @@ def test_sizes_read_in_binary_units(nbytes: int, text: str) -> None:
 def test_another_allocator_error_stays_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
     """Only a lack of room becomes a MemoryError: too many open files (a file
     descriptor per shared tensor) is not one, and keeps torch's error."""
-    def refuse(*shape: int, dtype: torch.dtype) -> torch.Tensor:
+    def refuse(nbytes: int) -> torch.UntypedStorage:
         raise RuntimeError("unable to open shared memory object: Too many open files (24)")
 
-    monkeypatch.setattr(shared.torch, "zeros", refuse)
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
     with pytest.raises(RuntimeError, match="Too many open files"):
         shared.shared_zeros(4, 4, what="a test tensor")
+
+
+@pytest.mark.parametrize("shape,dtype", [((3, 5), torch.float32), ((7,), torch.int64),
+                                         ((2, 0), torch.float32)])
+def test_shared_zeros_are_zeros_in_shared_memory(shape: tuple[int, ...],
+                                                 dtype: torch.dtype) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    t = shared.shared_zeros(*shape, what="a test tensor", dtype=dtype)
+    assert (t.shape, t.dtype, t.is_shared(), t.is_contiguous()) == (shape, dtype, True, True)
+    assert not t.any()
+    if t.numel():  # what a spawned process gets maps the same memory
+        other = ForkingPickler.loads(ForkingPickler.dumps(t))
+        other.view(-1)[-1] = 3
+        assert t.view(-1)[-1] == 3
+
+
+def test_a_torch_without_new_shared_still_gets_shared_zeros(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The classmethod that makes the shared object directly is not public: without
+    it, a private tensor is zeroed and moved into shared memory, as before."""
+    moved = []
+    share = torch.Tensor.share_memory_
+
+    def counted(self: torch.Tensor) -> torch.Tensor:
+        moved.append(self.shape)
+        return share(self)
+
+    monkeypatch.delattr(torch.storage._StorageBase, "_new_shared")
+    monkeypatch.setattr(torch.Tensor, "share_memory_", counted)
+    t = shared.shared_zeros(4, 6, what="a test tensor")
+    assert t.is_shared() and not t.any() and moved == [(4, 6)]
+
+
+def test_a_buffer_is_made_with_no_private_copy_of_its_rows() -> None:
+    """A buffer's rows take their own size in memory, at their peak too: made as
+    ``torch.zeros(...).share_memory_()`` they took twice (a zeroed private tensor,
+    then its copy in shared memory), and a buffer over half a container's memory
+    limit was killed while it was made. The peak resident size of a fresh process,
+    across making a 256 MiB buffer and writing each of its rows."""
+    code = """
+import torch
+from replay_fsm import ReplayBuffer
+
+def peak_kib():
+    with open("/proc/self/status") as f:
+        return next(int(l.split()[1]) for l in f if l.startswith("VmHWM:"))
+
+before = peak_kib()
+rb = ReplayBuffer(1 << 17, 250, 6)  # 131072 rows x 509 floats
+rb.storage.fill_(1.0)  # every page written, as a full buffer's are
+print(rb.storage.numel() * 4 // 1024, peak_kib() - before)
+"""
+    if not os.path.exists("/proc/self/status"):
+        pytest.skip("needs Linux's /proc")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    rows_kib, grew_kib = map(int, out.stdout.split())
+    assert rows_kib > 200_000
+    assert grew_kib < 1.25 * rows_kib, (rows_kib, grew_kib)
