@@ -136,8 +136,11 @@ def main(argv: list[str] | None = None) -> int:
     exp.set_defaults(fn=_explore)
 
     args, unknown = ap.parse_known_args(argv)
-    if unknown:  # the command's own usage, not the top level's
-        commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # the usage of the parser they were given to: the command's, mostly
+        given = sys.argv[1:] if argv is None else list(argv)
+        before = given[:given.index(args.command)] if args.command in given else []
+        (ap if any(a in before for a in unknown) else commands[args.command]).error(
+            f"unrecognized arguments: {' '.join(unknown)}")
     made = _new_folders(getattr(args, "out", None))
     try:
         with sigterm_as_interrupt() as terms:  # kill, timeout, a scheduler: as Ctrl-C

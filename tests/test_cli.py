@@ -202,3 +202,14 @@ def test_an_unknown_argument_gets_its_commands_usage(capsys: pytest.CaptureFixtu
     assert err.startswith(f"usage: replay-fsm {argv[0]} "), err
     assert err.splitlines()[-1] == (f"replay-fsm {argv[0]}: error: unrecognized "
                                     f"arguments: {unknown}"), err
+
+
+@pytest.mark.parametrize("argv", [["--bogus", "diagram"], ["--bogus", "demo", "--ticks", "3"]])
+def test_an_unknown_argument_before_the_command_gets_the_top_level_usage(
+        capsys: pytest.CaptureFixture[str], argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: replay-fsm [-h] [--version]"), err
+    assert err.splitlines()[-1] == "replay-fsm: error: unrecognized arguments: --bogus", err
