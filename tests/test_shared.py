@@ -144,3 +144,72 @@ print(rb.storage.numel() * 4 // 1024, peak_kib() - before)
     rows_kib, grew_kib = map(int, out.stdout.split())
     assert rows_kib > 200_000
     assert grew_kib < 1.25 * rows_kib, (rows_kib, grew_kib)
+
+
+def test_shared_zeros_reserve_their_pages_when_made() -> None:
+    """The pages are taken from /dev/shm when the tensor is made, before any write, as
+    the copy of the old way did: a /dev/shm without room refuses it then, where a
+    write into pages never reserved would die of SIGBUS later. Read from the shared
+    object's own file (file_descriptor strategy: the storage keeps it open)."""
+    import torch.multiprocessing
+
+    if torch.multiprocessing.get_sharing_strategy() != "file_descriptor":
+        pytest.skip("reads the object's file descriptor")
+    t = shared.shared_zeros(1 << 20, 8, what="a test tensor")  # 32 MiB, never written
+    fd = t.untyped_storage()._share_fd_cpu_()[-2]  # (..., fd, size)
+    assert os.fstat(fd).st_blocks * 512 >= t.numel() * 4
+
+
+def test_a_refused_map_leaves_no_shared_memory_behind(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch unlinks its shared-memory file only once it is mapped: a map refused
+    (ENOMEM, as under ulimit -v) left the file, its pages reserved, after the
+    process. The refusal is a MemoryError, and the file this process made is gone;
+    another process's is left alone."""
+    mine = f"torch_{os.getpid()}_1_0"
+    theirs = f"torch_{os.getpid() + 1}_1_0"
+
+    def refuse(nbytes: int) -> torch.UntypedStorage:
+        for name in (mine, theirs):
+            with open(os.path.join(shared.SHM, name), "wb") as f:
+                f.write(b"x" * 64)
+        raise RuntimeError(f"unable to mmap 64 bytes from file </{mine}>: Cannot "
+                           "allocate memory (12)")
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
+    try:
+        with pytest.raises(MemoryError, match="64 B of shared memory could not be"):
+            shared.shared_zeros(4, 4, what="a test tensor")
+        assert not os.path.exists(os.path.join(shared.SHM, mine))
+        assert os.path.exists(os.path.join(shared.SHM, theirs))
+    finally:
+        for name in (mine, theirs):
+            if os.path.exists(os.path.join(shared.SHM, name)):
+                os.unlink(os.path.join(shared.SHM, name))
+
+
+def test_a_buffer_beyond_the_address_space_limit_is_refused_by_name() -> None:
+    """Under ulimit -v (RLIMIT_AS) a buffer that cannot be mapped is refused before
+    anything is made: a MemoryError naming the limit, nothing left in /dev/shm."""
+    code = """
+import os, resource
+from replay_fsm import ReplayBuffer
+
+with open("/proc/self/status") as f:
+    vm = next(int(l.split()[1]) << 10 for l in f if l.startswith("VmSize:"))
+resource.setrlimit(resource.RLIMIT_AS, (vm + (256 << 20), resource.RLIM_INFINITY))
+try:
+    ReplayBuffer(1 << 19, 250, 6)  # 524288 rows x 509 floats: 1 GiB
+except MemoryError as exc:
+    print(os.getpid(), exc)
+"""
+    if not os.path.exists("/proc/self/status") or not os.path.isdir(shared.SHM):
+        pytest.skip("needs Linux's /proc and /dev/shm")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    pid, message = out.stdout.strip().split(" ", 1)
+    assert message.startswith("a replay buffer of 524288 rows needs 1018.0 MiB of shared "
+                              "memory, more than the address space this process may still "
+                              "map ("), message
+    assert message.endswith("): make it smaller, or raise its limit (ulimit -v)"), message
+    assert not [n for n in os.listdir(shared.SHM) if n.startswith(f"torch_{pid}_")]

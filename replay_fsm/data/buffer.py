@@ -161,8 +161,9 @@ class ReplayBuffer:
             integer (bools and floats are refused).
         ValueError: a capacity, ``obs_dim``, ``action_dim`` or ``region_rows`` below 1, or
             a negative ``critic_dim``.
-        MemoryError: the rows do not fit in the machine's memory or in the free space
-            of /dev/shm (the message names the size).
+        MemoryError: the rows do not fit in the machine's memory, in the free space
+            of /dev/shm or in the address space left under ``ulimit -v`` (the message
+            names the size and the room).
     """
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
