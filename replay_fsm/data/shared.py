@@ -21,8 +21,9 @@ MORE_MACHINE = "give the machine more (a container's /dev/shm: docker run --shm-
 def shared_zeros(*shape: int, what: str, dtype: torch.dtype = torch.float32
                  ) -> torch.Tensor:
     """``torch.zeros(*shape, dtype=dtype).share_memory_()``, checked first against the
-    machine's memory and the free space of /dev/shm (where there is one), and made
-    with no private copy (``_zeros_in_shm``).
+    machine's memory, the free space of /dev/shm (where there is one) and the address
+    space left under ``ulimit -v`` (``_room``), and made with no private copy
+    (``_zeros_in_shm``).
 
     Raises:
         MemoryError: it cannot fit; the message names ``what``, its size and the room.
