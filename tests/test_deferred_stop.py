@@ -11,6 +11,7 @@ the interrupt is raised after it, or at its wait's next slice.
 from __future__ import annotations
 
 import gc
+import itertools
 import os
 import signal
 import sys
@@ -18,7 +19,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from types import FrameType
+from types import FrameType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -27,6 +28,7 @@ import torch
 from replay_fsm import Pipeline, ReplayBuffer, signals
 from replay_fsm.data.packer import Packer
 from replay_fsm.errors import PipelineClosed, PipelineFailed
+from replay_fsm.runtime import pipeline as pipeline_module
 from replay_fsm.runtime.observers import Observer
 from replay_fsm.transfer.manual import ManualBackend
 from replay_fsm.verify.conformance import check
@@ -392,13 +394,19 @@ def test_a_stop_during_a_learner_pack_held_up_by_the_claim_lock_is_raised_then(
 # -- a signal at every bytecode -----------------------------------------------------
 
 
+# The pipeline's clock in the sweep: 10 ms further at each read. A wait's deadline
+# is then met, or not, at the same read in every run, however slowly the machine
+# runs the traced bytecodes.
+CLOCK_STEP_NS = 10_000_000
+
+
 def _run_interrupted_at(k: int | None, traced: int, wait_s: float
                         ) -> tuple[list[str], Any, Any]:
     """Tick 0, then ``traced`` ticks with SIGTERM sent at the ``k``-th bytecode the
     main thread runs in them (None: list them, send nothing). Each tick waits
-    ``wait_s`` for its batch first (a wait with a deadline never packs; one that
-    outlasts the bytecodes before it enters threading's Condition.wait, whose lock
-    is released and taken back there), then samples it:
+    ``wait_s`` for its batch first (a wait with a deadline never packs; with 0 it
+    ends before it waits, with more than CLOCK_STEP_NS it enters threading's
+    Condition.wait, whose lock is released and taken back there), then samples it:
     the learner packs it itself (its lock released and taken back around the pack)
     and the cpu backend copies it on the learner's thread. The collector, attached
     here, only drops the requests the learner packed, between ticks. Nothing runs
@@ -429,6 +437,14 @@ def _run_interrupted_at(k: int | None, traced: int, wait_s: float
         return local
 
     raised: Any = None
+    clock = itertools.count(0, CLOCK_STEP_NS)
+
+    def monotonic() -> float:
+        return next(clock) / 1e9
+
+    real_time = pipeline_module.time
+    pipeline_module.time = SimpleNamespace(  # type: ignore[assignment]
+        monotonic=monotonic, monotonic_ns=clock.__next__)
     gc.disable()  # no finalizer of an earlier run's objects runs at the k-th bytecode
     try:
         try:
@@ -445,6 +461,7 @@ def _run_interrupted_at(k: int | None, traced: int, wait_s: float
         finally:
             sys.settrace(None)
             gc.enable()
+            pipeline_module.time = real_time
     except BaseException as exc:  # noqa: BLE001 - what the test looks at
         raised = exc
     try:
@@ -470,17 +487,18 @@ def test_sigterm_at_any_bytecode_of_the_learners_calls_leaves_a_conforming_trace
     itself, and the trace conforms. Without steps, many of them tore the trace, or
     turned the interrupt into 'cannot release un-acquired lock'. CI tries every 5th
     bytecode of a tick whose wait ends at once and each one of DENSE, then each
-    one of Condition.wait in a tick that waits there (40 ms, longer than the
-    bytecodes before it take when traced). The deep tier does the same over two
+    one of Condition.wait in a tick that waits there (the pipeline's clock is the
+    sweep's: whether a wait enters Condition.wait does not depend on how fast the
+    machine runs the traced bytecodes). The deep tier does the same over two
     ticks, with every bytecode of the first kind."""
     deep = tier_runs("deep")
     traced, stride = (2, 1) if deep else (1, 5)
     tried, failures = 0, []
-    for wait_s, every, dense in ((0.001, stride, DENSE), (0.04, 0, WAIT)):
+    for wait_s, every, dense in ((0.0, stride, DENSE), (0.015, 0, WAIT)):
         functions, raised, conformance = _run_interrupted_at(None, traced, wait_s)
         assert raised is None and conformance.ok, (raised, conformance)
         waits = any(f.startswith(WAIT) for f in functions)
-        assert waits == (wait_s > 0.01), f"a {wait_s} s wait: Condition.wait {waits}"
+        assert waits == (wait_s > 0), f"a {wait_s} s wait: Condition.wait {waits}"
         runs = [k for k, function in enumerate(functions, 1)
                 if (every and k % every == 0) or function.startswith(dense)]
         for k in runs:
