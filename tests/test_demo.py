@@ -31,11 +31,10 @@ def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> Non
 
 
 def _slot_bytes(sample_count: int) -> int:
-    from replay_fsm import ReplayBuffer
+    from replay_fsm.data.buffer import Layout
     from replay_fsm.demo.env import ACT, OBS
 
-    rb = ReplayBuffer(8, OBS, ACT)
-    return sample_count * rb.width * rb.storage.element_size()
+    return sample_count * Layout.build(OBS, ACT, 0).width * 4  # float32 rows
 
 
 def test_ctrl_c_during_the_comparison_keeps_the_runs_figures(

@@ -25,7 +25,6 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
-from ..runtime.observers import Statistics
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, start_ignoring
 from ..spec import INVARIANTS
@@ -74,7 +73,6 @@ def run(config: DemoConfig | None = None,
     compare: dict[str, float] = {}
     done_ticks = 0
     interrupted = False
-    stats: Statistics | None = None
     t_start = time.perf_counter()
     bar = tqdm(total=config.ticks, disable=True)  # the real one once the loop starts
     try:
@@ -114,18 +112,18 @@ def run(config: DemoConfig | None = None,
                                     loss=f"{losses[-1]:.3f}",
                                     slots="".join(s.name[0] for s in pipe.states))
                 bar.update(1)
-            bar.close()
-            # The run's figures end with its ticks: the comparison after them runs
-            # ticks of its own (and synchronous ones) and reports them apart.
-            elapsed, stats = time.perf_counter() - t_start, pipe.statistics()
-            compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm,
-                               all_reduce)
         except KeyboardInterrupt:
             interrupted = True
-        finally:
+        finally:  # the run's figures end with its ticks: the comparison after them
+            # runs ticks of its own (and synchronous ones) and reports them apart
             bar.close()
-            if stats is None:  # stopped before the comparison
-                elapsed, stats = time.perf_counter() - t_start, pipe.statistics()
+            elapsed, stats = time.perf_counter() - t_start, pipe.statistics()
+        if not interrupted:
+            try:
+                compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm,
+                                   all_reduce)
+            except KeyboardInterrupt:
+                interrupted = True
     finally:
         _stop_collector(pipe, stop, worker)
     assert pipe.tracer is not None
