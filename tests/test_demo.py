@@ -40,7 +40,8 @@ def _slot_bytes(sample_count: int) -> int:
 def test_ctrl_c_during_the_comparison_keeps_the_runs_figures(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C in the comparison after the run's ticks: every tick was done, the run
-    is reported as interrupted, and its figures are the run's ticks' alone."""
+    is reported as interrupted in the comparison (its ticks are not marked), and its
+    figures are the run's ticks' alone."""
     from replay_fsm.demo import Learner
 
     real_step = Learner.step
@@ -56,8 +57,12 @@ def test_ctrl_c_during_the_comparison_keeps_the_runs_figures(
     summary = run(DemoConfig(ticks=20, collector="thread", out=tmp_path, sample_count=256,
                              capacity=10_000, envs=32, progress=False))
     assert summary["interrupted"] and summary["ticks"] == 20
+    assert summary["interrupted_in"] == "comparison"
     assert summary["compare"] == {} and summary["trace_conforms"]
     assert summary["bytes_moved"] == 20 * _slot_bytes(256)
+    text = format_summary(summary, tmp_path)
+    assert "not measured: interrupted after the run's ticks" in text
+    assert "(interrupted)" not in text  # every tick of the run was done
 
 
 def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
@@ -77,7 +82,8 @@ def test_ctrl_c_stops_cleanly_and_still_writes_the_files(
     summary = run(DemoConfig(ticks=50, collector="thread", out=tmp_path, sample_count=256,
                              capacity=10_000, envs=32, progress=False))
     assert summary["interrupted"] and summary["ticks"] == 5
-    assert summary["trace_conforms"]
+    assert summary["interrupted_in"] == "run" and summary["trace_conforms"]
+    assert "5 (interrupted)" in format_summary(summary, tmp_path)
     for name in ("trace.json", "transitions.jsonl", "summary.json"):
         assert (tmp_path / name).exists(), name
 

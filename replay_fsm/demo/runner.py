@@ -72,7 +72,7 @@ def run(config: DemoConfig | None = None,
     tick_times: list[float] = []
     compare: dict[str, float] = {}
     done_ticks = 0
-    interrupted = False
+    interrupted: str | None = None  # where a stop signal ended it: "run", "comparison"
     t_start = time.perf_counter()
     bar = tqdm(total=config.ticks, disable=True)  # the real one once the loop starts
     try:
@@ -113,7 +113,7 @@ def run(config: DemoConfig | None = None,
                                     slots="".join(s.name[0] for s in pipe.states))
                 bar.update(1)
         except KeyboardInterrupt:
-            interrupted = True
+            interrupted = "run"
         finally:  # the run's figures end with its ticks: the comparison after them
             # runs ticks of its own (and synchronous ones) and reports them apart
             bar.close()
@@ -123,7 +123,7 @@ def run(config: DemoConfig | None = None,
                 compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm,
                                    all_reduce)
             except KeyboardInterrupt:
-                interrupted = True
+                interrupted = "comparison"
     finally:
         _stop_collector(pipe, stop, worker)
     assert pipe.tracer is not None
@@ -141,7 +141,8 @@ def run(config: DemoConfig | None = None,
         "rank": config.rank, "base_seed": pipe.base_seed,
         "batch_fingerprint": fingerprint[:1],
         "data_verified_ticks": len(fingerprint) if config.verify_data else 0,
-        "ticks": done_ticks, "interrupted": interrupted, "device": str(dev),
+        "ticks": done_ticks, "interrupted": interrupted is not None,
+        "interrupted_in": interrupted, "device": str(dev),
         "learner_threads": torch.get_num_threads(),
         "ring_depth": config.ring_depth, "collector": config.collector,
         "sample_count": config.sample_count,
@@ -268,10 +269,14 @@ def _check_batch(pipe: Pipeline, rb: ReplayBuffer, tick: int, verify: bool) -> i
 def format_summary(s: dict[str, Any], out: str | Path) -> str:
     c = s["compare"]
     rows = [
-        ("ticks", f"{s['ticks']}" + (" (interrupted)" if s["interrupted"] else "")),
+        ("ticks", f"{s['ticks']}" + (" (interrupted)" if s.get("interrupted_in") == "run"
+                                     else "")),
         ("tick time (mean)", f"{s['tick_ms']:.2f} ms"),
         ("learner stall", f"{s['stall_pct']:.1f} % of the run ({s['stalls']} waits)"),
     ]
+    if s.get("interrupted_in") == "comparison":
+        rows.append(("pipelined vs synchronous", "not measured: interrupted after the "
+                                                 "run's ticks"))
     if c:
         rows += [
             ("pipelined vs synchronous", f"{c['ticks_each']} ticks each, in {c['blocks']} "
