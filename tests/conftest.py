@@ -1,4 +1,5 @@
 import os
+import signal
 
 from hypothesis import HealthCheck, settings
 
@@ -19,6 +20,14 @@ settings.register_profile(
     derandomize=True, database=None,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fast"))
+
+# A shell without job control starts a background command (`make test &` in a
+# script) with SIGINT ignored, and every process the tests start would inherit
+# that through exec: the tests that interrupt a learner or a demo would then wait
+# for an interrupt that never lands. Take Python's own handler back (the library
+# puts back whatever handlers its caller had: tests/test_signals.py checks that).
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def pytest_collection_modifyitems(config, items):  # type: ignore[no-untyped-def]

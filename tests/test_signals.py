@@ -75,6 +75,18 @@ def test_from_another_thread_nothing_changes() -> None:
     assert seen == [(before, [])]
 
 
+def test_the_suite_takes_ctrl_c_back_when_started_with_it_ignored() -> None:
+    """`make test &` from a script starts pytest with SIGINT ignored; the processes
+    the interrupt tests start would inherit that and never see their Ctrl-C."""
+    probe = ("import signal; import tests.conftest; "
+             "print(signal.getsignal(signal.SIGINT) is signal.default_int_handler)")
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+        cwd=Path(__file__).parent.parent, timeout=120,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    assert out.stdout.split() == ["True"]
+
+
 @pytest.mark.parametrize("signums, ignored", [
     ((signal.SIGINT,), (True, False)),  # the packer: terminate still ends it
     (signals.STOP_SIGNALS, (True, True)),  # the demo's collector
