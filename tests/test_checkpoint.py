@@ -67,6 +67,7 @@ from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.data import checkpoint
 from replay_fsm.data.checkpoint import HEADER_BYTES, CheckpointError
 from replay_fsm.data.sampling import expected_batch
+from replay_fsm.errors import ProtocolError
 
 WAIT = 60.0  # a bound on waits for a child process or thread, not a timing assumption
 
@@ -881,6 +882,46 @@ def test_the_file_holds_the_state_when_the_lock_was_released(tmp_path: Path) -> 
     assert lock.ptr_at_release == [80] and rb.ptr == 87
     assert ck.ptr == 80
     assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 80)
+
+
+@pytest.mark.timeout(60)  # the lock is not reentrant: the old save waited for ever
+def test_a_save_inside_adds_paused_copies_under_that_pause(tmp_path: Path) -> None:
+    rb = filled(32, 40)
+    writer_done = threading.Event()
+    with rb.adds_paused():
+        # Another thread's add waits for the block, as it would without the save.
+        writer = threading.Thread(target=lambda: (add_history(rb, 5), writer_done.set()))
+        writer.start()
+        ck = rb.save(tmp_path / "b.ckpt", chunk_bytes=3 * rb.width * 4)
+        assert not writer_done.is_set() and rb.ptr == 40
+    writer.join(WAIT)
+    assert writer_done.is_set() and rb.ptr == 45
+    assert ck.ptr == 40
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 40)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("call", ["add", "add_packed", "adopt_rows", "adds_paused"])
+def test_writing_inside_this_threads_adds_paused_is_refused(call: str) -> None:
+    """Each would wait for the block it is called from; it says so instead, changes
+    nothing, and the pause still holds until the block ends."""
+    rb = filled(16, 20)
+    o = torch.zeros(2, rb.obs_dim)
+    calls: dict[str, Callable[[], object]] = {
+        "add": lambda: rb.add(o, torch.zeros(2, 1), torch.zeros(2), o, torch.zeros(2),
+                              torch.zeros(2)),
+        "add_packed": lambda: rb.add_packed(ids(20, 2, rb.width)),
+        "adopt_rows": lambda: rb.adopt_rows(3),
+        "adds_paused": lambda: rb.adds_paused().__enter__(),
+    }
+    with rb.adds_paused():
+        with pytest.raises(ProtocolError, match=r"inside this thread's adds_paused\(\) "
+                                                r"block would wait .* nothing was changed"):
+            calls[call]()
+        assert not rb._write_lock.acquire(block=False)  # still paused
+    assert_state(rb, 20)
+    add_history(rb, 2)  # and free again after it
+    assert_state(rb, 22)
 
 
 def keep_adding(rb: ReplayBuffer, started: Any, stop: Any, sizes: tuple[int, ...]) -> None:

@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..core import as_count
+from ..errors import ProtocolError
 from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
 from .shared import shared_zeros
@@ -166,6 +167,8 @@ class ReplayBuffer:
             names the size and the room).
     """
 
+    _pause_holder: int | None  # the thread of this process inside adds_paused()
+
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
                  *, region_rows: int | None = None, check_finite: bool = False) -> None:
         capacity = as_count("capacity", capacity, 1)
@@ -194,9 +197,35 @@ class ReplayBuffer:
     @contextlib.contextmanager
     def adds_paused(self) -> Iterator[None]:
         """Hold off every ``add`` (in every process) for the length of the with-block;
-        gathers go on. For a consistent copy of the rows (``save`` uses it)."""
+        gathers go on. For a consistent copy of the rows (``save`` uses it, and may be
+        called inside the block: it then copies under this pause).
+
+        Raises:
+            ProtocolError: this thread is already inside ``adds_paused()`` (the lock
+                is not reentrant: it would wait for itself).
+        """
+        self._refuse_inside_pause("adds_paused()")
         with self._write_lock:
+            self._pause_holder = threading.get_ident()
+            try:
+                yield
+            finally:
+                self._pause_holder = None
+
+    @contextlib.contextmanager
+    def _adds_held(self) -> Iterator[None]:
+        """``adds_paused()``, or nothing more where this thread already holds it."""
+        if self._pause_holder == threading.get_ident():
             yield
+        else:
+            with self.adds_paused():
+                yield
+
+    def _refuse_inside_pause(self, call: str) -> None:
+        if self._pause_holder == threading.get_ident():
+            raise ProtocolError(f"{call} inside this thread's adds_paused() block would "
+                                f"wait for the block to end, for ever; nothing was "
+                                f"changed. Call it after the block")
 
     def adopt_rows(self, ptr: int) -> None:
         """Say that ``ptr`` rows were ever written, rows [0, min(ptr, capacity)) of
@@ -205,9 +234,11 @@ class ReplayBuffer:
 
         Raises:
             ValueError: ``ptr`` is negative.
+            ProtocolError: called inside this thread's ``adds_paused()`` block.
         """
         if ptr < 0:
             raise ValueError(f"ptr must be >= 0, got {ptr}")
+        self._refuse_inside_pause("adopt_rows()")
         with self._write_lock:
             self._counters[1] = min(int(ptr), self.capacity)
             self._counters[0] = int(ptr)
@@ -232,11 +263,13 @@ class ReplayBuffer:
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
         self._per_thread = threading.local()  # gather's scratch, one per thread
+        self._pause_holder = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
         state.pop("_per_thread")  # each process makes its own
+        state.pop("_pause_holder")  # a thread of this process, if any
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -269,6 +302,7 @@ class ReplayBuffer:
                 shape given and the one expected) or a required field is missing;
                 nothing is written.
             TypeError: a field is not a tensor or array of real numbers.
+            ProtocolError: called inside this thread's ``adds_paused()`` block.
         """
         if not isinstance(obs, (torch.Tensor, np.ndarray)):
             raise TypeError(f"obs must be a torch.Tensor or numpy.ndarray, got "
@@ -315,6 +349,7 @@ class ReplayBuffer:
             ValueError: ``rows`` is not [n, width], or (``check_finite``) holds NaN or
                 infinity; nothing is written.
             TypeError: ``rows`` is not a tensor or array of real numbers.
+            ProtocolError: called inside this thread's ``adds_paused()`` block.
         """
         if (isinstance(rows, torch.Tensor) and rows.dtype == torch.float32
                 and rows.dim() == 2 and rows.shape[1] == self.width):
@@ -340,6 +375,7 @@ class ReplayBuffer:
     def _append(self, rows: torch.Tensor) -> None:
         if self.check_finite:
             self._refuse_non_finite(rows)
+        self._refuse_inside_pause("add()")
         n, cap = rows.shape[0], self.capacity
         with self._write_lock:
             ptr = int(self._counters[0])

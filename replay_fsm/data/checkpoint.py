@@ -182,7 +182,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
                 break
             writer.rewrite_written(done, now, rb.capacity)
             done = now
-        with rb.adds_paused():
+        with rb._adds_held():  # as adds_paused(), also inside one
             ptr = rb.ptr
             writer.rewrite_written(done, ptr, rb.capacity)
         size = min(ptr, rb.capacity)
