@@ -3,6 +3,8 @@ PipelineFailed chained to its cause."""
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class ReplayFSMError(Exception):
     """Base of the library's own errors."""
@@ -51,3 +53,8 @@ class PackerError(ReplayFSMError):
         super().__init__(f"packing tick {tick} failed: {cause}")
         self.tick = tick
         self.traceback_text = traceback_text
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from what the constructor takes (args holds the message), so it
+        # crosses a process boundary: a pool's worker, a spawned collector.
+        return type(self), (self.tick, self.traceback_text), vars(self)

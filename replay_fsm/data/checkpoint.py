@@ -71,6 +71,11 @@ class CheckpointError(ReplayFSMError, ValueError):
         self.path = path
         self.problem = problem
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Rebuilt from what the constructor takes (args holds the message), so a load
+        # failing in a process pool's worker reaches the caller as itself.
+        return type(self), (self.path, self.problem), vars(self)
+
 
 @dataclass(frozen=True)
 class Checkpoint:

@@ -136,7 +136,7 @@ class RunInterrupted(Interrupted):
         self.result = result
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.signum, self.result)
+        return type(self), (self.signum, self.result), vars(self)
 
 
 class Trainer:
