@@ -901,7 +901,7 @@ def test_a_save_inside_adds_paused_copies_under_that_pause(tmp_path: Path) -> No
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("call", ["add", "add_packed", "adopt_rows", "adds_paused"])
+@pytest.mark.parametrize("call", ["add", "add_packed", "adopt_rows"])
 def test_writing_inside_this_threads_adds_paused_is_refused(call: str) -> None:
     """Each would wait for the block it is called from; it says so instead, changes
     nothing, and the pause still holds until the block ends."""
@@ -912,7 +912,6 @@ def test_writing_inside_this_threads_adds_paused_is_refused(call: str) -> None:
                               torch.zeros(2)),
         "add_packed": lambda: rb.add_packed(ids(20, 2, rb.width)),
         "adopt_rows": lambda: rb.adopt_rows(3),
-        "adds_paused": lambda: rb.adds_paused().__enter__(),
     }
     with rb.adds_paused():
         with pytest.raises(ProtocolError, match=r"inside this thread's adds_paused\(\) "
@@ -921,6 +920,17 @@ def test_writing_inside_this_threads_adds_paused_is_refused(call: str) -> None:
         assert not rb._write_lock.acquire(block=False)  # still paused
     assert_state(rb, 20)
     add_history(rb, 2)  # and free again after it
+    assert_state(rb, 22)
+
+
+@pytest.mark.timeout(60)
+def test_adds_paused_blocks_nest_and_the_outer_one_ends_the_pause() -> None:
+    rb = filled(16, 20)
+    with rb.adds_paused():
+        with rb.adds_paused():
+            assert not rb._write_lock.acquire(block=False)
+        assert not rb._write_lock.acquire(block=False)  # the inner one did not end it
+    add_history(rb, 2)
     assert_state(rb, 22)
 
 

@@ -198,28 +198,18 @@ class ReplayBuffer:
     def adds_paused(self) -> Iterator[None]:
         """Hold off every ``add`` (in every process) for the length of the with-block;
         gathers go on. For a consistent copy of the rows (``save`` uses it, and may be
-        called inside the block: it then copies under this pause).
-
-        Raises:
-            ProtocolError: this thread is already inside ``adds_paused()`` (the lock
-                is not reentrant: it would wait for itself).
+        called inside the block: it then copies under this pause). Blocks nest: inside
+        one of the same thread, another holds the same pause, which the outer one ends.
         """
-        self._refuse_inside_pause("adds_paused()")
+        if self._pause_holder == threading.get_ident():
+            yield  # this thread already pauses the adds (the lock is not reentrant)
+            return
         with self._write_lock:
             self._pause_holder = threading.get_ident()
             try:
                 yield
             finally:
                 self._pause_holder = None
-
-    @contextlib.contextmanager
-    def _adds_held(self) -> Iterator[None]:
-        """``adds_paused()``, or nothing more where this thread already holds it."""
-        if self._pause_holder == threading.get_ident():
-            yield
-        else:
-            with self.adds_paused():
-                yield
 
     def _refuse_inside_pause(self, call: str) -> None:
         if self._pause_holder == threading.get_ident():

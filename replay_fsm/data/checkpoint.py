@@ -187,7 +187,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
                 break
             writer.rewrite_written(done, now, rb.capacity)
             done = now
-        with rb._adds_held():  # as adds_paused(), also inside one
+        with rb.adds_paused():  # also inside a caller's own adds_paused() block
             ptr = rb.ptr
             writer.rewrite_written(done, ptr, rb.capacity)
         size = min(ptr, rb.capacity)
