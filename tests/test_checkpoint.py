@@ -477,21 +477,43 @@ def test_a_failed_save_leaves_the_previous_checkpoint(
 
 
 
-def test_a_failed_save_closes_its_own_file_and_no_other(tmp_path: Path) -> None:
-    """The rename fails (the target is a directory) after the file was closed: the
-    save raises the OSError, removes its temporary file, and leaves the process's
-    descriptors as they were. Kills x_save mutants 102 and 103 (the closed file's
-    descriptor not marked closed: a TypeError, or descriptor 1 closed instead)."""
-    target = tmp_path / "taken"
-    target.mkdir()
-    (target / "inside").write_text("keeps the rename from replacing it")
+def test_a_failed_save_closes_its_own_file_and_no_other(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename fails after the file was closed: the save raises the OSError naming
+    the path asked for, removes its temporary file, and leaves the process's
+    descriptors as they were. Kills the mutants of save that leave the closed file's
+    descriptor unmarked (a TypeError, or descriptor 1 closed instead)."""
+    target = tmp_path / "b.ckpt"
     rb = filled(8, 5)  # its shared memory holds descriptors of its own
+
+    def fail(src: str, dst: str) -> None:
+        raise OSError(errno.EXDEV, os.strerror(errno.EXDEV), src, None, dst)
+
     before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
-    with pytest.raises(OSError):
+    monkeypatch.setattr(checkpoint.os, "replace", fail)
+    with pytest.raises(OSError) as info:
         rb.save(target)
+    monkeypatch.undo()
+    assert (info.value.errno, info.value.filename) == (errno.EXDEV, str(target))
     if before is not None:
         assert sorted(os.listdir("/proc/self/fd")) == before
-    assert sorted(os.listdir(tmp_path)) == ["taken"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_folder_or_an_empty_path_is_refused_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not after a whole buffer went into a temporary file the rename then refuses."""
+    (tmp_path / "taken").mkdir()
+    monkeypatch.chdir(tmp_path)
+    rb = filled(8, 5)
+    monkeypatch.setattr(checkpoint, "_create_temporary", None)  # never reached
+    with pytest.raises(IsADirectoryError) as info:
+        rb.save(tmp_path / "taken")
+    assert info.value.filename == str(tmp_path / "taken")
+    with pytest.raises(FileNotFoundError) as empty:
+        rb.save("")
+    assert empty.value.filename == ""
+    assert os.listdir(tmp_path) == ["taken"] and os.listdir(tmp_path / "taken") == []
 
 
 @pytest.mark.parametrize("bad", [True, 1.5, -3, "16"])
@@ -1011,14 +1033,14 @@ def test_a_failed_save_closes_its_file_even_as_descriptor_0(
         raise OSError(28, "No space left on device")
 
     made: list[tuple[int, str]] = []
-    mkstemp = checkpoint.tempfile.mkstemp
+    create = checkpoint._create_temporary
 
-    def recording_mkstemp(**kwargs: Any) -> tuple[int, str]:
-        made.append(mkstemp(**kwargs))
+    def recording_create(target: str) -> tuple[int, str]:
+        made.append(create(target))
         return made[-1]
 
     monkeypatch.setattr(checkpoint.os, "fsync", fail)
-    monkeypatch.setattr(checkpoint.tempfile, "mkstemp", recording_mkstemp)
+    monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
     stdin = os.dup(0)
     try:
         os.close(0)
@@ -1046,3 +1068,134 @@ def test_saving_into_a_missing_folder_names_the_path_asked(tmp_path: Path) -> No
     assert str(info.value) == f"[Errno 2] No such file or directory: '{target}'"
     assert info.value.errno == errno.ENOENT  # what a caller may test on
     assert not (tmp_path / "ckpt").exists()
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, umask: int) -> None:
+    """0o666 less the umask, as torch.save's or any open(path, "w") file: not the
+    0o600 of a private temporary file, which other users of a shared folder (a
+    cluster's project space) could not read."""
+    old = os.umask(umask)
+    try:
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "b.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_file_replaced_keeps_its_mode(tmp_path: Path) -> None:
+    path = tmp_path / "b.ckpt"
+    filled(8, 5).save(path)
+    path.chmod(0o640)
+    filled(8, 9).save(path)
+    assert path.stat().st_mode & 0o777 == 0o640
+    assert_state(ReplayBuffer.load(path), 9, 8)
+
+
+def test_a_symlink_is_followed_and_kept(tmp_path: Path) -> None:
+    """As open(path, "w") does: the file it points to is replaced, the link stays."""
+    (tmp_path / "store").mkdir()
+    real = tmp_path / "store" / "b.ckpt"
+    filled(8, 5).save(real)
+    link = tmp_path / "latest.ckpt"
+    link.symlink_to(real)
+    ck = filled(8, 9).save(link)
+    assert link.is_symlink() and ck.path == str(link)
+    assert_state(ReplayBuffer.load(real), 9, 8)
+    assert os.listdir(tmp_path / "store") == ["b.ckpt"]  # no temporary file left there
+
+
+def test_a_long_name_gets_a_temporary_name_the_file_system_takes(tmp_path: Path) -> None:
+    """The temporary name adds a prefix and a suffix to NAME; a NAME near the
+    255-byte limit must not make the save fail with ENAMETOOLONG."""
+    path = tmp_path / ("r" * 240 + ".ckpt")
+    filled(8, 5).save(path)
+    assert_state(ReplayBuffer.load(path), 5, 8) and os.listdir(tmp_path) == [path.name]
+
+
+def test_a_close_that_reports_an_error_is_not_repeated(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Linux releases a descriptor even when close reports an error (NFS reports a
+    deferred write error there); closing the number again could close a file another
+    thread opened meanwhile."""
+    closed: list[int] = []
+    real_close = os.close
+
+    def failing_close(fd: int) -> None:
+        real_close(fd)
+        closed.append(fd)
+        if len(closed) == 1:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    create = checkpoint._create_temporary
+    ours: list[int] = []
+
+    def recording_create(target: str) -> tuple[int, str]:
+        fd, tmp = create(target)
+        ours.append(fd)
+        return fd, tmp
+
+    monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
+    monkeypatch.setattr(checkpoint.os, "close", failing_close)
+    with pytest.raises(OSError) as info:
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    monkeypatch.undo()
+    assert closed.count(ours[0]) == 1
+    assert info.value.errno == errno.EIO and info.value.filename == str(tmp_path / "b.ckpt")
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_failed_write_names_the_file_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.os, "pwrite", full)
+    with pytest.raises(OSError) as info:
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / "b.ckpt"))
+    assert str(info.value) == f"[Errno 28] No space left on device: '{tmp_path / 'b.ckpt'}'"
+
+
+@pytest.mark.parametrize("fails", ["open", "fsync"])
+def test_a_folder_that_cannot_be_synced_here_does_not_fail_a_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str) -> None:
+    """A folder this process may write into but not read (mode 0o333) cannot be
+    opened to sync it; some file systems refuse fsync on a folder. The file is in
+    place: the save succeeds."""
+    real_open, real_fsync = os.open, os.fsync
+
+    def open_(name: Any, flags: int, *args: Any) -> int:
+        if fails == "open" and os.fspath(name) == str(tmp_path):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
+        return real_open(name, flags, *args)
+
+    def fsync(fd: int) -> None:
+        if fails == "fsync" and os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint.os, "open", open_)
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    filled(8, 5).save(tmp_path / "b.ckpt")
+    monkeypatch.undo()
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
+
+
+def test_a_folder_sync_that_fails_says_the_file_is_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        if os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        real_fsync(fd)
+
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
+    path = tmp_path / "b.ckpt"
+    with pytest.raises(OSError, match=f"{path} holds the new checkpoint, but its folder "
+                                      "could not be synced") as info:
+        filled(8, 5).save(path)
+    monkeypatch.undo()
+    assert info.value.errno == errno.EIO
+    assert_state(ReplayBuffer.load(path), 5, 8)

@@ -469,11 +469,15 @@ class ReplayBuffer:
         prefix of the add history). ``add`` is blocked only for a final pass over the
         rows added since the last lock-free catch-up pass; a saving process killed
         during that pass leaves the write lock held, as a collector killed inside
-        ``add`` does.
+        ``add`` does. A symlink at ``path`` is followed; the file keeps the mode of the
+        one it replaces (a new one gets 0o666 less the umask), as with ``open``.
 
         Raises:
             ValueError: ``chunk_bytes`` is not a positive int.
-            OSError: the file could not be written; ``path`` is left as it was.
+            OSError: the file could not be written (the error names ``path``; a folder
+                or an empty path is refused before anything is written); ``path`` is
+                left as it was. Only where the folder's final fsync fails (EIO) does
+                ``path`` already hold the new checkpoint, and the message says so.
         """
         return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
 

@@ -16,8 +16,11 @@ states the file's length, so a truncated file is too.
 
 Atomic: the file is written under a temporary name in the same directory (header
 last), fsynced, renamed over ``path`` and the directory fsynced. A save killed before
-the rename leaves ``path`` as it was, plus a ``.NAME.*.tmp`` file that load rejects
-unless the save got as far as writing its header (then it is the complete new file).
+the rename leaves ``path`` as it was, plus a ``.NAME.<pid>-<random>.tmp`` file that
+load rejects unless the save got as far as writing its header (then it is the complete
+new file). As with ``open(path, "w")``: a symlink at ``path`` is followed (its target
+is replaced, the link stays), and the file keeps the mode of the one it replaces, or
+gets 0o666 less the umask.
 
 Streamed: rows go from the shared storage to the file chunk by chunk, and are read
 back into a new buffer's storage the same way; no second in-memory copy is made. A
@@ -34,11 +37,13 @@ was copied again after its last write. ``add`` waits only during that last pass.
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import secrets
+import stat
 import struct
 import sys
-import tempfile
 import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -144,14 +149,79 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
         data, offset = data[written:], offset + written
 
 
-def _fsync_directory(directory: str) -> None:
+# errnos that say a directory cannot be synced here (not that a sync failed): a folder
+# this process may write into but not read, a file system without directory fsync.
+_NO_DIRECTORY_SYNC = {errno.EACCES, errno.EPERM, errno.EINVAL, errno.ENOTSUP,
+                      errno.EOPNOTSUPP, errno.EBADF}
+# The temporary name's copy of NAME is cut to this many bytes, so the name stays under
+# a file system's 255-byte limit.
+_NAME_BYTES_IN_TEMPORARY = 200
+
+
+def _fsync_directory(directory: str, path: str) -> None:
     # The rename is durable only once the directory entry is on disk.
-    flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)
-    fd = os.open(directory, flags)
+    try:
+        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    except OSError as exc:
+        if exc.errno in _NO_DIRECTORY_SYNC:
+            return
+        raise
     try:
         os.fsync(fd)
+    except OSError as exc:
+        if exc.errno not in _NO_DIRECTORY_SYNC:
+            raise type(exc)(exc.errno, f"{exc.strerror}: {path} holds the new checkpoint, "
+                                       f"but its folder could not be synced, so the "
+                                       f"rename may not survive a power cut",
+                            directory) from exc
     finally:
         os.close(fd)
+
+
+def _target(path: str) -> str:
+    """The file a save to ``path`` replaces: a symlink's target (the link stays, as
+    with ``open(path, "w")``). Checked before anything is written.
+
+    Raises:
+        FileNotFoundError: ``path`` is empty.
+        IsADirectoryError: ``path`` is a folder.
+    """
+    if not path:
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    target = os.path.realpath(path)
+    if os.path.isdir(target):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    return target
+
+
+def _create_temporary(target: str) -> tuple[int, str]:
+    """Create ``.NAME.<pid>-<random>.tmp`` beside ``target`` with the mode the file
+    would get from ``open(target, "w")``: the existing file's, else 0o666 less the
+    umask (which the kernel applies)."""
+    directory, name = os.path.split(target)
+    short = name
+    while len(os.fsencode(short)) > _NAME_BYTES_IN_TEMPORARY:
+        short = short[:-1]
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{short}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
+                         0o666)
+        except FileExistsError:
+            continue
+        if mode is not None:
+            try:
+                os.fchmod(fd, mode)
+            except BaseException:
+                os.close(fd)
+                os.unlink(tmp)
+                raise
+        return fd, tmp
+    raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken", target)
 
 
 def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
@@ -161,16 +231,18 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
 
     Raises:
         ValueError: ``chunk_bytes`` is not a positive int.
-        OSError: the file could not be written; ``path`` is left as it was.
+        OSError: the file could not be written; ``path`` is left as it was (the
+            exception names ``path``). Only where the folder's final fsync fails
+            (EIO) does ``path`` already hold the new checkpoint; the message says so.
     """
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
     path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    target = _target(path)
+    directory = os.path.dirname(target)
     chunk_rows = max(1, chunk_bytes // (rb.width * 4))
     try:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{os.path.basename(path)}.",
-                                   suffix=".tmp")
+        fd, tmp = _create_temporary(target)
     except OSError as exc:  # named for the path asked, not the temporary file's
         raise type(exc)(exc.errno, exc.strerror, path) from exc
     checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
@@ -193,19 +265,31 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         size = min(ptr, rb.capacity)
         file_bytes = _write_tail(rb, fd, writer, ptr, size)
         os.fsync(fd)
-        os.close(fd)
-        fd = -1
-        os.replace(tmp, path)
-        _fsync_directory(directory)
+        closing, fd = fd, -1  # closed even if close reports an error: never twice
+        os.close(closing)
+        os.replace(tmp, target)
+    except OSError as exc:
+        _discard(fd, tmp)
+        if exc.errno is not None and exc.filename != path:
+            # A write's error names no file, the rename's the temporary one: name the
+            # file asked for, as open(path, "w") would.
+            raise type(exc)(exc.errno, exc.strerror, path) from exc
+        raise
     except BaseException:
-        if fd >= 0:
-            os.close(fd)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        _discard(fd, tmp)
         raise
     finally:
         checksummer.shutdown()
+    _fsync_directory(directory, path)
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes)
+
+
+def _discard(fd: int, tmp: str) -> None:
+    """Close ``fd`` (unless -1) and remove the temporary file of a save that failed."""
+    if fd >= 0:
+        os.close(fd)
+    if os.path.exists(tmp):
+        os.unlink(tmp)
 
 
 def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int) -> int:
