@@ -370,9 +370,17 @@ def rewrite_header(path: Path, version: int = checkpoint.FORMAT_VERSION,
     (1, {"n_chunks": 4}, "4 chunks cannot hold 14 rows of 3"),
     (1, {"ptr": None}, "header lacks integer fields ['ptr']"),
     (1, {"obs_dim": 3}, "row layout"),
-    (1, {"chunk_rows": 0}, "header says chunk_rows=0"),
-    (1, {"capacity": 0}, "header describes no valid buffer: capacity must be an int >= 1"),
-    (1, {"check_finite": "yes"}, "header describes no valid buffer: check_finite"),
+    (1, {"chunk_rows": 0}, "header says chunk_rows=0: out of range"),
+    (1, {"capacity": 0}, "header says capacity=0: out of range"),
+    (1, {"check_finite": "yes"}, "header's check_finite is 'yes', not a bool"),
+    # Signed headers a foreign writer or a hand edit could make: each was a KeyError,
+    # an OSError (a seek to -8), an int64 overflow or a bool taken for 1.
+    (1, {"layout": None}, "header's layout is None, not an object"),
+    (1, {"layout": "x"}, "header's layout is 'x', not an object"),
+    (1, {"table_offset": -8}, "header says table_offset=-8 and file_bytes="),
+    (1, {"file_bytes": 10**12}, "file_bytes=1000000000000; 14 rows of width 8 put them"),
+    (1, {"ptr": 2**70, "size": 14}, f"header says ptr={2**70}: out of range"),
+    (1, {"ptr": True, "size": 1}, "header lacks integer fields ['ptr']"),
 ])
 def test_a_header_that_does_not_describe_the_file_is_reported(
         tmp_path: Path, version: int, changes: dict[str, Any], message: str) -> None:
@@ -381,6 +389,58 @@ def test_a_header_that_does_not_describe_the_file_is_reported(
     with pytest.raises(CheckpointError) as info:
         ReplayBuffer.load(path)
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+
+
+def test_another_version_with_a_damaged_header_says_both_are_possible(
+        tmp_path: Path) -> None:
+    path, _ = small_checkpoint(tmp_path)
+    rewrite_header(path, 2)
+    data = bytearray(path.read_bytes())
+    data[30] ^= 0x01  # in the JSON, not re-signed
+    path.write_bytes(data)
+    with pytest.raises(CheckpointError, match=r"format version 2; this library reads "
+                                              r"version 1 \(or a corrupted header"):
+        ReplayBuffer.load(path)
+
+
+def test_a_pipe_is_refused_as_not_a_regular_file(tmp_path: Path) -> None:
+    """Its length cannot be checked (fstat says 0): not 'truncated: 0 bytes'."""
+    path, _ = small_checkpoint(tmp_path)
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # Held open for writing here (O_RDWR does not wait for a reader), so load's open
+    # for reading returns at once; the file's head is in the pipe.
+    end = os.open(fifo, os.O_RDWR)
+    try:
+        os.write(end, path.read_bytes()[:HEADER_BYTES])
+        with pytest.raises(CheckpointError, match="not a regular file"):
+            ReplayBuffer.load(fifo)
+    finally:
+        os.close(end)
+
+
+@pytest.mark.parametrize("asked,error", [
+    ({"obs_dim": "3"}, TypeError), ({"capacity": 2.0}, TypeError),
+    ({"critic_dim": -1}, ValueError),
+])
+def test_dimensions_asked_for_must_be_ints(tmp_path: Path, asked: dict[str, Any],
+                                           error: type[Exception]) -> None:
+    """Not 'obs_dim=3 (expected 3)' for a string 3."""
+    path, _ = small_checkpoint(tmp_path)
+    with pytest.raises(error, match=next(iter(asked))):
+        ReplayBuffer.load(path, **asked)
+
+
+def test_a_subclass_s_own_error_is_not_blamed_on_the_file(tmp_path: Path) -> None:
+    path, _ = small_checkpoint(tmp_path)
+
+    class Picky(ReplayBuffer):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            raise ValueError("Picky wants a bigger buffer")
+
+    with pytest.raises(ValueError, match="Picky wants") as info:
+        Picky.load(path)
+    assert not isinstance(info.value, CheckpointError)
 
 
 @pytest.mark.parametrize("text,message", [

@@ -492,9 +492,13 @@ class ReplayBuffer:
         storage and checked against their checksums.
 
         Raises:
-            CheckpointError: (a ValueError) the file is not a checkpoint, is truncated
-                or corrupted, has another format version, or does not match a given
+            CheckpointError: (a ValueError) the file is not a checkpoint (or not a
+                regular file), is truncated or corrupted, has another format version,
+                has a header whose fields disagree, or does not match a given
                 dimension; the message names the file and what is wrong.
+            TypeError, ValueError: a dimension given is not an int >= 0.
+            MemoryError: the buffer the file describes does not fit in shared memory
+                (the message names the size and the room).
             OSError: the file cannot be read.
         """
         return checkpoint.load(path, cls, capacity=capacity, obs_dim=obs_dim,

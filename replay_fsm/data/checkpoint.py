@@ -49,6 +49,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..core import as_count
 from ..errors import ReplayFSMError
 
 if TYPE_CHECKING:
@@ -340,12 +341,15 @@ def _read_header(path: str, f: Any, file_bytes: int) -> dict[str, Any]:
         raise CheckpointError(path, f"truncated: {file_bytes} bytes, shorter than the "
                                     f"{HEADER_BYTES}-byte header")
     _, version, text_len, crc = _PREFIX.unpack_from(block, 0)
-    if version != FORMAT_VERSION:
-        raise CheckpointError(path, f"format version {version}; this library reads "
-                                    f"version {FORMAT_VERSION}")
     zeroed = bytearray(block)
     zeroed[_CRC_FIELD] = bytes(4)
-    if zlib.crc32(zeroed) != crc or _PREFIX.size + text_len > HEADER_BYTES:
+    intact = zlib.crc32(zeroed) == crc and _PREFIX.size + text_len <= HEADER_BYTES
+    if version != FORMAT_VERSION:
+        # Another version may checksum its header otherwise: a mismatch is only a hint.
+        maybe = "" if intact else " (or a corrupted header: its checksum does not match)"
+        raise CheckpointError(path, f"format version {version}; this library reads "
+                                    f"version {FORMAT_VERSION}{maybe}")
+    if not intact:
         raise CheckpointError(path, "header checksum mismatch: the header is corrupted")
     try:
         meta = json.loads(block[_PREFIX.size:_PREFIX.size + text_len])
@@ -353,12 +357,44 @@ def _read_header(path: str, f: Any, file_bytes: int) -> dict[str, Any]:
         raise CheckpointError(path, f"header is not JSON: {exc}") from None
     if not isinstance(meta, dict):
         raise CheckpointError(path, f"header is a JSON {type(meta).__name__}, not an object")
-    missing = [k for k in _HEADER_INTS if not isinstance(meta.get(k), int)]
+    missing = [k for k in _HEADER_INTS
+               if not isinstance(meta.get(k), int) or isinstance(meta.get(k), bool)]
     if missing:
         raise CheckpointError(path, f"header lacks integer fields {missing}")
-    if meta["chunk_rows"] < 1:
-        raise CheckpointError(path, f"header says chunk_rows={meta['chunk_rows']}")
+    _check_header_describes_a_file(path, meta)
     return meta
+
+
+def _check_header_describes_a_file(path: str, meta: dict[str, Any]) -> None:
+    """The header's fields agree with each other and with the format (a header with a
+    valid checksum written by another tool, or edited by hand), before anything is
+    allocated or read from where it points."""
+    low = {"capacity": 1, "obs_dim": 1, "action_dim": 1, "critic_dim": 0,
+           "region_rows": 1, "ptr": 0, "chunk_rows": 1}
+    bad = [f"{k}={meta[k]}" for k, least in low.items()
+           if not least <= meta[k] < 2**63]  # the counters are int64
+    if bad:
+        raise CheckpointError(path, f"header says {', '.join(bad)}: out of range")
+    if not isinstance(meta.get("layout"), dict):
+        raise CheckpointError(path, f"header's layout is {meta.get('layout')!r}, not an "
+                                    f"object")
+    if not isinstance(meta.get("check_finite", False), bool):
+        raise CheckpointError(path, f"header's check_finite is {meta['check_finite']!r}, "
+                                    f"not a bool")
+    size, chunk_rows = meta["size"], meta["chunk_rows"]
+    table_offset = HEADER_BYTES + size * meta["width"] * 4
+    tail = 4 * meta["n_chunks"] + 4 + len(END_MAGIC)
+    if size != min(meta["ptr"], meta["capacity"]):
+        raise CheckpointError(path, f"ptr={meta['ptr']} and size={size} are inconsistent "
+                                    f"with capacity={meta['capacity']}")
+    if meta["n_chunks"] != -(-size // chunk_rows):
+        raise CheckpointError(path, f"{meta['n_chunks']} chunks cannot hold {size} rows "
+                                    f"of {chunk_rows}")
+    if meta["table_offset"] != table_offset or meta["file_bytes"] != table_offset + tail:
+        raise CheckpointError(path, f"header says table_offset={meta['table_offset']} and "
+                                    f"file_bytes={meta['file_bytes']}; {size} rows of "
+                                    f"width {meta['width']} put them at {table_offset} and "
+                                    f"{table_offset + tail}")
 
 
 def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
@@ -367,20 +403,28 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
     """A new ``cls`` buffer holding the checkpoint at ``path``; see ``ReplayBuffer.load``.
 
     Raises:
-        CheckpointError: the file is not a checkpoint, is truncated or corrupted, has
-            another format version, or does not match a given dimension.
+        CheckpointError: the file is not a checkpoint (or not a regular file), is
+            truncated or corrupted, has another format version, has a header whose
+            fields disagree, or does not match a given dimension.
+        TypeError, ValueError: a dimension given is not an int >= 0.
+        MemoryError: the buffer the file describes does not fit (``ReplayBuffer``).
         OSError: the file cannot be read.
     """
     path = os.fspath(path)
+    asked = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,
+             "critic_dim": critic_dim}
+    expected = {k: None if v is None else as_count(k, v, 0) for k, v in asked.items()}
     with open(path, "rb", buffering=0) as f:
-        file_bytes = os.fstat(f.fileno()).st_size
+        status = os.fstat(f.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise CheckpointError(path, "not a regular file (a pipe or a device?): load "
+                                        "reads a checkpoint file, whose length it checks")
+        file_bytes = status.st_size
         meta = _read_header(path, f, file_bytes)
         if meta.get("byteorder") != sys.byteorder or meta.get("dtype") != "float32":
             raise CheckpointError(path, f"holds {meta.get('byteorder')}-endian "
                                         f"{meta.get('dtype')} rows; this machine is "
                                         f"{sys.byteorder}-endian float32")
-        expected = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,
-                    "critic_dim": critic_dim}
         wrong = [f"{k}={meta[k]} (expected {v})" for k, v in expected.items()
                  if v is not None and meta[k] != v]
         if wrong:
@@ -393,19 +437,14 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
         if hasattr(os, "posix_fadvise"):  # not on macOS
             # The disk starts reading the rows while the shared memory is allocated.
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
-        try:
-            rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
-                     meta["critic_dim"], region_rows=meta["region_rows"],
-                     check_finite=meta.get("check_finite", False))
-        except (TypeError, ValueError) as exc:
-            raise CheckpointError(path, f"header describes no valid buffer: {exc}") from None
+        # The header's fields were checked: an error here is the class's own.
+        rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
+                 meta["critic_dim"], region_rows=meta["region_rows"],
+                 check_finite=meta.get("check_finite", False))
         if _layout_record(rb) != meta["layout"] or rb.width != meta["width"]:
             raise CheckpointError(path, f"row layout {meta['layout']} differs from this "
                                         f"library's {_layout_record(rb)}")
         ptr, size, chunk_rows = meta["ptr"], meta["size"], meta["chunk_rows"]
-        if size != min(ptr, rb.capacity) or ptr < 0:
-            raise CheckpointError(path, f"ptr={ptr} and size={size} are inconsistent "
-                                        f"with capacity={rb.capacity}")
         crcs = _read_table(path, f, meta)
         _read_rows(path, f, rb, crcs, chunk_rows, size)
         rb.adopt_rows(ptr)  # counters last, as add does: the rows they cover are in place
@@ -442,10 +481,7 @@ def _check_chunk(path: str, computed: Future[int], crc: int, lo: int, hi: int,
 
 
 def _read_table(path: str, f: Any, meta: dict[str, Any]) -> list[int]:
-    n_chunks = meta["n_chunks"]
-    if n_chunks != -(-meta["size"] // meta["chunk_rows"]):
-        raise CheckpointError(path, f"{n_chunks} chunks cannot hold {meta['size']} rows "
-                                    f"of {meta['chunk_rows']}")
+    n_chunks = meta["n_chunks"]  # agrees with size and file_bytes (header checked)
     f.seek(meta["table_offset"])
     tail = f.read(4 * n_chunks + 4 + len(END_MAGIC))
     table, (table_crc,) = tail[:4 * n_chunks], struct.unpack_from("<I", tail, 4 * n_chunks)
