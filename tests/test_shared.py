@@ -215,3 +215,40 @@ except MemoryError as exc:
                               "map ("), message
     assert message.endswith("): make it smaller, or raise its limit (ulimit -v)"), message
     assert not [n for n in os.listdir(shared.SHM) if n.startswith(f"torch_{pid}_")]
+
+
+def test_a_buffer_beyond_the_file_size_limit_is_refused_by_name() -> None:
+    """A shared-memory object is a file: under ulimit -f (RLIMIT_FSIZE) torch's
+    refusal was a RuntimeError ("unable to resize file ... File too large")."""
+    code = """
+import os, resource
+from replay_fsm import ReplayBuffer
+
+resource.setrlimit(resource.RLIMIT_FSIZE, (100 << 10, resource.RLIM_INFINITY))
+ReplayBuffer(1000, 4, 2)  # 52 KB: fits
+try:
+    ReplayBuffer(3000, 4, 2)  # 156 KB
+except MemoryError as exc:
+    print(os.getpid(), exc)
+"""
+    if not os.path.isdir(shared.SHM):
+        pytest.skip("needs /dev/shm")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=300)
+    pid, message = out.stdout.strip().split(" ", 1)
+    assert message == ("a replay buffer of 3000 rows needs 152.3 KiB of shared memory, "
+                       "more than the ulimit -f file size limit (100.0 KiB): make it "
+                       "smaller, or raise that limit"), message
+    assert not [n for n in os.listdir(shared.SHM) if n.startswith(f"torch_{pid}_")]
+
+
+def test_a_refusal_past_the_file_size_limit_is_a_memory_error(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the limit was lowered after the check (another thread), torch's EFBIG."""
+    def refuse(nbytes: int) -> torch.UntypedStorage:
+        raise RuntimeError("unable to resize file </torch_1_2_3> to the right size: "
+                           "File too large (27)")
+
+    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
+    with pytest.raises(MemoryError, match="64 B of shared memory could not be allocated"):
+        shared.shared_zeros(4, 4, what="a test tensor")

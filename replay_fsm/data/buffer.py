@@ -163,8 +163,8 @@ class ReplayBuffer:
         ValueError: a capacity, ``obs_dim``, ``action_dim`` or ``region_rows`` below 1, or
             a negative ``critic_dim``.
         MemoryError: the rows do not fit in the machine's memory, in the free space
-            of /dev/shm or in the address space left under ``ulimit -v`` (the message
-            names the size and the room).
+            of /dev/shm, in the address space left under ``ulimit -v`` or under the
+            file size limit of ``ulimit -f`` (the message names the size and the room).
     """
 
     _pause_holder: int | None  # the thread of this process inside adds_paused()

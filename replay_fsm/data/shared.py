@@ -12,9 +12,10 @@ import torch
 
 SHM = "/dev/shm"  # where Linux keeps shared memory (torch's sharing strategies use it)
 # What torch's refusals say when the room ran out: the CPU allocator's, a full
-# /dev/shm's (ENOSPC, when the shared file is written), and a map refused (ENOMEM:
-# the address space, ``ulimit -v``).
-OUT_OF_ROOM = ("can't allocate memory", "No space left on device", "Cannot allocate memory")
+# /dev/shm's (ENOSPC, when the shared file is written), a map refused (ENOMEM: the
+# address space, ``ulimit -v``) and a shared file past ``ulimit -f`` (EFBIG).
+OUT_OF_ROOM = ("can't allocate memory", "No space left on device", "Cannot allocate memory",
+               "File too large")
 MORE_MACHINE = "give the machine more (a container's /dev/shm: docker run --shm-size)"
 
 
@@ -74,9 +75,9 @@ def _remove_left_over(message: str) -> None:
 
 
 def _room() -> tuple[str, int, str] | None:
-    """The least of the machine's memory, /dev/shm's free space and the address space
-    this process may still map (``ulimit -v``), named, with what gives more; None
-    where none can be read."""
+    """The least of the machine's memory, /dev/shm's free space, the address space
+    this process may still map (``ulimit -v``) and the largest file it may write
+    (``ulimit -f``), named, with what gives more; None where none can be read."""
     rooms = []
     try:
         rooms.append(("the machine's memory",
@@ -92,7 +93,20 @@ def _room() -> tuple[str, int, str] | None:
     if left is not None:
         rooms.append(("the address space this process may still map", left,
                       "raise its limit (ulimit -v)"))
+    largest = _file_size_limit()
+    if largest is not None:  # a shared-memory object is a file: ulimit -f bounds it
+        rooms.append(("the ulimit -f file size limit", largest, "raise that limit"))
     return min(rooms, key=lambda r: r[1]) if rooms else None
+
+
+def _file_size_limit() -> int | None:
+    """The soft RLIMIT_FSIZE; None without one, or where it cannot be read."""
+    try:
+        import resource
+        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError, AttributeError):
+        return None
+    return None if limit == resource.RLIM_INFINITY else limit
 
 
 def _address_space_left() -> int | None:
