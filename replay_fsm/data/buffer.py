@@ -469,8 +469,11 @@ class ReplayBuffer:
         prefix of the add history). ``add`` is blocked only for a final pass over the
         rows added since the last lock-free catch-up pass; a saving process killed
         during that pass leaves the write lock held, as a collector killed inside
-        ``add`` does. A symlink at ``path`` is followed; the file keeps the mode of the
-        one it replaces (a new one gets 0o666 less the umask), as with ``open``.
+        ``add`` does, and every later ``add`` and ``save`` then waits for ever (the
+        pipeline that watches the collector, ``Pipeline.watch``, fails with
+        ``CollectorDied`` meanwhile). A symlink at ``path`` is followed; the file
+        keeps the mode of the one it replaces (a new one gets 0o666 less the umask),
+        as with ``open``.
 
         Raises:
             ValueError: ``chunk_bytes`` is not a positive int.
