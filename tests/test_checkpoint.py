@@ -181,11 +181,18 @@ def test_a_file_that_shrinks_while_it_is_read_is_reported_truncated(
         str(path), "truncated while reading rows [8, 12)")
 
 
-def test_adopt_rows_refuses_a_negative_count() -> None:
-    """Kills xǁReplayBufferǁadopt_rows mutant 3 (the message)."""
+@pytest.mark.parametrize("ptr", [-1, ReplayBuffer.MAX_PTR + 1, 2**63 - 1])
+def test_adopt_rows_refuses_a_count_out_of_range(ptr: int) -> None:
+    """Negative, or so large that an add would overflow the int64 counters (an add
+    after 2**63 - 1 raised half way, its rows written and ptr not). Kills
+    xǁReplayBufferǁadopt_rows mutant 3 (the message)."""
+    rb = ReplayBuffer(4, 2, 1)
     with pytest.raises(ValueError) as info:
-        ReplayBuffer(4, 2, 1).adopt_rows(-1)
-    assert str(info.value) == "ptr must be >= 0, got -1"
+        rb.adopt_rows(ptr)
+    assert str(info.value) == f"ptr must be in [0, {2**62}], got {ptr}"
+    rb.adopt_rows(ReplayBuffer.MAX_PTR)
+    rb.add_packed(torch.ones(5, rb.width))
+    assert rb.ptr == 2**62 + 5
 
 
 # Resume ----------------------------------------------------------------------------
@@ -370,6 +377,7 @@ def rewrite_header(path: Path, version: int = checkpoint.FORMAT_VERSION,
     (1, {"n_chunks": 4}, "4 chunks cannot hold 14 rows of 3"),
     (1, {"ptr": None}, "header lacks integer fields ['ptr']"),
     (1, {"obs_dim": 3}, "row layout"),
+    (1, {"obs_dim": 2**40}, "row layout"),  # was a MemoryError: allocated before checked
     (1, {"chunk_rows": 0}, "header says chunk_rows=0: out of range"),
     (1, {"capacity": 0}, "header says capacity=0: out of range"),
     (1, {"check_finite": "yes"}, "header's check_finite is 'yes', not a bool"),
@@ -380,6 +388,8 @@ def rewrite_header(path: Path, version: int = checkpoint.FORMAT_VERSION,
     (1, {"table_offset": -8}, "header says table_offset=-8 and file_bytes="),
     (1, {"file_bytes": 10**12}, "file_bytes=1000000000000; 14 rows of width 8 put them"),
     (1, {"ptr": 2**70, "size": 14}, f"header says ptr={2**70}: out of range"),
+    (1, {"ptr": 2**63 - 1, "size": 14}, f"header says ptr={2**63 - 1}, more rows than "
+                                         f"ReplayBuffer counts ({2**62})"),
     (1, {"ptr": True, "size": 1}, "header lacks integer fields ['ptr']"),
 ])
 def test_a_header_that_does_not_describe_the_file_is_reported(
@@ -403,20 +413,14 @@ def test_another_version_with_a_damaged_header_says_both_are_possible(
         ReplayBuffer.load(path)
 
 
+@pytest.mark.timeout(60)  # open() of a named pipe with no writer waited for ever
 def test_a_pipe_is_refused_as_not_a_regular_file(tmp_path: Path) -> None:
-    """Its length cannot be checked (fstat says 0): not 'truncated: 0 bytes'."""
-    path, _ = small_checkpoint(tmp_path)
+    """Its length cannot be checked (fstat says 0): not 'truncated: 0 bytes', and
+    not a wait for a writer that never comes."""
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    # Held open for writing here (O_RDWR does not wait for a reader), so load's open
-    # for reading returns at once; the file's head is in the pipe.
-    end = os.open(fifo, os.O_RDWR)
-    try:
-        os.write(end, path.read_bytes()[:HEADER_BYTES])
-        with pytest.raises(CheckpointError, match="not a regular file"):
-            ReplayBuffer.load(fifo)
-    finally:
-        os.close(end)
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        ReplayBuffer.load(fifo)
 
 
 @pytest.mark.parametrize("asked,error", [
@@ -930,8 +934,8 @@ def test_a_catch_up_pass_rewrites_the_chunk_of_the_last_row_added(
 
 
 class AddsWhenReleased:
-    """The buffer's write lock, except that ``n`` rows are added right after a
-    ``with`` block of the save releases it (not after the adds' own blocks)."""
+    """The buffer's write lock, except that ``n`` rows are added right after the
+    save's pause releases it (not after the adds' own blocks)."""
 
     def __init__(self, rb: ReplayBuffer, n: int) -> None:
         self.rb, self.lock, self.n, self.adding = rb, rb._write_lock, n, False
@@ -940,14 +944,14 @@ class AddsWhenReleased:
     def acquire(self, block: bool = True) -> bool:
         return bool(self.lock.acquire(block))
 
-    def release(self) -> None:
-        self.lock.release()
-
     def __enter__(self) -> AddsWhenReleased:
         self.lock.acquire()
         return self
 
     def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def release(self) -> None:
         self.lock.release()
         if not self.adding:
             self.adding = True
@@ -1014,6 +1018,60 @@ def test_adds_paused_blocks_nest_and_the_outer_one_ends_the_pause() -> None:
         assert not rb._write_lock.acquire(block=False)  # the inner one did not end it
     add_history(rb, 2)
     assert_state(rb, 22)
+
+
+def test_pauses_of_two_tasks_on_one_thread_last_until_both_end() -> None:
+    """asyncio tasks share a thread: the pause must hold until the last block ends,
+    not until the first one that entered does."""
+    import asyncio
+
+    rb = filled(16, 20)
+    held: list[bool] = []
+
+    def paused() -> bool:
+        free = rb._write_lock.acquire(block=False)
+        if free:
+            rb._write_lock.release()
+        return not free
+
+    async def first(entered: asyncio.Event, leave: asyncio.Event) -> None:
+        with rb.adds_paused():
+            entered.set()
+            await leave.wait()
+        held.append(paused())  # the second task is still inside its block
+
+    async def second(entered: asyncio.Event, leave: asyncio.Event) -> None:
+        await entered.wait()
+        with rb.adds_paused():
+            leave.set()
+            await asyncio.sleep(0)  # the first task leaves its block meanwhile
+            await asyncio.sleep(0)
+            held.append(paused())
+
+    async def both() -> None:
+        entered, leave = asyncio.Event(), asyncio.Event()
+        await asyncio.gather(first(entered, leave), second(entered, leave))
+
+    asyncio.run(both())
+    assert held == [True, True] and not paused()
+    add_history(rb, 2)
+    assert_state(rb, 22)
+
+
+def add_in_a_forked_child(rb: ReplayBuffer) -> None:
+    add_history(rb, 3)  # waits for the parent's pause, then adds
+
+
+def test_a_child_forked_inside_a_pause_is_not_its_holder() -> None:
+    """The child inherits the parent's record of the pausing thread; with the same
+    thread id in the child, its add was refused and its own pause took no lock."""
+    rb = filled(16, 20)
+    with rb.adds_paused():
+        child = mp.get_context("fork").Process(target=add_in_a_forked_child, args=(rb,))
+        child.start()
+    child.join(WAIT)
+    assert child.exitcode == 0
+    assert_state(rb, 23)
 
 
 def keep_adding(rb: ReplayBuffer, started: Any, stop: Any, sizes: tuple[int, ...]) -> None:
@@ -1183,9 +1241,10 @@ def test_a_close_that_reports_an_error_is_not_repeated(
 
     def failing_close(fd: int) -> None:
         real_close(fd)
-        closed.append(fd)
-        if len(closed) == 1:
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
+        if ours and fd == ours[0]:  # not another thread's file
+            closed.append(fd)
+            if len(closed) == 1:
+                raise OSError(errno.EIO, os.strerror(errno.EIO))
 
     create = checkpoint._create_temporary
     ours: list[int] = []
@@ -1226,7 +1285,7 @@ def test_a_folder_that_cannot_be_synced_here_does_not_fail_a_save(
     real_open, real_fsync = os.open, os.fsync
 
     def open_(name: Any, flags: int, *args: Any) -> int:
-        if fails == "open" and os.fspath(name) == str(tmp_path):
+        if fails == "open" and os.fspath(name) == os.path.realpath(tmp_path):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
         return real_open(name, flags, *args)
 
@@ -1253,9 +1312,83 @@ def test_a_folder_sync_that_fails_says_the_file_is_in_place(
 
     monkeypatch.setattr(checkpoint.os, "fsync", fsync)
     path = tmp_path / "b.ckpt"
-    with pytest.raises(OSError, match=f"{path} holds the new checkpoint, but its folder "
-                                      "could not be synced") as info:
+    with pytest.raises(OSError, match="Input/output error while syncing its folder: the "
+                                      "file holds the new checkpoint") as info:
         filled(8, 5).save(path)
     monkeypatch.undo()
-    assert info.value.errno == errno.EIO
+    assert info.value.errno == errno.EIO and info.value.filename == str(path)
     assert_state(ReplayBuffer.load(path), 5, 8)
+
+
+def test_the_temporary_file_is_never_more_open_than_the_one_it_replaces(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Made 0o666 less the umask and then narrowed, it was readable by others in
+    between, when it replaced a private file."""
+    path = tmp_path / "b.ckpt"
+    filled(8, 5).save(path)
+    path.chmod(0o600)
+    at_creation: list[int] = []
+    real_fchmod = os.fchmod
+
+    def fchmod(fd: int, mode: int) -> None:
+        at_creation.append(os.fstat(fd).st_mode & 0o777)
+        real_fchmod(fd, mode)
+
+    monkeypatch.setattr(checkpoint.os, "fchmod", fchmod)
+    old = os.umask(0o022)
+    try:
+        filled(8, 9).save(path)
+    finally:
+        os.umask(old)
+    assert at_creation == [0o600] and path.stat().st_mode & 0o777 == 0o600
+
+
+@pytest.mark.parametrize("name", ["plain/", "missing/"])
+def test_a_path_ending_with_a_slash_is_refused(tmp_path: Path, name: str) -> None:
+    """It names a folder: it was taken for the file without the slash."""
+    (tmp_path / "plain").write_bytes(b"not to be replaced")
+    with pytest.raises(IsADirectoryError) as info:
+        filled(8, 5).save(str(tmp_path / name.rstrip("/")) + "/")
+    assert info.value.filename.endswith(name)
+    assert sorted(os.listdir(tmp_path)) == ["plain"]
+    assert (tmp_path / "plain").read_bytes() == b"not to be replaced"
+
+
+def test_a_folder_that_cannot_be_opened_after_the_rename_says_the_file_is_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors (EMFILE) when the folder is opened to sync it: the file was
+    already replaced, and the error must not read as a failed save."""
+    real_open = os.open
+
+    def open_(name: Any, flags: int, *args: Any) -> int:
+        if flags & getattr(os, "O_DIRECTORY", 0) or os.path.isdir(name):
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+        return real_open(name, flags, *args)
+
+    monkeypatch.setattr(checkpoint.os, "open", open_)
+    path = tmp_path / "b.ckpt"
+    with pytest.raises(OSError, match="while syncing its folder: the file holds the new "
+                                      "checkpoint") as info:
+        filled(8, 5).save(path)
+    monkeypatch.undo()
+    assert info.value.errno == errno.EMFILE and info.value.filename == str(path)
+    assert_state(ReplayBuffer.load(path), 5, 8)
+
+
+def test_an_interrupt_before_the_first_write_leaves_no_temporary_file(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C while the save sets up (its checksum thread's pool made) came between
+    the temporary file's creation and the block that removes it."""
+    def interrupted(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    rb = filled(8, 5)
+    before = sorted(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    for where in ("ThreadPoolExecutor", "_Writer"):
+        with monkeypatch.context() as m:
+            m.setattr(checkpoint, where, interrupted)
+            with pytest.raises(KeyboardInterrupt):
+                rb.save(tmp_path / "b.ckpt")
+        assert os.listdir(tmp_path) == [], where
+    if before is not None:
+        assert sorted(os.listdir("/proc/self/fd")) == before

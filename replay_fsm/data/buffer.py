@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -34,70 +33,10 @@ from ..core import as_count
 from ..errors import ProtocolError
 from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
+from .layout import Layout
 from .shared import shared_zeros
 
 Array = Any  # torch.Tensor or np.ndarray
-
-
-@dataclass(frozen=True)
-class Layout:
-    """Column slices of a packed row, in the seed's order."""
-
-    obs: slice
-    next_obs: slice
-    actions: slice
-    rewards: int
-    dones: int
-    truncated: int
-    critic: slice | None
-    next_critic: slice | None
-    width: int
-
-    @classmethod
-    def build(cls, obs_dim: int, action_dim: int, critic_dim: int) -> Layout:
-        o, a, c = obs_dim, action_dim, critic_dim
-        base = 2 * o + a
-        return cls(
-            obs=slice(0, o), next_obs=slice(o, 2 * o), actions=slice(2 * o, base),
-            rewards=base, dones=base + 1, truncated=base + 2,
-            critic=slice(base + 3, base + 3 + c) if c else None,
-            next_critic=slice(base + 3 + c, base + 3 + 2 * c) if c else None,
-            width=base + 3 + 2 * c,
-        )
-
-    def views(self, packed: torch.Tensor) -> dict[str, torch.Tensor]:
-        """The batch dict over a packed [n, width] tensor: views, no copies."""
-        batch = {
-            "obs": packed[:, self.obs],
-            "next_obs": packed[:, self.next_obs],
-            "actions": packed[:, self.actions],
-            "rewards": packed[:, self.rewards],
-            "dones": packed[:, self.dones],
-            "truncated": packed[:, self.truncated],
-        }
-        if self.critic is not None and self.next_critic is not None:
-            batch["critic"] = packed[:, self.critic]
-            batch["next_critic"] = packed[:, self.next_critic]
-        return batch
-
-    def column_name(self, column: int) -> str:
-        """The field a packed column belongs to, e.g. ``"next_obs[2]"`` or ``"rewards"``."""
-        for name in ("obs", "next_obs", "actions", "critic", "next_critic"):
-            cols = getattr(self, name)
-            if cols is not None and cols.start <= column < cols.stop:
-                return f"{name}[{column - cols.start}]"
-        for name in ("rewards", "dones", "truncated"):
-            if getattr(self, name) == column:
-                return name
-        raise IndexError(f"column {column} is outside a row of width {self.width}")
-
-    def pack(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-        """The inverse of ``views``: the packed [n, width] rows of a batch, on the CPU."""
-        n = next(iter(batch.values())).shape[0]
-        rows = torch.empty(n, self.width)
-        for name, value in batch.items():
-            rows[:, getattr(self, name)] = value.detach().cpu()
-        return rows
 
 
 def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor:
@@ -150,6 +89,10 @@ class GatherScratch:
         self.one = torch.ones((), dtype=torch.int64)  # a tensor: a Python 1 is boxed per call
 
 
+def _this_thread() -> tuple[int, int]:
+    return os.getpid(), threading.get_ident()
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
@@ -167,7 +110,14 @@ class ReplayBuffer:
             file size limit of ``ulimit -f`` (the message names the size and the room).
     """
 
-    _pause_holder: int | None  # the thread of this process inside adds_paused()
+    # (pid, thread) inside adds_paused() here, and how many of its blocks are open; a
+    # child forked inside a block has another pid, so it is not taken for the holder.
+    _pause_holder: tuple[int, int] | None
+    _pause_depth: int
+    # The most rows ever written a buffer takes over (adopt_rows, load): far from the
+    # int64 counters' limit, so no add can overflow them (2**62 rows: a century of
+    # adds at a billion rows a second).
+    MAX_PTR = 1 << 62
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
                  *, region_rows: int | None = None, check_finite: bool = False) -> None:
@@ -198,21 +148,25 @@ class ReplayBuffer:
     def adds_paused(self) -> Iterator[None]:
         """Hold off every ``add`` (in every process) for the length of the with-block;
         gathers go on. For a consistent copy of the rows (``save`` uses it, and may be
-        called inside the block: it then copies under this pause). Blocks nest: inside
-        one of the same thread, another holds the same pause, which the outer one ends.
+        called inside the block: it then copies under this pause). Blocks of one
+        thread nest (asyncio tasks of one thread too): the pause ends when the last
+        of them does.
         """
-        if self._pause_holder == threading.get_ident():
-            yield  # this thread already pauses the adds (the lock is not reentrant)
-            return
-        with self._write_lock:
-            self._pause_holder = threading.get_ident()
-            try:
-                yield
-            finally:
+        me = _this_thread()
+        if self._pause_holder != me:  # else nested: the lock is not reentrant
+            self._write_lock.acquire()
+            self._pause_holder, self._pause_depth = me, 0
+        self._pause_depth += 1
+        try:
+            yield
+        finally:
+            self._pause_depth -= 1
+            if self._pause_depth == 0:  # the last block of this thread released it
                 self._pause_holder = None
+                self._write_lock.release()
 
     def _refuse_inside_pause(self, call: str) -> None:
-        if self._pause_holder == threading.get_ident():
+        if self._pause_holder == _this_thread():
             raise ProtocolError(f"{call} inside this thread's adds_paused() block would "
                                 f"wait for the block to end, for ever; nothing was "
                                 f"changed. Call it after the block")
@@ -223,11 +177,11 @@ class ReplayBuffer:
         counters are written after the rows, as ``add`` does.
 
         Raises:
-            ValueError: ``ptr`` is negative.
+            ValueError: ``ptr`` is negative or above ``MAX_PTR``.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
         """
-        if ptr < 0:
-            raise ValueError(f"ptr must be >= 0, got {ptr}")
+        if not 0 <= ptr <= self.MAX_PTR:
+            raise ValueError(f"ptr must be in [0, {self.MAX_PTR}], got {ptr}")
         self._refuse_inside_pause("adopt_rows()")
         with self._write_lock:
             self._counters[1] = min(int(ptr), self.capacity)
@@ -253,13 +207,14 @@ class ReplayBuffer:
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
         self._per_thread = threading.local()  # gather's scratch, one per thread
-        self._pause_holder = None
+        self._pause_holder, self._pause_depth = None, 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
         state.pop("_per_thread")  # each process makes its own
         state.pop("_pause_holder")  # a thread of this process, if any
+        state.pop("_pause_depth")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -471,16 +426,17 @@ class ReplayBuffer:
         during that pass leaves the write lock held, as a collector killed inside
         ``add`` does, and every later ``add`` and ``save`` then waits for ever (the
         pipeline that watches the collector, ``Pipeline.watch``, fails with
-        ``CollectorDied`` meanwhile). A symlink at ``path`` is followed; the file
-        keeps the mode of the one it replaces (a new one gets 0o666 less the umask),
-        as with ``open``.
+        ``CollectorDied`` meanwhile). A symlink at ``path`` is followed (its target,
+        whose folder must be writable, is replaced; the link stays); the file keeps
+        the mode of the one it replaces, read-only too, or gets 0o666 less the umask.
 
         Raises:
             ValueError: ``chunk_bytes`` is not a positive int.
-            OSError: the file could not be written (the error names ``path``; a folder
-                or an empty path is refused before anything is written); ``path`` is
-                left as it was. Only where the folder's final fsync fails (EIO) does
-                ``path`` already hold the new checkpoint, and the message says so.
+            OSError: the file could not be written (the error names ``path``; a folder,
+                a path ending with a slash or an empty one is refused before anything
+                is written); ``path`` is left as it was. Only where syncing the folder
+                after the rename fails (EIO, say) does ``path`` already hold the new
+                checkpoint, and the message says so.
         """
         return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
 

@@ -18,9 +18,10 @@ Atomic: the file is written under a temporary name in the same directory (header
 last), fsynced, renamed over ``path`` and the directory fsynced. A save killed before
 the rename leaves ``path`` as it was, plus a ``.NAME.<pid>-<random>.tmp`` file that
 load rejects unless the save got as far as writing its header (then it is the complete
-new file). As with ``open(path, "w")``: a symlink at ``path`` is followed (its target
-is replaced, the link stays), and the file keeps the mode of the one it replaces, or
-gets 0o666 less the umask.
+new file). A symlink at ``path`` is followed: its target is replaced (its folder must
+be writable) and the link stays. The file keeps the mode of the one it replaces (a
+read-only one too: the rename needs only the folder's permission), or gets 0o666 less
+the umask, as a new file from ``open`` does.
 
 Streamed: rows go from the shared storage to the file chunk by chunk, and are read
 back into a new buffer's storage the same way; no second in-memory copy is made. A
@@ -51,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..core import as_count
 from ..errors import ReplayFSMError
+from .layout import Layout
 
 if TYPE_CHECKING:
     from .buffer import ReplayBuffer
@@ -93,9 +95,9 @@ class Checkpoint:
     file_bytes: int
 
 
-def _layout_record(rb: ReplayBuffer) -> dict[str, Any]:
+def _layout_record(layout: Layout) -> dict[str, Any]:
     record: dict[str, Any] = {}
-    for name, value in vars(rb.layout).items():
+    for name, value in vars(layout).items():
         record[name] = [value.start, value.stop] if isinstance(value, slice) else value
     return record
 
@@ -160,23 +162,20 @@ _NAME_BYTES_IN_TEMPORARY = 200
 
 
 def _fsync_directory(directory: str, path: str) -> None:
-    # The rename is durable only once the directory entry is on disk.
+    """Sync the folder after the rename, which is durable only once the folder's entry
+    is on disk. Called with ``path`` already holding the new file: an error says so."""
     try:
         fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
     except OSError as exc:
-        if exc.errno in _NO_DIRECTORY_SYNC:
+        if exc.errno in _NO_DIRECTORY_SYNC or exc.errno is None:
             return
-        raise
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        if exc.errno not in _NO_DIRECTORY_SYNC:
-            raise type(exc)(exc.errno, f"{exc.strerror}: {path} holds the new checkpoint, "
-                                       f"but its folder could not be synced, so the "
-                                       f"rename may not survive a power cut",
-                            directory) from exc
-    finally:
-        os.close(fd)
+        raise type(exc)(exc.errno, f"{exc.strerror} while syncing its folder: the file "
+                                   f"holds the new checkpoint, but its rename may not "
+                                   f"survive a power cut", path) from exc
 
 
 def _target(path: str) -> str:
@@ -185,10 +184,12 @@ def _target(path: str) -> str:
 
     Raises:
         FileNotFoundError: ``path`` is empty.
-        IsADirectoryError: ``path`` is a folder.
+        IsADirectoryError: ``path`` is a folder, or ends with a slash.
     """
     if not path:
         raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
     target = os.path.realpath(path)
     if os.path.isdir(target):
         raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
@@ -207,11 +208,12 @@ def _create_temporary(target: str) -> tuple[int, str]:
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     for _ in range(100):
         tmp = os.path.join(directory, f".{short}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0),
-                         0o666)
+            # Never more open than the file it replaces, not even until the fchmod.
+            fd = os.open(tmp, flags, 0o666 if mode is None else mode)
         except FileExistsError:
             continue
         if mode is not None:
@@ -233,8 +235,9 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     Raises:
         ValueError: ``chunk_bytes`` is not a positive int.
         OSError: the file could not be written; ``path`` is left as it was (the
-            exception names ``path``). Only where the folder's final fsync fails
-            (EIO) does ``path`` already hold the new checkpoint; the message says so.
+            exception names ``path``). Only where syncing the folder after the rename
+            fails (EIO, say) does ``path`` already hold the new checkpoint; the
+            message says so.
     """
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
@@ -242,12 +245,10 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     target = _target(path)
     directory = os.path.dirname(target)
     chunk_rows = max(1, chunk_bytes // (rb.width * 4))
+    checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
+    fd, tmp = -1, ""
     try:
         fd, tmp = _create_temporary(target)
-    except OSError as exc:  # named for the path asked, not the temporary file's
-        raise type(exc)(exc.errno, exc.strerror, path) from exc
-    checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
-    try:
         writer = _Writer(rb, fd, chunk_rows, checksummer)
         # size is min(ptr, capacity) by construction; deriving it from the one counter
         # read keeps the pair consistent while add updates both.
@@ -272,8 +273,8 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     except OSError as exc:
         _discard(fd, tmp)
         if exc.errno is not None and exc.filename != path:
-            # A write's error names no file, the rename's the temporary one: name the
-            # file asked for, as open(path, "w") would.
+            # A write's error names no file, the rename's and the temporary file's
+            # creation the temporary one: name the file asked for.
             raise type(exc)(exc.errno, exc.strerror, path) from exc
         raise
     except BaseException:
@@ -289,7 +290,7 @@ def _discard(fd: int, tmp: str) -> None:
     """Close ``fd`` (unless -1) and remove the temporary file of a save that failed."""
     if fd >= 0:
         os.close(fd)
-    if os.path.exists(tmp):
+    if tmp and os.path.exists(tmp):
         os.unlink(tmp)
 
 
@@ -309,7 +310,7 @@ def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int)
     meta = {
         "library": "replay_fsm", "capacity": rb.capacity, "obs_dim": rb.obs_dim,
         "action_dim": rb.action_dim, "critic_dim": rb.critic_dim, "width": rb.width,
-        "layout": _layout_record(rb), "region_rows": rb.region_rows,
+        "layout": _layout_record(rb.layout), "region_rows": rb.region_rows,
         "check_finite": rb.check_finite, "dtype": "float32", "byteorder": sys.byteorder,
         "ptr": ptr, "size": size, "chunk_rows": writer.chunk_rows, "n_chunks": n_chunks,
         "table_offset": table_offset, "file_bytes": file_bytes,
@@ -372,7 +373,7 @@ def _check_header_describes_a_file(path: str, meta: dict[str, Any]) -> None:
     low = {"capacity": 1, "obs_dim": 1, "action_dim": 1, "critic_dim": 0,
            "region_rows": 1, "ptr": 0, "chunk_rows": 1}
     bad = [f"{k}={meta[k]}" for k, least in low.items()
-           if not least <= meta[k] < 2**63]  # the counters are int64
+           if not least <= meta[k] < 2**63]  # int64 in the buffer
     if bad:
         raise CheckpointError(path, f"header says {', '.join(bad)}: out of range")
     if not isinstance(meta.get("layout"), dict):
@@ -414,12 +415,8 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
     asked = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,
              "critic_dim": critic_dim}
     expected = {k: None if v is None else as_count(k, v, 0) for k, v in asked.items()}
-    with open(path, "rb", buffering=0) as f:
-        status = os.fstat(f.fileno())
-        if not stat.S_ISREG(status.st_mode):
-            raise CheckpointError(path, "not a regular file (a pipe or a device?): load "
-                                        "reads a checkpoint file, whose length it checks")
-        file_bytes = status.st_size
+    with _open_regular(path) as f:
+        file_bytes = os.fstat(f.fileno()).st_size
         meta = _read_header(path, f, file_bytes)
         if meta.get("byteorder") != sys.byteorder or meta.get("dtype") != "float32":
             raise CheckpointError(path, f"holds {meta.get('byteorder')}-endian "
@@ -430,6 +427,9 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
         if wrong:
             raise CheckpointError(path, "does not match the buffer asked for: "
                                         + ", ".join(wrong))
+        if meta["ptr"] > cls.MAX_PTR:
+            raise CheckpointError(path, f"header says ptr={meta['ptr']}, more rows than "
+                                        f"{cls.__name__} counts ({cls.MAX_PTR})")
         if meta["file_bytes"] != file_bytes:
             state = "truncated" if file_bytes < meta["file_bytes"] else "has trailing bytes"
             raise CheckpointError(path, f"{state}: {file_bytes} bytes, the header says "
@@ -437,18 +437,37 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
         if hasattr(os, "posix_fadvise"):  # not on macOS
             # The disk starts reading the rows while the shared memory is allocated.
             os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+        ours = _layout_record(Layout.build(meta["obs_dim"], meta["action_dim"],
+                                           meta["critic_dim"]))
+        if ours != meta["layout"] or ours["width"] != meta["width"]:
+            raise CheckpointError(path, f"row layout {meta['layout']} differs from this "
+                                        f"library's {ours}")
         # The header's fields were checked: an error here is the class's own.
         rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
                  meta["critic_dim"], region_rows=meta["region_rows"],
                  check_finite=meta.get("check_finite", False))
-        if _layout_record(rb) != meta["layout"] or rb.width != meta["width"]:
-            raise CheckpointError(path, f"row layout {meta['layout']} differs from this "
-                                        f"library's {_layout_record(rb)}")
         ptr, size, chunk_rows = meta["ptr"], meta["size"], meta["chunk_rows"]
         crcs = _read_table(path, f, meta)
         _read_rows(path, f, rb, crcs, chunk_rows, size)
         rb.adopt_rows(ptr)  # counters last, as add does: the rows they cover are in place
     return rb
+
+
+def _open_regular(path: str) -> Any:
+    """``path`` opened for reading, unbuffered; refused unless a regular file. Opened
+    without waiting, so a named pipe with no writer is refused, not waited on."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
+                 | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(path, "not a regular file (a pipe or a device?): load "
+                                        "reads a checkpoint file, whose length it checks")
+        if hasattr(os, "set_blocking"):
+            os.set_blocking(fd, True)
+        return open(fd, "rb", buffering=0)
+    except BaseException:
+        os.close(fd)
+        raise
 
 
 def _read_rows(path: str, f: Any, rb: ReplayBuffer, crcs: list[int], chunk_rows: int,
