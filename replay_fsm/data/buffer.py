@@ -114,10 +114,9 @@ class ReplayBuffer:
     # child forked inside a block has another pid, so it is not taken for the holder.
     _pause_holder: tuple[int, int] | None
     _pause_depth: int
-    # The most rows ever written a buffer takes over (adopt_rows, load): far from the
-    # int64 counters' limit, so no add can overflow them (2**62 rows: a century of
-    # adds at a billion rows a second).
-    MAX_PTR = 1 << 62
+    # The most rows ever written the int64 counters hold (a century of adds at a
+    # billion rows a second is 2**62); adopt_rows, load and add refuse to pass it.
+    MAX_PTR = (1 << 63) - 1
 
     def __init__(self, capacity: int, obs_dim: int, action_dim: int, critic_dim: int = 0,
                  *, region_rows: int | None = None, check_finite: bool = False) -> None:
@@ -160,10 +159,13 @@ class ReplayBuffer:
         try:
             yield
         finally:
-            self._pause_depth -= 1
-            if self._pause_depth == 0:  # the last block of this thread released it
-                self._pause_holder = None
-                self._write_lock.release()
+            # A child forked inside the block leaves it holding nothing: the lock and
+            # the count are its parent's.
+            if _this_thread() == me:
+                self._pause_depth -= 1
+                if self._pause_depth == 0:  # the last block of this thread releases it
+                    self._pause_holder = None
+                    self._write_lock.release()
 
     def _refuse_inside_pause(self, call: str) -> None:
         if self._pause_holder == _this_thread():
@@ -244,8 +246,8 @@ class ReplayBuffer:
 
         Raises:
             ValueError: a field's shape is wrong (the message names the field, the
-                shape given and the one expected) or a required field is missing;
-                nothing is written.
+                shape given and the one expected), a required field is missing, or
+                the rows would take ``ptr`` past ``MAX_PTR``; nothing is written.
             TypeError: a field is not a tensor or array of real numbers.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
         """
@@ -292,7 +294,7 @@ class ReplayBuffer:
 
         Raises:
             ValueError: ``rows`` is not [n, width], or (``check_finite``) holds NaN or
-                infinity; nothing is written.
+                infinity, or would take ``ptr`` past ``MAX_PTR``; nothing is written.
             TypeError: ``rows`` is not a tensor or array of real numbers.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
         """
@@ -324,6 +326,10 @@ class ReplayBuffer:
         n, cap = rows.shape[0], self.capacity
         with self._write_lock:
             ptr = int(self._counters[0])
+            if ptr + n > self.MAX_PTR:
+                raise ValueError(f"{n} rows more would pass the {self.MAX_PTR} rows ever "
+                                 f"written that the counters hold (ptr={ptr}); nothing "
+                                 f"was written")
             keep = rows[-cap:] if n > cap else rows
             start = (ptr + n - keep.shape[0]) % cap
             first = min(keep.shape[0], cap - start)

@@ -171,11 +171,11 @@ def _fsync_directory(directory: str, path: str) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        if exc.errno in _NO_DIRECTORY_SYNC or exc.errno is None:
+        if exc.errno in _NO_DIRECTORY_SYNC:
             return
-        raise type(exc)(exc.errno, f"{exc.strerror} while syncing its folder: the file "
-                                   f"holds the new checkpoint, but its rename may not "
-                                   f"survive a power cut", path) from exc
+        raise OSError(exc.errno, f"{exc.strerror} while syncing its folder: the file holds "
+                                 f"the new checkpoint, but its rename may not survive a "
+                                 f"power cut", path) from exc
 
 
 def _target(path: str) -> str:
@@ -244,7 +244,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     path = os.fspath(path)
     target = _target(path)
     directory = os.path.dirname(target)
-    chunk_rows = max(1, chunk_bytes // (rb.width * 4))
+    chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
     checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
     fd, tmp = -1, ""
     try:
@@ -275,7 +275,8 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         if exc.errno is not None and exc.filename != path:
             # A write's error names no file, the rename's and the temporary file's
             # creation the temporary one: name the file asked for.
-            raise type(exc)(exc.errno, exc.strerror, path) from exc
+            # OSError() picks the subclass for the errno (FileExistsError, ...).
+            raise OSError(exc.errno, exc.strerror, path) from exc
         raise
     except BaseException:
         _discard(fd, tmp)
@@ -372,8 +373,7 @@ def _check_header_describes_a_file(path: str, meta: dict[str, Any]) -> None:
     allocated or read from where it points."""
     low = {"capacity": 1, "obs_dim": 1, "action_dim": 1, "critic_dim": 0,
            "region_rows": 1, "ptr": 0, "chunk_rows": 1}
-    bad = [f"{k}={meta[k]}" for k, least in low.items()
-           if not least <= meta[k] < 2**63]  # int64 in the buffer
+    bad = [f"{k}={meta[k]}" for k, least in low.items() if meta[k] < least]
     if bad:
         raise CheckpointError(path, f"header says {', '.join(bad)}: out of range")
     if not isinstance(meta.get("layout"), dict):
@@ -454,19 +454,22 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
 
 
 def _open_regular(path: str) -> Any:
-    """``path`` opened for reading, unbuffered; refused unless a regular file. Opened
-    without waiting, so a named pipe with no writer is refused, not waited on."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0)
-                 | getattr(os, "O_CLOEXEC", 0))
+    """``path`` opened for reading, unbuffered; refused unless a regular file. Looked at
+    before it is opened, so a named pipe with no writer is refused, not waited on (and
+    opened as any file is, so that a lease another process holds is waited out)."""
+    kind = stat.S_IFMT(os.stat(path).st_mode)
+    if stat.S_ISDIR(kind):
+        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if not stat.S_ISREG(kind):
+        raise CheckpointError(path, "not a regular file (a pipe, a device or a socket): "
+                                    "load reads a checkpoint file, whose length it checks")
+    f = open(path, "rb", buffering=0)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(path, "not a regular file (a pipe or a device?): load "
-                                        "reads a checkpoint file, whose length it checks")
-        if hasattr(os, "set_blocking"):
-            os.set_blocking(fd, True)
-        return open(fd, "rb", buffering=0)
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # replaced meanwhile
+            raise CheckpointError(path, "not a regular file any more once opened")
+        return f
     except BaseException:
-        os.close(fd)
+        f.close()
         raise
 
 
