@@ -1337,25 +1337,6 @@ def test_a_folder_that_cannot_be_synced_here_does_not_fail_a_save(
     assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
 
 
-def test_a_folder_sync_that_fails_says_the_file_is_in_place(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real_fsync = os.fsync
-
-    def fsync(fd: int) -> None:
-        if os.path.isdir(f"/proc/self/fd/{fd}"):
-            raise OSError(errno.EIO, os.strerror(errno.EIO))
-        real_fsync(fd)
-
-    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
-    path = tmp_path / "b.ckpt"
-    with pytest.raises(OSError, match="Input/output error while syncing its folder: the "
-                                      "file holds the new checkpoint") as info:
-        filled(8, 5).save(path)
-    monkeypatch.undo()
-    assert info.value.errno == errno.EIO and info.value.filename == str(path)
-    assert_state(ReplayBuffer.load(path), 5, 8)
-
-
 def test_the_temporary_file_is_never_more_open_than_the_one_it_replaces(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Made 0o666 less the umask and then narrowed, it was readable by others in
@@ -1390,24 +1371,33 @@ def test_a_path_ending_with_a_slash_is_refused(tmp_path: Path, name: str) -> Non
     assert (tmp_path / "plain").read_bytes() == b"not to be replaced"
 
 
-def test_a_folder_that_cannot_be_opened_after_the_rename_says_the_file_is_in_place(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Out of descriptors (EMFILE) when the folder is opened to sync it: the file was
-    already replaced, and the error must not read as a failed save."""
-    real_open = os.open
+@pytest.mark.parametrize("fails, code", [("open", errno.EMFILE), ("fsync", errno.EIO)])
+def test_a_folder_that_cannot_be_synced_after_the_rename_says_the_file_is_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fails: str, code: int) -> None:
+    """Out of descriptors (EMFILE) when the folder is opened to sync it, or an I/O
+    error syncing it: the file was already replaced, and the error must not read as a
+    failed save."""
+    real_open, real_fsync = os.open, os.fsync
 
     def open_(name: Any, flags: int, *args: Any) -> int:
-        if flags & getattr(os, "O_DIRECTORY", 0) or os.path.isdir(name):
-            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+        if fails == "open" and (flags & getattr(os, "O_DIRECTORY", 0)
+                                or os.path.isdir(name)):
+            raise OSError(code, os.strerror(code), name)
         return real_open(name, flags, *args)
 
+    def fsync(fd: int) -> None:
+        if fails == "fsync" and os.path.isdir(f"/proc/self/fd/{fd}"):
+            raise OSError(code, os.strerror(code))
+        real_fsync(fd)
+
     monkeypatch.setattr(checkpoint.os, "open", open_)
+    monkeypatch.setattr(checkpoint.os, "fsync", fsync)
     path = tmp_path / "b.ckpt"
-    with pytest.raises(OSError, match="while syncing its folder: the file holds the new "
-                                      "checkpoint") as info:
+    with pytest.raises(OSError, match=f"{os.strerror(code)} while syncing its folder: "
+                                      "the file holds the new checkpoint") as info:
         filled(8, 5).save(path)
     monkeypatch.undo()
-    assert info.value.errno == errno.EMFILE and info.value.filename == str(path)
+    assert info.value.errno == code and info.value.filename == str(path)
     assert_state(ReplayBuffer.load(path), 5, 8)
 
 
