@@ -30,10 +30,17 @@ EXAMPLES: dict[str, tuple[Any, ...]] = {
 
 
 def exception_classes() -> dict[str, type[BaseException]]:
-    """Every exception class defined in a module of the package."""
+    """Every exception class defined in a module of the package, but for modules of
+    an extra whose library is not installed (``replay_fsm.integrations.sb3`` without
+    stable-baselines3)."""
     found = {}
     for info in pkgutil.walk_packages(replay_fsm.__path__, "replay_fsm."):
-        module = importlib.import_module(info.name)
+        try:
+            module = importlib.import_module(info.name)
+        except ModuleNotFoundError as exc:
+            if exc.name is None or exc.name.split(".")[0] == "replay_fsm":
+                raise
+            continue  # an optional dependency: its module defines no exception
         for name, value in vars(module).items():
             if (inspect.isclass(value) and issubclass(value, BaseException)
                     and value.__module__ == info.name):
@@ -60,11 +67,11 @@ def test_every_exception_survives_pickling(name: str) -> None:
     if custom and name not in EXAMPLES:
         pytest.fail(f"{name} has its own constructor: add example arguments to EXAMPLES")
     exc = cls(*EXAMPLES.get(name, ("what went wrong",)))
-    exc.add_note("a note added on the way")
+    exc.seen_in = "a worker"  # set on the way, as add_note (3.11) or a caller would
     back = pickle.loads(pickle.dumps(exc))
     assert type(back) is cls
     assert str(back) == str(exc) and back.args == exc.args
-    assert vars(back) == vars(exc)  # the attributes, the note among them
+    assert vars(back) == vars(exc)  # the attributes, the one set on the way among them
 
 
 def test_a_checkpoint_error_in_a_process_pool_reaches_the_caller(tmp_path: Path) -> None:
