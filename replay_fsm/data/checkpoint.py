@@ -146,6 +146,17 @@ class _Writer:
                                         (hi - 1) // self.chunk_rows + 1), size)
 
 
+def _tail_bytes(n_chunks: int) -> int:
+    """The length of what follows the rows: the CRC table, its CRC, the end magic."""
+    return 4 * n_chunks + 4 + len(END_MAGIC)
+
+
+def _extent(size: int, row_bytes: int, n_chunks: int) -> tuple[int, int]:
+    """Where the CRC table starts, and the file's length, for ``size`` rows."""
+    table_offset = HEADER_BYTES + size * row_bytes
+    return table_offset, table_offset + _tail_bytes(n_chunks)
+
+
 def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
     while data:
         written = os.pwrite(fd, data, offset)
@@ -187,13 +198,18 @@ def _target(path: str) -> str:
         IsADirectoryError: ``path`` is a folder, or ends with a slash.
     """
     if not path:
-        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), path)
-    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        raise _os_error(errno.ENOENT, path)
     target = os.path.realpath(path)
-    if os.path.isdir(target):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)) or (
+            os.path.isdir(target)):
+        raise _os_error(errno.EISDIR, path)
     return target
+
+
+def _os_error(code: int, path: str) -> OSError:
+    """The error the OS gives for ``code`` on ``path`` (OSError picks the subclass:
+    FileNotFoundError, IsADirectoryError, ...)."""
+    return OSError(code, os.strerror(code), path)
 
 
 def _create_temporary(target: str) -> tuple[int, str]:
@@ -305,9 +321,9 @@ def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int)
         assert rows == min(writer.chunk_rows, size - k * writer.chunk_rows), (k, rows)
         crcs.append(crc)
     table = struct.pack(f"<{n_chunks}I", *crcs)
-    table_offset = HEADER_BYTES + size * writer.row_bytes
+    table_offset, file_bytes = _extent(size, writer.row_bytes, n_chunks)
     tail = table + struct.pack("<I", zlib.crc32(table)) + END_MAGIC
-    file_bytes = table_offset + len(tail)
+    assert len(tail) == file_bytes - table_offset, (len(tail), n_chunks)
     meta = {
         "library": "replay_fsm", "capacity": rb.capacity, "obs_dim": rb.obs_dim,
         "action_dim": rb.action_dim, "critic_dim": rb.critic_dim, "width": rb.width,
@@ -383,19 +399,18 @@ def _check_header_describes_a_file(path: str, meta: dict[str, Any]) -> None:
         raise CheckpointError(path, f"header's check_finite is {meta['check_finite']!r}, "
                                     f"not a bool")
     size, chunk_rows = meta["size"], meta["chunk_rows"]
-    table_offset = HEADER_BYTES + size * meta["width"] * 4
-    tail = 4 * meta["n_chunks"] + 4 + len(END_MAGIC)
+    table_offset, file_bytes = _extent(size, meta["width"] * 4, meta["n_chunks"])
     if size != min(meta["ptr"], meta["capacity"]):
         raise CheckpointError(path, f"ptr={meta['ptr']} and size={size} are inconsistent "
                                     f"with capacity={meta['capacity']}")
     if meta["n_chunks"] != -(-size // chunk_rows):
         raise CheckpointError(path, f"{meta['n_chunks']} chunks cannot hold {size} rows "
                                     f"of {chunk_rows}")
-    if meta["table_offset"] != table_offset or meta["file_bytes"] != table_offset + tail:
+    if meta["table_offset"] != table_offset or meta["file_bytes"] != file_bytes:
         raise CheckpointError(path, f"header says table_offset={meta['table_offset']} and "
                                     f"file_bytes={meta['file_bytes']}; {size} rows of "
                                     f"width {meta['width']} put them at {table_offset} and "
-                                    f"{table_offset + tail}")
+                                    f"{file_bytes}")
 
 
 def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
@@ -459,7 +474,7 @@ def _open_regular(path: str) -> Any:
     opened as any file is, so that a lease another process holds is waited out)."""
     kind = stat.S_IFMT(os.stat(path).st_mode)
     if stat.S_ISDIR(kind):
-        raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        raise _os_error(errno.EISDIR, path)
     if not stat.S_ISREG(kind):
         raise CheckpointError(path, "not a regular file (a pipe, a device or a socket): "
                                     "load reads a checkpoint file, whose length it checks")
@@ -505,7 +520,7 @@ def _check_chunk(path: str, computed: Future[int], crc: int, lo: int, hi: int,
 def _read_table(path: str, f: Any, meta: dict[str, Any]) -> list[int]:
     n_chunks = meta["n_chunks"]  # agrees with size and file_bytes (header checked)
     f.seek(meta["table_offset"])
-    tail = f.read(4 * n_chunks + 4 + len(END_MAGIC))
+    tail = f.read(_tail_bytes(n_chunks))
     table, (table_crc,) = tail[:4 * n_chunks], struct.unpack_from("<I", tail, 4 * n_chunks)
     if tail[-len(END_MAGIC):] != END_MAGIC or zlib.crc32(table) != table_crc:
         raise CheckpointError(path, "chunk checksum table is corrupted")
