@@ -100,6 +100,15 @@ def filled(capacity: int, ptr: int, obs_dim: int = 2, action_dim: int = 1,
     return rb
 
 
+def adds_are_paused(rb: ReplayBuffer) -> bool:
+    """Whether the buffer's write lock is held now (taken back at once if it was free,
+    so a probe never pauses the adds itself)."""
+    free = rb._write_lock.acquire(block=False)
+    if free:
+        rb._write_lock.release()
+    return not free
+
+
 def assert_state(rb: ReplayBuffer, ptr: int, capacity: int | None = None) -> None:
     """``rb`` is exactly the buffer after the first ``ptr`` rows of the history."""
     capacity = rb.capacity if capacity is None else capacity
@@ -901,8 +910,7 @@ def writes_with_adds(rb: ReplayBuffer, add: Callable[[int], int],
     calls = [0]
 
     def write_with_adds(fd: int, data: memoryview, offset: int) -> None:
-        if rb._write_lock.acquire(block=False):
-            rb._write_lock.release()
+        if not adds_are_paused(rb):
             add_history(rb, add(calls[0]))
         else:
             locked_writes.append(offset)
@@ -1039,7 +1047,7 @@ def test_writing_inside_this_threads_adds_paused_is_refused(call: str) -> None:
         with pytest.raises(ProtocolError, match=r"inside this thread's adds_paused\(\) "
                                                 r"block would wait .* nothing was changed"):
             calls[call]()
-        assert not rb._write_lock.acquire(block=False)  # still paused
+        assert adds_are_paused(rb)  # still paused
     assert_state(rb, 20)
     add_history(rb, 2)  # and free again after it
     assert_state(rb, 22)
@@ -1050,8 +1058,8 @@ def test_adds_paused_blocks_nest_and_the_outer_one_ends_the_pause() -> None:
     rb = filled(16, 20)
     with rb.adds_paused():
         with rb.adds_paused():
-            assert not rb._write_lock.acquire(block=False)
-        assert not rb._write_lock.acquire(block=False)  # the inner one did not end it
+            assert adds_are_paused(rb)
+        assert adds_are_paused(rb)  # the inner one did not end it
     add_history(rb, 2)
     assert_state(rb, 22)
 
@@ -1064,17 +1072,11 @@ def test_pauses_of_two_tasks_on_one_thread_last_until_both_end() -> None:
     rb = filled(16, 20)
     held: list[bool] = []
 
-    def paused() -> bool:
-        free = rb._write_lock.acquire(block=False)
-        if free:
-            rb._write_lock.release()
-        return not free
-
     async def first(entered: asyncio.Event, leave: asyncio.Event) -> None:
         with rb.adds_paused():
             entered.set()
             await leave.wait()
-        held.append(paused())  # the second task is still inside its block
+        held.append(adds_are_paused(rb))  # the second task is still inside its block
 
     async def second(entered: asyncio.Event, leave: asyncio.Event) -> None:
         await entered.wait()
@@ -1082,14 +1084,14 @@ def test_pauses_of_two_tasks_on_one_thread_last_until_both_end() -> None:
             leave.set()
             await asyncio.sleep(0)  # the first task leaves its block meanwhile
             await asyncio.sleep(0)
-            held.append(paused())
+            held.append(adds_are_paused(rb))
 
     async def both() -> None:
         entered, leave = asyncio.Event(), asyncio.Event()
         await asyncio.gather(first(entered, leave), second(entered, leave))
 
     asyncio.run(both())
-    assert held == [True, True] and not paused()
+    assert held == [True, True] and not adds_are_paused(rb)
     add_history(rb, 2)
     assert_state(rb, 22)
 
@@ -1177,6 +1179,19 @@ def test_a_layout_that_differs_names_both_layouts(tmp_path: Path) -> None:
                                f"library's {ours}")
 
 
+def record_temporaries(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
+    """The (descriptor, name) of each temporary file the saves make from now on."""
+    made: list[tuple[int, str]] = []
+    create = checkpoint._create_temporary
+
+    def recording_create(target: str) -> tuple[int, str]:
+        made.append(create(target))
+        return made[-1]
+
+    monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
+    return made
+
+
 def test_a_failed_save_closes_its_file_even_as_descriptor_0(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A process that closed its standard input gets descriptor 0 for the next file
@@ -1186,15 +1201,8 @@ def test_a_failed_save_closes_its_file_even_as_descriptor_0(
     def fail(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    made: list[tuple[int, str]] = []
-    create = checkpoint._create_temporary
-
-    def recording_create(target: str) -> tuple[int, str]:
-        made.append(create(target))
-        return made[-1]
-
+    made = record_temporaries(monkeypatch)
     monkeypatch.setattr(checkpoint.os, "fsync", fail)
-    monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
     stdin = os.dup(0)
     try:
         os.close(0)
@@ -1277,25 +1285,17 @@ def test_a_close_that_reports_an_error_is_not_repeated(
 
     def failing_close(fd: int) -> None:
         real_close(fd)
-        if ours and fd == ours[0]:  # not another thread's file
+        if made and fd == made[0][0]:  # not another thread's file
             closed.append(fd)
             if len(closed) == 1:
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    create = checkpoint._create_temporary
-    ours: list[int] = []
-
-    def recording_create(target: str) -> tuple[int, str]:
-        fd, tmp = create(target)
-        ours.append(fd)
-        return fd, tmp
-
-    monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
+    made = record_temporaries(monkeypatch)
     monkeypatch.setattr(checkpoint.os, "close", failing_close)
     with pytest.raises(OSError) as info:
         filled(8, 5).save(tmp_path / "b.ckpt")
     monkeypatch.undo()
-    assert closed.count(ours[0]) == 1
+    assert closed.count(made[0][0]) == 1
     assert info.value.errno == errno.EIO and info.value.filename == str(tmp_path / "b.ckpt")
     assert os.listdir(tmp_path) == []
 
@@ -1466,7 +1466,7 @@ def test_a_child_leaving_a_block_it_was_forked_in_releases_nothing() -> None:
     child.start()
     child.join(WAIT)
     assert child.exitcode == 0
-    assert not rb._write_lock.acquire(block=False)  # still the parent's pause
+    assert adds_are_paused(rb)  # still the parent's pause
     pause.__exit__(None, None, None)
     add_history(rb, 2)
     assert_state(rb, 22)
