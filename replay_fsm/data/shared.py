@@ -93,17 +93,18 @@ def _room() -> tuple[str, int, str] | None:
     if left is not None:
         rooms.append(("the address space this process may still map", left,
                       "raise its limit (ulimit -v)"))
-    largest = _file_size_limit()
+    largest = _soft_limit("RLIMIT_FSIZE")
     if largest is not None:  # a shared-memory object is a file: ulimit -f bounds it
         rooms.append(("the ulimit -f file size limit", largest, "raise that limit"))
     return min(rooms, key=lambda r: r[1]) if rooms else None
 
 
-def _file_size_limit() -> int | None:
-    """The soft RLIMIT_FSIZE; None without one, or where it cannot be read."""
+def _soft_limit(name: str) -> int | None:
+    """The soft limit ``resource.<name>`` (``RLIMIT_AS``, ``RLIMIT_FSIZE``); None
+    without one, or where it cannot be read (no ``resource`` module off Unix)."""
     try:
         import resource
-        limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        limit = resource.getrlimit(getattr(resource, name))[0]
     except (ImportError, OSError, ValueError, AttributeError):
         return None
     return None if limit == resource.RLIM_INFINITY else limit
@@ -112,15 +113,14 @@ def _file_size_limit() -> int | None:
 def _address_space_left() -> int | None:
     """The soft RLIMIT_AS less the process's mapped size (``VmSize``); None without a
     limit, or where either cannot be read."""
+    limit = _soft_limit("RLIMIT_AS")
+    if limit is None:
+        return None
     try:
-        import resource
-        limit = resource.getrlimit(resource.RLIMIT_AS)[0]
-        if limit == resource.RLIM_INFINITY:
-            return None
         with open("/proc/self/status") as status:
             size = next(int(line.split()[1]) << 10 for line in status
                         if line.startswith("VmSize:"))
-    except (ImportError, OSError, ValueError, StopIteration):
+    except (OSError, ValueError, StopIteration):
         return None
     return max(limit - size, 0)
 
