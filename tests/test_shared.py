@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -48,10 +49,136 @@ def test_the_machine_memory_bounds_it_where_dev_shm_is_missing(
         raise FileNotFoundError(path)
 
     monkeypatch.setattr(shared.os, "statvfs", missing)
+    monkeypatch.setattr(shared, "_cgroup_room", lambda: None)  # a container's limit
     ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     with pytest.raises(MemoryError, match="more than the machine's memory"):
         shared.shared_zeros(ram // 4 + 1, what="too much")
     assert shared.shared_zeros(2, 3, what="a little").is_shared()
+
+
+def cgroup_tree(tmp_path: Path, cgroup: str, mounts: list[str],
+                files: dict[str, str]) -> Path:
+    """A /proc/self (its cgroup and mountinfo files) and cgroup folders under
+    ``tmp_path``; in ``mounts`` and ``files``, ROOT stands for ``tmp_path``."""
+    proc = tmp_path / "proc"
+    proc.mkdir()
+    (proc / "cgroup").write_text(cgroup)
+    (proc / "mountinfo").write_text(
+        "".join(line.replace("ROOT", str(tmp_path)) + "\n" for line in mounts))
+    for name, text in files.items():
+        path = tmp_path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return proc
+
+
+V2_MOUNT = "41 23 0:38 / ROOT/cg rw,relatime - cgroup2 cgroup2 rw"
+V1_MOUNT = "35 31 0:32 / ROOT/memory rw,relatime - cgroup cgroup rw,memory"
+NO_V1_LIMIT = "9223372036854771712"
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_the_cgroup_room_is_the_tightest_limit_less_what_it_holds(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool) -> None:
+    """cgroup v2: the process's cgroup and each parent up to the mount; the room is a
+    limit less the anonymous and shared memory held under it (none where the machine
+    has swap, which could page them out), and the least room wins, not the least
+    limit."""
+    proc = cgroup_tree(tmp_path, "0::/pod/app\n", [V2_MOUNT], {
+        "cg/pod/memory.max": "1000000\n", "cg/pod/memory.stat": "anon 300000\nfile 5\n"
+                                                              "shmem 100000\n",
+        "cg/pod/app/memory.max": "900000\n", "cg/pod/app/memory.stat": "anon 10\n",
+        "cg/memory.max": "max\n"})
+    monkeypatch.setattr(shared, "PROC_SELF", str(proc))
+    monkeypatch.setattr(shared, "_has_swap", lambda: swap)
+    assert shared._cgroup_room() == ((900000, 900000) if swap else (1000000, 600000))
+
+
+def test_a_v1_memory_hierarchy_mounted_at_the_containers_cgroup(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """cgroup v1 as docker mounts it without a cgroup namespace: the mount shows the
+    hierarchy from the container's cgroup, whose path /proc/self/cgroup names in
+    full; a limit as large as v1 writes "none" is none. A mount point with a space in
+    its name comes escaped in mountinfo."""
+    mounts = ["35 31 0:32 /docker/abc ROOT/mem\\040cg rw - cgroup cgroup rw,memory",
+              "32 31 0:29 / ROOT/cpu rw - cgroup cgroup rw,cpu"]
+    proc = cgroup_tree(tmp_path, "5:cpu:/docker/abc\n4:memory:/docker/abc\n0::/\n", mounts,
+                       {"mem cg/memory.limit_in_bytes": "524288000\n",
+                        "mem cg/memory.stat": "cache 7\ntotal_rss 1000\ntotal_shmem 24\n",
+                        "cpu/memory.limit_in_bytes": "1\n"})
+    monkeypatch.setattr(shared, "PROC_SELF", str(proc))
+    monkeypatch.setattr(shared, "_has_swap", lambda: False)
+    assert shared._cgroup_room() == (524288000, 524288000 - 1024)
+    (tmp_path / "mem cg/memory.limit_in_bytes").write_text(NO_V1_LIMIT)
+    assert shared._cgroup_room() is None
+
+
+@pytest.mark.parametrize("cgroup,mounts", [
+    ("0::/\n", [V2_MOUNT]),                       # v2 at its root: no memory.max
+    ("4:memory:/x\n", [V1_MOUNT]),                # a v1 limit of "none"
+    ("4:memory:/elsewhere\n", [V1_MOUNT.replace(" / ", " /x ")]),  # a mount not ours
+    ("not a cgroup line\n", [V1_MOUNT]),
+    ("4:memory:/x\n", ["a mount line without its separator"]),
+])
+def test_no_cgroup_room_where_there_is_no_limit_to_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, cgroup: str,
+        mounts: list[str]) -> None:
+    proc = cgroup_tree(tmp_path, cgroup, mounts, {
+        "memory/x/memory.limit_in_bytes": NO_V1_LIMIT,
+        "memory/memory.limit_in_bytes": NO_V1_LIMIT})
+    monkeypatch.setattr(shared, "PROC_SELF", str(proc))
+    assert shared._cgroup_room() is None
+    monkeypatch.setattr(shared, "PROC_SELF", str(tmp_path / "no such folder"))
+    assert shared._cgroup_room() is None
+
+
+def test_a_buffer_past_the_cgroup_limit_is_refused_by_name(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shared, "_cgroup_room", lambda: (4 << 20, 1 << 20))
+    assert ReplayBuffer(1000, 3, 2).storage.shape == (1000, 11)
+    with pytest.raises(MemoryError) as info:
+        ReplayBuffer(100_000, 3, 2)
+    assert str(info.value) == (
+        "a replay buffer of 100000 rows needs 4.2 MiB of shared memory, more than what "
+        "the memory limit of this process's cgroup (4.0 MiB) leaves (1.0 MiB): make it "
+        "smaller, or raise that limit (a container's: docker run --memory, a pod's "
+        "resources.limits.memory)")
+
+
+V1_MEMORY = "/sys/fs/cgroup/memory"
+
+
+@pytest.mark.skipif(not (os.path.isfile(f"{V1_MEMORY}/memory.limit_in_bytes")
+                         and os.access(V1_MEMORY, os.W_OK) and os.path.isdir(shared.SHM)),
+                    reason="needs a cgroup v1 memory hierarchy it may write (root)")
+def test_a_buffer_past_a_real_cgroup_limit_is_refused_not_killed() -> None:
+    """In a cgroup limited to 384 MiB, a process that made a 1 GiB buffer was
+    killed by the kernel (SIGKILL, no message) and left its /dev/shm file behind; it
+    is now refused with a MemoryError before anything is made."""
+    code = """
+import os
+from replay_fsm import ReplayBuffer
+try:
+    ReplayBuffer(1 << 19, 250, 6)  # 524288 rows x 509 floats: 1018 MiB
+except MemoryError as exc:
+    print(os.getpid(), exc)
+"""
+    group = f"{V1_MEMORY}/replay_fsm_test_{os.getpid()}"
+    os.mkdir(group)
+    try:
+        with open(f"{group}/memory.limit_in_bytes", "w") as f:
+            f.write(str(384 << 20))  # a Python with torch takes about 150 MiB
+        out = subprocess.run(["sh", "-c", f'echo $$ > {group}/cgroup.procs && exec "$0" -c '
+                              '"$1"', sys.executable, code],
+                             capture_output=True, text=True, timeout=300)
+    finally:
+        os.rmdir(group)  # its one process has exited
+    assert out.returncode == 0, (out.returncode, out.stderr[-2000:])
+    pid, message = out.stdout.strip().split(" ", 1)
+    assert message.startswith("a replay buffer of 524288 rows needs 1018.0 MiB of shared "
+                              "memory, more than what the memory limit of this process's "
+                              "cgroup (384.0 MiB) leaves ("), message
+    assert not [n for n in os.listdir(shared.SHM) if n.startswith(f"torch_{pid}_")]
 
 
 def test_the_allocators_refusal_is_a_memory_error_that_names_it(

@@ -105,9 +105,10 @@ class ReplayBuffer:
             integer (bools and floats are refused).
         ValueError: a capacity, ``obs_dim``, ``action_dim`` or ``region_rows`` below 1, or
             a negative ``critic_dim``.
-        MemoryError: the rows do not fit in the machine's memory, in the free space
-            of /dev/shm, in the address space left under ``ulimit -v`` or under the
-            file size limit of ``ulimit -f`` (the message names the size and the room).
+        MemoryError: the rows do not fit in the machine's memory, in what the memory
+            limit of the process's cgroup leaves, in the free space of /dev/shm, in the
+            address space left under ``ulimit -v`` or under the file size limit of
+            ``ulimit -f`` (the message names the size and the room).
     """
 
     # (pid, thread) inside adds_paused() here, and how many of its blocks are open; a

@@ -1,6 +1,7 @@
 """Tensors in shared memory, refused up front with an error that says what to change
-when they cannot fit (a container's /dev/shm is often 64 MB), instead of torch's
-allocator message from deep inside."""
+when they cannot fit (a container's /dev/shm is often 64 MB; past a container's
+memory limit the kernel kills the process without a word), instead of torch's
+allocator message from deep inside, or none."""
 
 from __future__ import annotations
 
@@ -11,19 +12,25 @@ import re
 import torch
 
 SHM = "/dev/shm"  # where Linux keeps shared memory (torch's sharing strategies use it)
+PROC_SELF = "/proc/self"  # this process's cgroups and mounts
 # What torch's refusals say when the room ran out: the CPU allocator's, a full
 # /dev/shm's (ENOSPC, when the shared file is written), a map refused (ENOMEM: the
 # address space, ``ulimit -v``) and a shared file past ``ulimit -f`` (EFBIG).
 OUT_OF_ROOM = ("can't allocate memory", "No space left on device", "Cannot allocate memory",
                "File too large")
 MORE_MACHINE = "give the machine more (a container's /dev/shm: docker run --shm-size)"
+MORE_CGROUP = ("raise that limit (a container's: docker run --memory, a pod's "
+               "resources.limits.memory)")
+# cgroup v1 writes "no limit" as the largest page-aligned int64, v2 as "max".
+NO_CGROUP_LIMIT = 1 << 62
 
 
 def shared_zeros(*shape: int, what: str, dtype: torch.dtype = torch.float32
                  ) -> torch.Tensor:
     """``torch.zeros(*shape, dtype=dtype).share_memory_()``, checked first against the
-    machine's memory, the free space of /dev/shm (where there is one) and the address
-    space left under ``ulimit -v`` (``_room``), and made with no private copy
+    machine's memory, what the memory limit of this process's cgroup leaves, the free
+    space of /dev/shm (where there is one), the address space left under ``ulimit -v``
+    and the file size limit (``_room``), and made with no private copy
     (``_zeros_in_shm``).
 
     Raises:
@@ -75,15 +82,20 @@ def _remove_left_over(message: str) -> None:
 
 
 def _room() -> tuple[str, int, str] | None:
-    """The least of the machine's memory, /dev/shm's free space, the address space
-    this process may still map (``ulimit -v``) and the largest file it may write
-    (``ulimit -f``), named, with what gives more; None where none can be read."""
+    """The least of the machine's memory, the memory limit of this process's cgroup
+    (a container's), /dev/shm's free space, the address space this process may still
+    map (``ulimit -v``) and the largest file it may write (``ulimit -f``), named, with
+    what gives more; None where none can be read."""
     rooms = []
     try:
         rooms.append(("the machine's memory",
                       os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"), MORE_MACHINE))
     except (ValueError, OSError, AttributeError):
         pass
+    cgroup = _cgroup_room()
+    if cgroup is not None:
+        rooms.append((f"what the memory limit of this process's cgroup "
+                      f"({_size(cgroup[0])}) leaves", cgroup[1], MORE_CGROUP))
     try:
         st = os.statvfs(SHM)
         rooms.append((f"the free space of {SHM}", st.f_bavail * st.f_frsize, MORE_MACHINE))
@@ -108,6 +120,97 @@ def _soft_limit(name: str) -> int | None:
     except (ImportError, OSError, ValueError, AttributeError):
         return None
     return None if limit == resource.RLIM_INFINITY else limit
+
+
+def _cgroup_room() -> tuple[int, int] | None:
+    """The memory limit of this process's cgroup, or of a cgroup above it that it
+    can see, that leaves the least room, and that room: a container's limit, which
+    the machine's memory does not show from inside it; None without one, or where
+    none can be read. Shared memory is charged to the cgroup of the process that
+    makes it, and a cgroup's process past its limit is killed by the kernel (SIGKILL,
+    no message, its /dev/shm file left behind). The room is the limit less what no
+    reclaim can free (the cgroup's anonymous and shared memory; where the machine has
+    swap, nothing), so the check never refuses what could fit."""
+    try:
+        with open(os.path.join(PROC_SELF, "cgroup")) as f:
+            # hierarchy-id:controllers:path; v2's has no controllers
+            groups = [line.split(":", 2)[1:] for line in f.read().splitlines()]
+        with open(os.path.join(PROC_SELF, "mountinfo")) as f:
+            mounts = [_mount(line) for line in f.read().splitlines()]
+    except (OSError, ValueError, IndexError):
+        return None
+    swap = _has_swap()
+    rooms = []
+    for controllers, path in (group for group in groups if len(group) == 2):
+        for fstype, options, root, point in mounts:
+            if controllers == "" and fstype == "cgroup2":
+                rooms += _limits_up(point, root, path, V2, swap)
+            elif (fstype == "cgroup" and "memory" in controllers.split(",")
+                  and "memory" in options):
+                rooms += _limits_up(point, root, path, V1, swap)
+    return min(rooms, key=lambda room: room[1], default=None)
+
+
+# Per cgroup version: the limit's file, and the memory.stat keys of what reclaim
+# cannot free without swap (v1: this cgroup's and its children's).
+V2 = ("memory.max", ("anon", "shmem"))
+V1 = ("memory.limit_in_bytes", ("total_rss", "total_shmem"))
+
+
+def _mount(line: str) -> tuple[str, list[str], str, str]:
+    """A /proc/self/mountinfo line's file system type, super options, root and mount
+    point (with its octal escapes, such as a space's, read back)."""
+    fields, rest = line.split(" - ", 1)
+    _, _, _, root, point = fields.split(" ")[:5]
+    fstype, _, options = rest.split(" ")[:3]
+    unescape = [re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), field)
+                for field in (root, point)]
+    return fstype, options.split(","), unescape[0], unescape[1]
+
+
+def _limits_up(point: str, root: str, path: str, version: tuple[str, tuple[str, ...]],
+               swap: bool) -> list[tuple[int, int]]:
+    """(limit, room) of cgroup ``path`` and of each parent up to the hierarchy's
+    mount at ``point`` (which shows the hierarchy from ``root``), where a limit is
+    set and readable."""
+    if root != "/" and path != root and not path.startswith(root + "/"):
+        return []  # this mount does not show the process's cgroup
+    limit_file, held_keys = version
+    folder = os.path.normpath(point + "/" + path[len(root.rstrip("/")):])
+    rooms = []
+    while True:
+        try:
+            with open(os.path.join(folder, limit_file)) as f:
+                text = f.read().strip()
+            if text != "max" and int(text) < NO_CGROUP_LIMIT:
+                held = 0 if swap else _held(folder, held_keys)
+                rooms.append((int(text), max(int(text) - held, 0)))
+        except (OSError, ValueError):
+            pass  # the root has none; a parent outside a container may be unreadable
+        if folder == os.path.normpath(point) or folder == os.path.dirname(folder):
+            return rooms
+        folder = os.path.dirname(folder)
+
+
+def _held(folder: str, keys: tuple[str, ...]) -> int:
+    """The bytes of ``keys`` in the cgroup's memory.stat; 0 where it cannot be read."""
+    try:
+        with open(os.path.join(folder, "memory.stat")) as f:
+            stat = dict(line.split() for line in f if line.count(" ") == 1)
+        return sum(int(stat.get(key, 0)) for key in keys)
+    except (OSError, ValueError):
+        return 0
+
+
+def _has_swap() -> bool:
+    """Whether the machine has swap (reclaim may then page anonymous memory out);
+    True where /proc/meminfo cannot be read, which counts nothing as held."""
+    try:
+        with open("/proc/meminfo") as f:
+            return next(int(line.split()[1]) for line in f
+                        if line.startswith("SwapTotal:")) > 0
+    except (OSError, ValueError, StopIteration, IndexError):
+        return True
 
 
 def _address_space_left() -> int | None:
