@@ -984,6 +984,7 @@ class AddsWhenReleased:
     def __init__(self, rb: ReplayBuffer, n: int) -> None:
         self.rb, self.lock, self.n, self.adding = rb, rb._write_lock, n, False
         self.ptr_at_release: list[int] = []
+        self._semlock = self  # what add enters (the Lock's own C context manager)
 
     def acquire(self, block: bool = True) -> bool:
         return bool(self.lock.acquire(block))

@@ -93,6 +93,19 @@ def _this_thread() -> tuple[int, int]:
     return os.getpid(), threading.get_ident()
 
 
+# This process's pid, read without a call: where a Ctrl-C must not land between a
+# check and the release it guards (Python looks for one after every call).
+_pid = os.getpid()
+
+
+def _forked() -> None:
+    global _pid
+    _pid = os.getpid()
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
@@ -142,7 +155,8 @@ class ReplayBuffer:
         n_regions = -(-capacity // self.region_rows)
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
         self._seq = torch.zeros(n_regions, dtype=torch.int64).share_memory_()
-        self._write_lock = mp.get_context("spawn").Lock()
+        # Any: its C semaphore (_semlock) is entered directly (see _append).
+        self._write_lock: Any = mp.get_context("spawn").Lock()
 
     @contextlib.contextmanager
     def adds_paused(self) -> Iterator[None]:
@@ -154,7 +168,14 @@ class ReplayBuffer:
         """
         me = _this_thread()
         if self._pause_holder != me:  # else nested: the lock is not reentrant
-            self._write_lock.acquire()
+            try:
+                self._write_lock.acquire()
+            except BaseException:
+                # A Ctrl-C handled as the acquire returned (the first point Python
+                # checks for one) would leave the lock taken, and every add waiting.
+                if self._write_lock._semlock._is_mine():
+                    self._write_lock.release()
+                raise
             self._pause_holder, self._pause_depth = me, 0
         self._pause_depth += 1
         try:
@@ -162,7 +183,7 @@ class ReplayBuffer:
         finally:
             # A child forked inside the block leaves it holding nothing: the lock and
             # the count are its parent's.
-            if _this_thread() == me:
+            if self._pause_holder == me and _pid == me[0]:
                 self._pause_depth -= 1
                 if self._pause_depth == 0:  # the last block of this thread releases it
                     self._pause_holder = None
@@ -186,7 +207,7 @@ class ReplayBuffer:
         if not 0 <= ptr <= self.MAX_PTR:
             raise ValueError(f"ptr must be in [0, {self.MAX_PTR}], got {ptr}")
         self._refuse_inside_pause("adopt_rows()")
-        with self._write_lock:
+        with self._write_lock._semlock:  # see _append
             self._counters[1] = min(int(ptr), self.capacity)
             self._counters[0] = int(ptr)
 
@@ -243,7 +264,10 @@ class ReplayBuffer:
 
         Where ``terminal_mask`` is set, ``terminal_next_obs`` (and
         ``terminal_next_critic``) replace next_obs (next_critic), as in the seed.
-        A batch larger than the capacity keeps its newest rows.
+        A batch larger than the capacity keeps its newest rows. Interrupted
+        (KeyboardInterrupt) part way, it leaves the write lock free and every row
+        whole, either as it was or as the add wrote it; ``ptr`` counts all of the
+        add's rows or none.
 
         Raises:
             ValueError: a field's shape is wrong (the message names the field, the
@@ -325,7 +349,11 @@ class ReplayBuffer:
             self._refuse_non_finite(rows)
         self._refuse_inside_pause("add()")
         n, cap = rows.shape[0], self.capacity
-        with self._write_lock:
+        # The lock's own C context manager: Python checks for a Ctrl-C at calls into
+        # Python code, so between the acquire and the block (or the release and its
+        # end) of the Lock's Python __enter__ and __exit__ one could leave the lock
+        # taken, and every later add and save waiting for ever.
+        with self._write_lock._semlock:
             ptr = int(self._counters[0])
             if ptr + n > self.MAX_PTR:
                 raise ValueError(f"{n} rows more would pass the {self.MAX_PTR} rows ever "
@@ -334,9 +362,18 @@ class ReplayBuffer:
             keep = rows[-cap:] if n > cap else rows
             start = (ptr + n - keep.shape[0]) % cap
             first = min(keep.shape[0], cap - start)
-            self._write_region(start, keep[:first])
-            if first < keep.shape[0]:
-                self._write_region(0, keep[first:])
+            try:
+                self._write_region(start, keep[:first])
+                if first < keep.shape[0]:
+                    self._write_region(0, keep[first:])
+            except BaseException:
+                # A region left odd (a Ctrl-C between its two steps) would make every
+                # later gather of its rows wait for a writer that has gone: even again,
+                # over whole rows (the copy is one call: done or not begun). The
+                # counters are not moved: a wrapped add's new rows stand in for old
+                # ones, as rows the next add overwrites.
+                self._seq.add_(self._seq & 1)
+                raise
             self._counters[1] = min(cap, int(self._counters[1]) + n)
             self._counters[0] = ptr + n
 
@@ -429,11 +466,13 @@ class ReplayBuffer:
         Safe while ``add`` runs in other threads or processes: the file holds exactly
         the buffer as it was after its first ``Checkpoint.ptr`` rows were added (a
         prefix of the add history). ``add`` is blocked only for a final pass over the
-        rows added since the last lock-free catch-up pass; a saving process killed
-        during that pass leaves the write lock held, as a collector killed inside
-        ``add`` does, and every later ``add`` and ``save`` then waits for ever (the
-        pipeline that watches the collector, ``Pipeline.watch``, fails with
-        ``CollectorDied`` meanwhile). A symlink at ``path`` is followed (its target,
+        rows added since the last lock-free catch-up pass. A Ctrl-C (KeyboardInterrupt)
+        anywhere in a save, an ``add`` or an ``adds_paused()`` block leaves the lock
+        free and every row whole; a saving process killed (SIGKILL) during that pass
+        leaves the write lock held, as a collector killed inside ``add`` does, and
+        every later ``add`` and ``save`` then waits for ever (the pipeline that
+        watches the collector, ``Pipeline.watch``, fails with ``CollectorDied``
+        meanwhile). A symlink at ``path`` is followed (its target,
         whose folder must be writable, is replaced; the link stays); the file keeps
         the mode of the one it replaces, read-only too, or gets 0o666 less the umask.
 
