@@ -257,6 +257,36 @@ def test_nothing_left_after_close() -> None:
         assert len(ours) == 10 and ours.isdisjoint(os.listdir("/dev/shm"))
 
 
+@pytest.mark.parametrize("collector,where", [
+    ("thread", "ThreadCollector"), ("process", "ProcessCollector"),
+    ("thread", "threading.Thread")])
+def test_a_pipeline_whose_packer_does_not_start_leaves_nothing_running(
+        monkeypatch: pytest.MonkeyPatch, collector: str, where: str) -> None:
+    """A packer that cannot start (a spawn refused, a Ctrl-C in its start): the
+    constructor raises that, and the transfer worker it had started is stopped, not
+    left waiting for pack-done messages for the life of the process."""
+    from replay_fsm.runtime import links
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise OSError(24, "Too many open files")
+
+    rb = buffer()
+    threads_before = {t.ident for t in threading.enumerate()}
+    if where == "threading.Thread":  # the packer thread's own start
+        real_start = threading.Thread.start
+
+        def start(self: threading.Thread) -> None:
+            if self.name == "replay_fsm-packer":
+                refused()
+            real_start(self)
+        monkeypatch.setattr(threading.Thread, "start", start)
+    else:
+        monkeypatch.setattr(getattr(links, where), "start", refused)
+    with pytest.raises(OSError, match="Too many open files"):
+        Pipeline(rb, sample_count=16, collector=collector, liveness_timeout=60)
+    assert {t.ident for t in threading.enumerate()} <= threads_before
+
+
 def test_an_external_collector_that_never_attached_leaves_nothing_after_close() -> None:
     """With no collector attached and none watched still running (one that exited,
     here), close() lets the handle go, and the channels' semaphores with it: a handle

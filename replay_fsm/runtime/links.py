@@ -233,7 +233,7 @@ class ThreadCollector(ChannelLink):
     def stop(self, timeout: float) -> list[str]:
         super().stop(timeout)
         self._packer = None
-        if self._thread is not None:
+        if self._thread is not None and self._thread.ident is not None:  # started
             self._thread.join(timeout)
             if self._thread.is_alive():
                 return [f"the packer thread did not stop within {timeout:.0f} s (hung "

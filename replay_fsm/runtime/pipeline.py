@@ -197,8 +197,15 @@ class Pipeline:
             # A batch the learner packs to its end is submitted on the learner's
             # thread at once, with no wait for the transfer worker's thread to wake.
             self._link.deliver_here(self._worker.handle)
-        self._worker.start()
-        self._link.start(self._on_packer_error)
+        try:
+            self._worker.start()
+            self._link.start(self._on_packer_error)
+        except BaseException:
+            # Nothing left running behind a constructor that raised (a packer that
+            # could not start, a Ctrl-C): what did start stops here.
+            with contextlib.suppress(Exception):
+                self.close()
+            raise
 
     # -- collector side -------------------------------------------------------
 
