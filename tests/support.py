@@ -1,11 +1,15 @@
 """Helpers shared by the tests: drive slot 0 into a state, apply one event; bound a
 call that might block; stand-ins for a process that exited and for a link that only
-has host slots."""
+has host slots; a Ctrl-C at each point where Python would take one."""
 
 from __future__ import annotations
 
+import dis
+import gc
+import sys
 import threading
 from collections.abc import Callable
+from types import FrameType
 from typing import Any
 
 import torch
@@ -96,3 +100,69 @@ def apply(core: Core, event: Event, slot: int = 0) -> object:
     if event is Event.FAIL:
         return core.fail(RuntimeError("injected"))
     return core.close()
+
+
+# The instructions after which Python checks for a pending signal (3.10: the calls).
+CHECKED_AFTER = {"CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD", "CALL_FUNCTION",
+                 "CALL_METHOD", "CALL_FUNCTION_KW", "JUMP_ABSOLUTE"}
+
+
+def interrupted_at(k: int | None, action: Callable[[], object]) -> tuple[int, bool]:
+    """Run ``action`` with KeyboardInterrupt raised at the ``k``-th point where Python
+    would run a pending signal's handler (None: none): a Python frame's start or
+    resumption, the instruction after a call or a jump back. Counted a little wide (a
+    Python function's return is no such point), never narrow. Returns how many points
+    it passed and whether it raised KeyboardInterrupt (or an error of the library
+    code it was handled in). Only the calling thread is
+    traced, and no finalizer runs meanwhile (the garbage collector is off): where
+    no other thread's work decides the path, the points are the same from run to
+    run."""
+    count = 0
+    after_check: set[FrameType] = set()  # frames whose next instruction follows one
+
+    def point() -> None:
+        nonlocal count
+        count += 1
+        if count == k:
+            raise KeyboardInterrupt
+
+    def local(frame: FrameType, event: str, arg: Any) -> Any:
+        if event == "opcode":
+            if frame in after_check:
+                after_check.discard(frame)
+                point()
+            if dis.opname[frame.f_code.co_code[frame.f_lasti]] in CHECKED_AFTER:
+                after_check.add(frame)
+        return local
+
+    def call(frame: FrameType, event: str, arg: Any) -> Any:
+        frame.f_trace_opcodes = True
+        point()
+        return local
+
+    gc.disable()
+    try:
+        try:
+            sys.settrace(call)
+            try:
+                action()
+            finally:
+                sys.settrace(None)
+        finally:
+            gc.enable()
+    except BaseException as exc:  # noqa: BLE001 - the interrupt's, or another's
+        if not _from_interrupt(exc):
+            raise
+        return count, True  # the traceback, and what its frames hold, is dropped here
+    return count, False
+
+
+def _from_interrupt(exc: BaseException | None) -> bool:
+    """Whether ``exc`` is a KeyboardInterrupt or was raised while one was handled:
+    threading's Condition.wait, interrupted before it takes its lock back, has the
+    with-block around it raise "release unlocked lock"."""
+    while exc is not None:
+        if isinstance(exc, KeyboardInterrupt):
+            return True
+        exc = exc.__context__
+    return False

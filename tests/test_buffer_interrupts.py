@@ -14,69 +14,17 @@ times (every later add and save waited for ever); in a loop of pauses, the lock 
 
 from __future__ import annotations
 
-import dis
 import functools
-import gc
-import sys
 from collections.abc import Callable
-from types import FrameType
-from typing import Any
 
 import pytest
 import torch
 
 from replay_fsm.data.buffer import ReplayBuffer
 
+from .support import interrupted_at
+
 CAPACITY, REGION, FILLED, ADDED = 64, 8, 50, 20  # the add wraps: two region writes
-# The instructions after which Python checks for a pending signal (3.10: the calls).
-CHECKED_AFTER = {"CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD", "CALL_FUNCTION",
-                 "CALL_METHOD", "CALL_FUNCTION_KW", "JUMP_ABSOLUTE"}
-
-
-def interrupted_at(k: int | None, action: Callable[[], object]) -> tuple[int, bool]:
-    """Run ``action`` with KeyboardInterrupt raised at the ``k``-th point where Python
-    would run a pending signal's handler (None: none): a Python frame's start or
-    resumption, the instruction after a call or a jump back. Counted a little wide (a
-    Python function's return is no such point), never narrow. Returns how many points
-    it passed and whether it raised KeyboardInterrupt. Nothing else runs Python
-    meanwhile (no finalizer: the garbage collector is off), so the points are the same
-    from run to run."""
-    count = 0
-    after_check: set[FrameType] = set()  # frames whose next instruction follows one
-
-    def point() -> None:
-        nonlocal count
-        count += 1
-        if count == k:
-            raise KeyboardInterrupt
-
-    def local(frame: FrameType, event: str, arg: Any) -> Any:
-        if event == "opcode":
-            if frame in after_check:
-                after_check.discard(frame)
-                point()
-            if dis.opname[frame.f_code.co_code[frame.f_lasti]] in CHECKED_AFTER:
-                after_check.add(frame)
-        return local
-
-    def call(frame: FrameType, event: str, arg: Any) -> Any:
-        frame.f_trace_opcodes = True
-        point()
-        return local
-
-    gc.disable()
-    try:
-        try:
-            sys.settrace(call)
-            try:
-                action()
-            finally:
-                sys.settrace(None)
-        finally:
-            gc.enable()
-    except KeyboardInterrupt:
-        return count, True  # the traceback, and what its frames hold, is dropped here
-    return count, False
 
 
 def lock_is_free(rb: ReplayBuffer) -> bool:

@@ -3,7 +3,9 @@ SAC, TD3 and DQN training with it."""
 
 from __future__ import annotations
 
+import functools
 import pickle
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,9 @@ from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer  # 
 
 from replay_fsm.integrations.sb3 import PipelineReplayBuffer  # noqa: E402
 from replay_fsm.sampling import expected_batch  # noqa: E402
+
+from .support import interrupted_at  # noqa: E402
+from .tiers import tier_runs  # noqa: E402
 
 OBS = spaces.Box(-1e6, 1e6, (2, 3), np.float32)  # 2-D on purpose: rows are flattened
 ACT = spaces.Box(-1, 1, (2,), np.float32)
@@ -221,3 +226,62 @@ def test_sb3_dqn_learns_cartpole() -> None:
         model.replay_buffer.close()
     assert len(scores) == 3
     assert max(scores) > 100, scores
+
+
+@pytest.mark.timeout(900)  # some 1700 buffers made and interrupted, in CI
+def test_a_ctrl_c_anywhere_in_sample_or_add_leaves_it_usable() -> None:
+    """A notebook's interrupt of ``learn()`` can land in a pipeline call, which then
+    closes the pipeline: every later ``sample`` and ``add`` raised PipelineClosed, so
+    ``learn()`` again failed. Interrupted at each point where Python would take a
+    Ctrl-C in a ``sample`` (one that starts the pipeline and one that finds it
+    running) or an ``add``, the buffer goes on: the next samples
+    follow INV-DATA from where the interrupted call left the gradient steps."""
+    n, seed = 8, 99
+    rng = np.random.default_rng(0)
+    adds = [step(rng, 1) for _ in range(30)]
+
+    def made(warm: bool) -> PipelineReplayBuffer:
+        buf = PipelineReplayBuffer(64, OBS, ACT, device="cpu", n_envs=1, ring_depth=2,
+                                   base_seed=seed)
+        for args in adds[:20]:
+            buf.add(*args)
+        if warm:
+            buf.sample(n)  # and tick 1 asked for, of the buffer's 20 rows
+        return buf
+
+    def check(buf: PipelineReplayBuffer, asked: int) -> None:
+        """Two samples and an add, after ``asked`` samples were asked for. A tick the
+        pipeline asked for before the interrupt was asked of 20 rows, the others of
+        the rows there now."""
+        try:
+            storage, lay = buf.replay.storage.clone(), buf.replay.layout
+            before = buf._requested  # the ticks asked for before the interrupt: [0, before)
+            for _ in range(2):
+                done = buf._next_tick  # the gradient steps done so far
+                assert done in (asked - 1, asked), (done, asked)
+                size = 20 if done < before else buf.replay.size
+                samples = buf.sample(n)
+                rows = expected_batch(storage, size, n, seed + done)
+                assert torch.equal(samples.observations.reshape(n, 6), rows[:, lay.obs])
+                asked = done + 2
+            buf.add(*adds[25])
+            assert buf.replay.ptr in (21, 22)  # 22: the interrupted add's row is there
+        finally:
+            buf.close()
+
+    def sweep(warm: bool, call: Callable[[PipelineReplayBuffer], object], every: int
+              ) -> None:
+        buf = made(warm)
+        total = interrupted_at(None, functools.partial(call, buf))[0]
+        buf.close()
+        assert total > 30
+        for k in range(1, total + 1, every):
+            buf = made(warm)
+            interrupted_at(k, functools.partial(call, buf))
+            check(buf, 1 + warm)
+
+    # A sample that starts the pipeline passes some 9000 points, most of them in the
+    # pipeline's constructor (its own test checks its clean-up): every 11th in CI.
+    sweep(False, lambda buf: buf.sample(n), 11 if tier_runs("slow") else 101)
+    sweep(True, lambda buf: buf.sample(n), 1 if tier_runs("slow") else 3)
+    sweep(True, lambda buf: buf.add(*adds[20]), 1)

@@ -14,7 +14,8 @@ sample). ``add`` waits, if it must, until the prefetched batches are packed, so 
 batch never sees a transition added after it was asked for. With SB3's usual
 schedule (collect, then some gradient steps) the first ``ring_depth - 1`` gradient
 steps of each ``train()`` sample the buffer as it was before the latest rollout; the
-others sample what SB3's own buffer would.
+others sample what SB3's own buffer would. A Ctrl-C anywhere in ``sample`` or
+``add`` leaves the buffer usable; a pipeline it closed is replaced at the next call.
 
     from stable_baselines3 import SAC
     from replay_fsm.integrations.sb3 import PipelineReplayBuffer
@@ -96,6 +97,7 @@ class PipelineReplayBuffer(ReplayBuffer):
         self._pipe: replay_fsm.Pipeline | None = None
         self._pipe_key: tuple[int, str] | None = None
         self._finalizer: weakref.finalize | None = None  # closes the pipeline at GC
+        self._hot = False  # a batch of the pipeline's is taken and not yet released
         # Invariant: ticks [_next_tick, _requested) are requested and not yet sampled;
         # those below _settled are known to be packed.
         self._next_tick = 0
@@ -139,14 +141,20 @@ class PipelineReplayBuffer(ReplayBuffer):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         pipe = self._pipeline(batch_size)
+        if self._hot:  # a sample interrupted before it released its batch (Ctrl-C)
+            pipe.after_tick()
+            self._hot = False
         tick = self._next_tick
         self._request_through(pipe, tick, batch_size)
         batch = pipe.sample_large_batch(tick, batch_size)
+        # Taken: a sample interrupted from here on leaves the next one the next tick
+        # (the invariant's, whatever raises; no call between these and the try).
+        self._hot, self._next_tick = True, tick + 1
         try:
             samples = self._samples(batch, env)
         finally:
             pipe.after_tick()  # the samples are copies: the slot is free again
-        self._next_tick += 1
+            self._hot = False
         self._request_through(pipe, tick + self.ring_depth - 1, batch_size)
         return samples
 
@@ -161,14 +169,17 @@ class PipelineReplayBuffer(ReplayBuffer):
         """Stop the pipeline (idempotent); the next ``sample`` starts a new one."""
         if self._finalizer is not None:
             self._finalizer()  # closes the pipeline once, and forgets it
+        elif self._pipe is not None:  # made, its finalizer not yet (a Ctrl-C between)
+            self._pipe.close()
         self._pipe, self._pipe_key, self._finalizer = None, None, None
+        self._hot = False
         self._requested = self._settled = self._next_tick
 
     # -- pickling (SB3's save_replay_buffer / load_replay_buffer) -------------
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state.update(_pipe=None, _pipe_key=None, _finalizer=None)
+        state.update(_pipe=None, _pipe_key=None, _finalizer=None, _hot=False)
         rb = self.replay
         rows = rb.storage[: rb.size]
         if rb.ptr > rb.capacity:  # oldest row first, so that it is overwritten first
@@ -190,7 +201,9 @@ class PipelineReplayBuffer(ReplayBuffer):
 
     def _pipeline(self, batch_size: int) -> replay_fsm.Pipeline:
         key = (batch_size, str(self.device))
-        if self._pipe is None or self._pipe_key != key:  # first use, new size or device
+        # First use, a new size or device, or a pipeline closed by a Ctrl-C that landed
+        # in one of its calls (a notebook's interrupt, then learn() again).
+        if self._pipe is None or self._pipe_key != key or self._pipe.closed:
             self.close()
             self._pipe = replay_fsm.Pipeline(
                 self.replay, device=self.device, sample_count=batch_size,
@@ -208,6 +221,9 @@ class PipelineReplayBuffer(ReplayBuffer):
     def _settle(self) -> None:
         """Wait until every requested batch is packed, before the buffer changes."""
         if self._pipe is None or self._settled >= self._requested:
+            return
+        if self._pipe.closed:  # by a Ctrl-C: its batches are dropped, none to wait for
+            self.close()
             return
         n = self._pipe.sample_count
         for tick in range(max(self._settled, self._next_tick), self._requested):
