@@ -102,18 +102,21 @@ def apply(core: Core, event: Event, slot: int = 0) -> object:
     return core.close()
 
 
-# The instructions after which Python checks for a pending signal (3.10: the calls).
-CHECKED_AFTER = {"CALL", "CALL_FUNCTION_EX", "JUMP_BACKWARD", "CALL_FUNCTION",
+# The instructions after which Python checks for a pending signal (3.10's calls,
+# 3.13's CALL_KW too).
+CHECKED_AFTER = {"CALL", "CALL_KW", "CALL_FUNCTION_EX", "JUMP_BACKWARD", "CALL_FUNCTION",
                  "CALL_METHOD", "CALL_FUNCTION_KW", "JUMP_ABSOLUTE"}
 
 
-def interrupted_at(k: int | None, action: Callable[[], object]) -> tuple[int, bool]:
+def interrupted_at(k: int | None, action: Callable[[], object]
+                   ) -> tuple[int, BaseException | None]:
     """Run ``action`` with KeyboardInterrupt raised at the ``k``-th point where Python
     would run a pending signal's handler (None: none): a Python frame's start or
     resumption, the instruction after a call or a jump back. Counted a little wide (a
     Python function's return is no such point), never narrow. Returns how many points
-    it passed and whether it raised KeyboardInterrupt (or an error of the library
-    code it was handled in). Only the calling thread is
+    it passed and the KeyboardInterrupt it raised (or an error of the library code it
+    was handled in), None if none: what its traceback holds stays alive as long as
+    the caller keeps it, as a REPL's last traceback does. Only the calling thread is
     traced, and no finalizer runs meanwhile (the garbage collector is off): where
     no other thread's work decides the path, the points are the same from run to
     run."""
@@ -153,8 +156,8 @@ def interrupted_at(k: int | None, action: Callable[[], object]) -> tuple[int, bo
     except BaseException as exc:  # noqa: BLE001 - the interrupt's, or another's
         if not _from_interrupt(exc):
             raise
-        return count, True  # the traceback, and what its frames hold, is dropped here
-    return count, False
+        return count, exc
+    return count, None
 
 
 def _from_interrupt(exc: BaseException | None) -> bool:

@@ -101,12 +101,19 @@ def filled(capacity: int, ptr: int, obs_dim: int = 2, action_dim: int = 1,
 
 
 def adds_are_paused(rb: ReplayBuffer) -> bool:
-    """Whether the buffer's write lock is held now (taken back at once if it was free,
-    so a probe never pauses the adds itself)."""
-    free = rb._write_lock.acquire(block=False)
-    if free:
-        rb._write_lock.release()
-    return not free
+    """Whether the buffer's write lock is held now, by this thread or another: probed
+    from a thread of its own (the lock is recursive: this thread would take it again),
+    which gives it back at once if it was free, so a probe never pauses the adds."""
+    took: list[bool] = []
+
+    def probe() -> None:
+        took.append(rb._write_lock.acquire(block=False))
+        if took[0]:
+            rb._write_lock.release()
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return took == [False]
 
 
 def assert_state(rb: ReplayBuffer, ptr: int, capacity: int | None = None) -> None:
@@ -984,7 +991,10 @@ class AddsWhenReleased:
     def __init__(self, rb: ReplayBuffer, n: int) -> None:
         self.rb, self.lock, self.n, self.adding = rb, rb._write_lock, n, False
         self.ptr_at_release: list[int] = []
-        self._semlock = self  # what add enters (the Lock's own C context manager)
+        self._semlock = self  # what add and adds_paused enter (the lock's C semaphore)
+
+    def _is_mine(self) -> bool:
+        return bool(self.lock._semlock._is_mine())
 
     def acquire(self, block: bool = True) -> bool:
         return bool(self.lock.acquire(block))
@@ -1404,13 +1414,13 @@ def test_a_folder_that_cannot_be_synced_after_the_rename_says_the_file_is_in_pla
 
 def test_an_interrupt_before_the_first_write_leaves_no_temporary_file(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Ctrl-C while the save sets up (its checksum thread's pool made) came between
-    the temporary file's creation and the block that removes it."""
+    """Ctrl-C while the save sets up (its checksum thread made) came between the
+    temporary file's creation and the block that removes it."""
     def interrupted(*args: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
     rb = filled(8, 5)
-    for where in ("ThreadPoolExecutor", "_Writer"):
+    for where in ("_Checksummer", "_Writer"):
         with monkeypatch.context() as m:
             m.setattr(checkpoint, where, interrupted)
             with pytest.raises(KeyboardInterrupt):
@@ -1452,21 +1462,39 @@ def test_an_os_error_of_a_subclass_of_its_own_still_names_the_path(
 
 
 def leave_the_parents_block_in_a_child(rb: ReplayBuffer, pause: Any) -> None:
-    """Forked inside ``pause`` (the parent's open adds_paused() block): leave it."""
-    pause.__exit__(None, None, None)
+    """Forked inside ``pause`` (the parent's open adds_paused() block): leave it,
+    which raises (the pause is the parent's); nor is the child taken for the holder
+    (its add would be refused instead of waiting for the parent's pause)."""
+    with pytest.raises(AssertionError, match="not owned"):
+        pause.__exit__(None, None, None)
+    assert not rb._write_lock._semlock._is_mine()
 
 
-def test_a_child_leaving_a_block_it_was_forked_in_releases_nothing() -> None:
+@pytest.mark.timeout(60)  # a child that hangs
+@pytest.mark.parametrize("fork", ["multiprocessing", "os.fork"])
+def test_a_child_leaving_a_block_it_was_forked_in_releases_nothing(fork: str) -> None:
     """The lock and the count are the parent's: the child's exit from the inherited
-    block released the parent's lock, and the parent's own release then failed."""
+    block released the parent's lock, and the parent's own release then failed. A
+    plain os.fork too (multiprocessing resets its locks only in its own children)."""
     rb = filled(16, 20)
     pause = rb.adds_paused()
     pause.__enter__()
-    child = mp.get_context("fork").Process(target=leave_the_parents_block_in_a_child,
-                                           args=(rb, pause))
-    child.start()
-    child.join(WAIT)
-    assert child.exitcode == 0
+    if fork == "os.fork":
+        pid = os.fork()
+        if pid == 0:  # the child: 0 if it went as expected
+            code = 1
+            try:
+                leave_the_parents_block_in_a_child(rb, pause)
+                code = 0
+            finally:
+                os._exit(code)
+        assert os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) == 0
+    else:
+        child = mp.get_context("fork").Process(target=leave_the_parents_block_in_a_child,
+                                               args=(rb, pause))
+        child.start()
+        child.join(WAIT)
+        assert child.exitcode == 0
     assert adds_are_paused(rb)  # still the parent's pause
     pause.__exit__(None, None, None)
     add_history(rb, 2)

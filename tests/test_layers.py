@@ -27,9 +27,10 @@ ALLOWED_PRIVATE = {
     ("data/channel.py", "_args"): "a finalizer's arguments: the semaphore's name",
     ("data/channel.py", "_pid"): "a finalizer's process: a fork child inherits the parent's",
     ("data/buffer.py", "_semlock"): "the write lock's C context manager: a Ctrl-C cannot "
-    "land between its acquire and the block (the Lock's own __enter__ is Python)",
-    ("data/buffer.py", "_is_mine"): "whether an acquire that a Ctrl-C interrupted took "
-    "the lock",
+    "land between its acquire and the block (the RLock's own __enter__ is Python)",
+    ("data/buffer.py", "_is_mine"): "whether this thread holds the write lock (a pause)",
+    ("data/buffer.py", "_after_fork"): "an os.fork child holds none of its parent's "
+    "write locks (multiprocessing resets them in its own children only)",
     ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",
     ("data/shared.py", "_new_shared"): "the shared-memory object share_memory_ makes, "
     "made without its private zeroed copy (twice the memory at its peak)",

@@ -23,7 +23,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
-from collections.abc import Iterator
+import weakref
 from typing import Any, Protocol
 
 import numpy as np
@@ -89,18 +89,17 @@ class GatherScratch:
         self.one = torch.ones((), dtype=torch.int64)  # a tensor: a Python 1 is boxed per call
 
 
-def _this_thread() -> tuple[int, int]:
-    return os.getpid(), threading.get_ident()
-
-
-# This process's pid, read without a call: where a Ctrl-C must not land between a
-# check and the release it guards (Python looks for one after every call).
-_pid = os.getpid()
+# The write locks of this process's buffers, for the fork hook below.
+_WRITE_LOCKS: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def _forked() -> None:
-    global _pid
-    _pid = os.getpid()
+    """In a child made by os.fork: none of the write locks is held by this process (the
+    lock's count of its holder's blocks is per process; multiprocessing resets it in
+    its own fork children only). A pause the parent was in when it forked stays the
+    parent's: the child's exit from that block raises, and releases nothing."""
+    for lock in list(_WRITE_LOCKS):
+        lock._semlock._after_fork()
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -124,10 +123,6 @@ class ReplayBuffer:
             ``ulimit -f`` (the message names the size and the room).
     """
 
-    # (pid, thread) inside adds_paused() here, and how many of its blocks are open; a
-    # child forked inside a block has another pid, so it is not taken for the holder.
-    _pause_holder: tuple[int, int] | None
-    _pause_depth: int
     # The most rows ever written the int64 counters hold (a century of adds at a
     # billion rows a second is 2**62); adopt_rows, load and add refuse to pass it.
     MAX_PTR = (1 << 63) - 1
@@ -155,42 +150,27 @@ class ReplayBuffer:
         n_regions = -(-capacity // self.region_rows)
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
         self._seq = torch.zeros(n_regions, dtype=torch.int64).share_memory_()
-        # Any: its C semaphore (_semlock) is entered directly (see _append).
-        self._write_lock: Any = mp.get_context("spawn").Lock()
+        # A recursive lock: a thread's adds_paused() blocks nest, counted by the lock.
+        # Entered through its C semaphore (_semlock), whose enter and exit leave no
+        # point between taking the lock and the block, or between the block and
+        # releasing it, where Python would take a Ctrl-C (the Lock's own __enter__ and
+        # __exit__ are Python functions: one landing there left every add waiting).
+        self._write_lock: Any = mp.get_context("spawn").RLock()
+        _WRITE_LOCKS.add(self._write_lock)
 
-    @contextlib.contextmanager
-    def adds_paused(self) -> Iterator[None]:
+    def adds_paused(self) -> contextlib.AbstractContextManager[Any]:
         """Hold off every ``add`` (in every process) for the length of the with-block;
         gathers go on. For a consistent copy of the rows (``save`` uses it, and may be
         called inside the block: it then copies under this pause). Blocks of one
         thread nest (asyncio tasks of one thread too): the pause ends when the last
-        of them does.
+        of them does. A Ctrl-C anywhere leaves no pause behind. A child forked
+        (os.fork) inside the block holds nothing: leaving it there raises
+        AssertionError, and the pause stays the parent's.
         """
-        me = _this_thread()
-        if self._pause_holder != me:  # else nested: the lock is not reentrant
-            try:
-                self._write_lock.acquire()
-            except BaseException:
-                # A Ctrl-C handled as the acquire returned (the first point Python
-                # checks for one) would leave the lock taken, and every add waiting.
-                if self._write_lock._semlock._is_mine():
-                    self._write_lock.release()
-                raise
-            self._pause_holder, self._pause_depth = me, 0
-        self._pause_depth += 1
-        try:
-            yield
-        finally:
-            # A child forked inside the block leaves it holding nothing: the lock and
-            # the count are its parent's.
-            if self._pause_holder == me and _pid == me[0]:
-                self._pause_depth -= 1
-                if self._pause_depth == 0:  # the last block of this thread releases it
-                    self._pause_holder = None
-                    self._write_lock.release()
+        return self._write_lock._semlock
 
     def _refuse_inside_pause(self, call: str) -> None:
-        if self._pause_holder == _this_thread():
+        if self._write_lock._semlock._is_mine():  # this thread's pause, or nothing
             raise ProtocolError(f"{call} inside this thread's adds_paused() block would "
                                 f"wait for the block to end, for ever; nothing was "
                                 f"changed. Call it after the block")
@@ -207,9 +187,10 @@ class ReplayBuffer:
         if not 0 <= ptr <= self.MAX_PTR:
             raise ValueError(f"ptr must be in [0, {self.MAX_PTR}], got {ptr}")
         self._refuse_inside_pause("adopt_rows()")
-        with self._write_lock._semlock:  # see _append
-            self._counters[1] = min(int(ptr), self.capacity)
-            self._counters[0] = int(ptr)
+        ptr, size = int(ptr), min(int(ptr), self.capacity)  # no call between the writes
+        with self._write_lock._semlock:  # see __init__
+            self._counters[1] = size
+            self._counters[0] = ptr
 
     @property
     def semaphore_names(self) -> tuple[str, ...]:
@@ -231,19 +212,17 @@ class ReplayBuffer:
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
         self._per_thread = threading.local()  # gather's scratch, one per thread
-        self._pause_holder, self._pause_depth = None, 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
         state.pop("_per_thread")  # each process makes its own
-        state.pop("_pause_holder")  # a thread of this process, if any
-        state.pop("_pause_depth")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._views()
+        _WRITE_LOCKS.add(self._write_lock)
 
     @property
     def ptr(self) -> int:
@@ -349,11 +328,7 @@ class ReplayBuffer:
             self._refuse_non_finite(rows)
         self._refuse_inside_pause("add()")
         n, cap = rows.shape[0], self.capacity
-        # The lock's own C context manager: Python checks for a Ctrl-C at calls into
-        # Python code, so between the acquire and the block (or the release and its
-        # end) of the Lock's Python __enter__ and __exit__ one could leave the lock
-        # taken, and every later add and save waiting for ever.
-        with self._write_lock._semlock:
+        with self._write_lock._semlock:  # see __init__
             ptr = int(self._counters[0])
             if ptr + n > self.MAX_PTR:
                 raise ValueError(f"{n} rows more would pass the {self.MAX_PTR} rows ever "

@@ -38,15 +38,17 @@ was copied again after its last write. ``add`` waits only during that last pass.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
+import queue
 import secrets
 import stat
 import struct
 import sys
+import threading
 import zlib
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -111,12 +113,46 @@ def _ranges_written(first: int, stop: int, capacity: int) -> list[tuple[int, int
     return [(lo, min(hi, capacity))] + ([(0, hi - capacity)] if hi > capacity else [])
 
 
+class _Checksummer:
+    """``zlib.crc32`` of one buffer at a time on a thread of its own, beside the
+    caller's I/O: ``submit`` one, then ``result``. Built on SimpleQueue, whose put and
+    get are single C calls, not on a ThreadPoolExecutor: a Ctrl-C on the caller's
+    thread could leave one of the pool's Python locks taken, and the save then hung
+    in the pool's shutdown (and the interpreter at exit, joining the pool's thread)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[int] = queue.SimpleQueue()
+        # Started by the first submit, inside the caller's try: a thread started by a
+        # constructor that a Ctrl-C then cut short would wait for jobs for ever.
+        self._thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        while (data := self._jobs.get()) is not None:
+            self._results.put(zlib.crc32(data))
+
+    def submit(self, data: Any) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="checkpoint-crc",
+                                            daemon=True)
+            self._thread.start()
+        self._jobs.put(data)
+
+    def result(self) -> int:
+        """The CRC of the buffer submitted last (each result is taken once)."""
+        return self._results.get()
+
+    def close(self) -> None:
+        """The thread ends after the job it has (a daemon: nothing waits for it)."""
+        self._jobs.put(None)
+
+
 class _Writer:
     """Writes rows of ``rb.storage`` into the open file ``fd`` chunk by chunk and keeps
     each chunk's CRC and the extent it covers."""
 
     def __init__(self, rb: ReplayBuffer, fd: int, chunk_rows: int,
-                 checksummer: ThreadPoolExecutor) -> None:
+                 checksummer: _Checksummer) -> None:
         self.fd = fd
         self.checksummer = checksummer
         self.chunk_rows = chunk_rows
@@ -133,9 +169,9 @@ class _Writer:
         data = self.rows[lo:hi].data.cast("B")
         # Checksummed while written. Should an add change these rows meanwhile, the
         # CRC may not match the bytes written; the chunk is then written again later.
-        crc = self.checksummer.submit(zlib.crc32, data)
+        self.checksummer.submit(data)
         _pwrite_all(self.fd, data, HEADER_BYTES + lo * self.row_bytes)
-        self.crcs[k] = (hi - lo, crc.result())
+        self.crcs[k] = (hi - lo, self.checksummer.result())
 
     def rewrite_written(self, first: int, stop: int, capacity: int) -> None:
         """Write again every chunk holding a row that history rows [first, stop) wrote."""
@@ -232,6 +268,12 @@ def _create_temporary(target: str) -> tuple[int, str]:
             fd = os.open(tmp, flags, 0o666 if mode is None else mode)
         except FileExistsError:
             continue
+        except BaseException:
+            # A Ctrl-C taken as the open returned: the file is ours (O_EXCL), its
+            # descriptor lost with the return value.
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
         if mode is not None:
             try:
                 os.fchmod(fd, mode)
@@ -261,7 +303,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     target = _target(path)
     directory = os.path.dirname(target)
     chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
-    checksummer = ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc")
+    checksummer = _Checksummer()
     fd, tmp = -1, ""
     try:
         fd, tmp = _create_temporary(target)
@@ -298,7 +340,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         _discard(fd, tmp)
         raise
     finally:
-        checksummer.shutdown()
+        checksummer.close()
     _fsync_directory(directory, path)
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes)
 
@@ -495,23 +537,27 @@ def _read_rows(path: str, f: Any, rb: ReplayBuffer, crcs: list[int], chunk_rows:
     row_bytes = rb.width * 4
     rows = rb.storage.numpy()
     f.seek(HEADER_BYTES)
-    pending: tuple[Future[int], int, int, int] | None = None
-    with ThreadPoolExecutor(1, thread_name_prefix="checkpoint-crc") as checksummer:
+    pending: tuple[int, int, int] | None = None  # the chunk being checksummed
+    checksummer = _Checksummer()
+    try:
         for k, crc in enumerate(crcs):
             lo, hi = k * chunk_rows, min((k + 1) * chunk_rows, size)
             view = rows[lo:hi].data.cast("B")
             if not _readinto_all(f, view):
                 raise CheckpointError(path, f"truncated while reading rows [{lo}, {hi})")
             if pending is not None:
-                _check_chunk(path, *pending, row_bytes)
-            pending = (checksummer.submit(zlib.crc32, view), crc, lo, hi)
+                _check_chunk(path, checksummer.result(), *pending, row_bytes)
+            checksummer.submit(view)
+            pending = (crc, lo, hi)
         if pending is not None:
-            _check_chunk(path, *pending, row_bytes)
+            _check_chunk(path, checksummer.result(), *pending, row_bytes)
+    finally:
+        checksummer.close()
 
 
-def _check_chunk(path: str, computed: Future[int], crc: int, lo: int, hi: int,
+def _check_chunk(path: str, computed: int, crc: int, lo: int, hi: int,
                  row_bytes: int) -> None:
-    if computed.result() != crc:
+    if computed != crc:
         raise CheckpointError(path, f"checksum mismatch in rows [{lo}, {hi}) (bytes "
                                     f"[{HEADER_BYTES + lo * row_bytes}, "
                                     f"{HEADER_BYTES + hi * row_bytes})): corrupted")
