@@ -287,6 +287,27 @@ def test_a_pipeline_whose_packer_does_not_start_leaves_nothing_running(
     assert {t.ident for t in threading.enumerate()} <= threads_before
 
 
+def test_a_close_cut_short_by_a_ctrl_c_is_finished_by_the_next() -> None:
+    """A Ctrl-C after the pipeline was marked closed and before its threads were
+    stopped: the next close returned at once (already closed) and left the packer and
+    transfer threads running for the life of the process."""
+    rb = buffer()
+    threads_before = {t.ident for t in threading.enumerate()}
+    pipe = Pipeline(rb, sample_count=16, collector="thread", liveness_timeout=60)
+    run_ticks(pipe, 0, 2)
+    stop = pipe._link.stop
+
+    def interrupted(timeout: float) -> list[str]:
+        pipe._link.stop = stop  # type: ignore[method-assign]
+        raise KeyboardInterrupt
+    pipe._link.stop = interrupted  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipe.close()
+    assert pipe.closed
+    pipe.close()
+    assert {t.ident for t in threading.enumerate()} <= threads_before
+
+
 def test_an_external_collector_that_never_attached_leaves_nothing_after_close() -> None:
     """With no collector attached and none watched still running (one that exited,
     here), close() lets the handle go, and the channels' semaphores with it: a handle

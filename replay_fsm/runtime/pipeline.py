@@ -127,6 +127,7 @@ class Pipeline:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._closed = False
+        self._stopped = False  # close() finished: link, worker and backend stopped
         # What close() had to force (a process killed, a thread left behind).
         self.forced: list[str] = []
         self._core = Core(ring_depth, base_seed=base_seed, sample_count=self.sample_count,
@@ -460,14 +461,16 @@ class Pipeline:
         copies, unregister page-locked memory. Idempotent (INV-CLOSE)."""
         try:
             with self._lock:
-                if self._closed:
+                if self._stopped:
                     return
-                interrupted = self._close_core()
+                # A close that a Ctrl-C cut short is finished by the next one.
+                interrupted = None if self._closed else self._close_core()
                 self._cv.notify_all()
             self.forced = (self._link.stop(STOP_TIMEOUT_S)
                            + self._worker.stop(STOP_TIMEOUT_S))
             self.backend.close()
             self._views = []  # drop our views of device memory so it is freed now
+            self._stopped = True
             if interrupted is not None:
                 raise interrupted
         finally:
@@ -512,6 +515,12 @@ class Pipeline:
                     raise_deferred()
         except KeyboardInterrupt:
             self.close()
+            raise
+        except BaseException as exc:
+            # threading's Condition.wait cut short by a Ctrl-C before it takes its lock
+            # back raises "cannot release un-acquired lock", the interrupt its context.
+            if isinstance(exc.__context__, KeyboardInterrupt):
+                self.close()
             raise
 
     @step
