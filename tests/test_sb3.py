@@ -3,8 +3,10 @@ SAC, TD3 and DQN training with it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import pickle
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer  # 
 from replay_fsm.integrations.sb3 import PipelineReplayBuffer  # noqa: E402
 from replay_fsm.sampling import expected_batch  # noqa: E402
 
-from .support import interrupted_at  # noqa: E402
+from .support import MARGIN_S, interrupted_at  # noqa: E402
 from .tiers import tier_runs  # noqa: E402
 
 OBS = spaces.Box(-1e6, 1e6, (2, 3), np.float32)  # 2-D on purpose: rows are flattened
@@ -249,17 +251,17 @@ def test_a_ctrl_c_anywhere_in_sample_or_add_leaves_it_usable() -> None:
             buf.sample(n)  # and tick 1 asked for, of the buffer's 20 rows
         return buf
 
-    def check(buf: PipelineReplayBuffer, asked: int) -> None:
+    def check(buf: PipelineReplayBuffer, asked: int, threads: set[int | None]) -> None:
         """Two samples and an add, after ``asked`` samples were asked for. A tick the
         pipeline asked for before the interrupt was asked of 20 rows, the others of
         the rows there now."""
         try:
             storage, lay = buf.replay.storage.clone(), buf.replay.layout
-            before = buf._requested  # the ticks asked for before the interrupt: [0, before)
+            earlier = buf._requested  # the ticks asked for before the interrupt: [0, earlier)
             for _ in range(2):
                 done = buf._next_tick  # the gradient steps done so far
                 assert done in (asked - 1, asked), (done, asked)
-                size = 20 if done < before else buf.replay.size
+                size = 20 if done < earlier else buf.replay.size
                 samples = buf.sample(n)
                 rows = expected_batch(storage, size, n, seed + done)
                 assert torch.equal(samples.observations.reshape(n, 6), rows[:, lay.obs])
@@ -268,6 +270,13 @@ def test_a_ctrl_c_anywhere_in_sample_or_add_leaves_it_usable() -> None:
             assert buf.replay.ptr in (21, 22)  # 22: the interrupted add's row is there
         finally:
             buf.close()
+        # No pipeline left running that nothing would close (a Ctrl-C as one started;
+        # a packer thread whose start was cut short ends on its own, its pipeline closed).
+        for thread in threading.enumerate():
+            if thread.name.startswith("replay_fsm-") and thread.ident not in threads:
+                with contextlib.suppress(RuntimeError):  # its start cut short before it
+                    thread.join(MARGIN_S)                # began: never runs
+                assert not thread.is_alive(), thread.name
 
     def sweep(warm: bool, call: Callable[[PipelineReplayBuffer], object], every: int
               ) -> None:
@@ -276,9 +285,10 @@ def test_a_ctrl_c_anywhere_in_sample_or_add_leaves_it_usable() -> None:
         buf.close()
         assert total > 30
         for k in range(1, total + 1, every):
+            before = {t.ident for t in threading.enumerate()}
             buf = made(warm)
             interrupted_at(k, functools.partial(call, buf))
-            check(buf, 1 + warm)
+            check(buf, 1 + warm, before)
 
     # A sample that starts the pipeline passes some 9000 points, most of them in the
     # pipeline's constructor (its own test checks its clean-up): every 11th in CI.

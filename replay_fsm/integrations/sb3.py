@@ -168,8 +168,10 @@ class PipelineReplayBuffer(ReplayBuffer):
     def close(self) -> None:
         """Stop the pipeline (idempotent); the next ``sample`` starts a new one."""
         if self._finalizer is not None:
-            self._finalizer()  # closes the pipeline once, and forgets it
-        elif self._pipe is not None:  # made, its finalizer not yet (a Ctrl-C between)
+            self._finalizer.detach()
+        if self._pipe is not None:
+            # Forgotten only once closed: a close that a Ctrl-C cut short is finished
+            # by the next call (Pipeline.close finishes it too).
             self._pipe.close()
         self._pipe, self._pipe_key, self._finalizer = None, None, None
         self._hot = False
@@ -205,10 +207,17 @@ class PipelineReplayBuffer(ReplayBuffer):
         # in one of its calls (a notebook's interrupt, then learn() again).
         if self._pipe is None or self._pipe_key != key or self._pipe.closed:
             self.close()
-            self._pipe = replay_fsm.Pipeline(
-                self.replay, device=self.device, sample_count=batch_size,
-                base_seed=self.base_seed, ring_depth=self.ring_depth, collector="thread",
-                liveness_timeout=self.liveness_timeout)
+            # Held before it starts its threads, so that close() stops them whatever a
+            # Ctrl-C interrupts (the result of Pipeline(...) could be lost on return).
+            pipe = self._pipe = replay_fsm.Pipeline.__new__(replay_fsm.Pipeline)
+            try:
+                replay_fsm.Pipeline.__init__(
+                    pipe, self.replay, device=self.device, sample_count=batch_size,
+                    base_seed=self.base_seed, ring_depth=self.ring_depth,
+                    collector="thread", liveness_timeout=self.liveness_timeout)
+            except BaseException:
+                self._pipe = None  # its constructor closed what it had started
+                raise
             self._pipe_key = key
             self._finalizer = weakref.finalize(self, self._pipe.close)
         return self._pipe
