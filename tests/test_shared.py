@@ -158,6 +158,8 @@ def test_a_buffer_past_a_real_cgroup_limit_is_refused_not_killed() -> None:
     code = """
 import os
 from replay_fsm import ReplayBuffer
+from replay_fsm.data import shared
+shared.SHM = "/nonexistent"  # the cgroup's room only, whatever the size of /dev/shm
 try:
     ReplayBuffer(1 << 19, 250, 6)  # 524288 rows x 509 floats: 1018 MiB
 except MemoryError as exc:

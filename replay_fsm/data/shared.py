@@ -136,7 +136,8 @@ def _cgroup_room() -> tuple[int, int] | None:
             # hierarchy-id:controllers:path; v2's has no controllers
             groups = [line.split(":", 2)[1:] for line in f.read().splitlines()]
         with open(os.path.join(PROC_SELF, "mountinfo")) as f:
-            mounts = [_mount(line) for line in f.read().splitlines()]
+            mounts = [_mount(line) for line in f.read().splitlines()
+                      if " - cgroup" in line]  # of a machine's many mounts
     except (OSError, ValueError, IndexError):
         return None
     swap = _has_swap()
