@@ -42,7 +42,9 @@ of fsync, rename and directory fsync is pinned by ``sigkill_at_every_step_of_a_s
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -68,6 +70,8 @@ from replay_fsm.data import checkpoint
 from replay_fsm.data.checkpoint import HEADER_BYTES, CheckpointError
 from replay_fsm.data.sampling import expected_batch
 from replay_fsm.errors import ProtocolError
+
+from .support import interrupted_at
 
 WAIT = 60.0  # a bound on waits for a child process or thread, not a timing assumption
 
@@ -1195,9 +1199,9 @@ def record_temporaries(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]
     made: list[tuple[int, str]] = []
     create = checkpoint._create_temporary
 
-    def recording_create(target: str) -> tuple[int, str]:
-        made.append(create(target))
-        return made[-1]
+    def recording_create(tmp: str, target: str) -> int:
+        made.append((create(tmp, target), tmp))
+        return made[-1][0]
 
     monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
     return made
@@ -1499,3 +1503,38 @@ def test_a_child_leaving_a_block_it_was_forked_in_releases_nothing(fork: str) ->
     pause.__exit__(None, None, None)
     add_history(rb, 2)
     assert_state(rb, 22)
+
+
+@pytest.mark.timeout(600)  # some 400 saves; a hang fails here
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # generators
+def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
+    """Interrupted at each point where Python would take a Ctrl-C: the save never
+    hung (a ThreadPoolExecutor's lock left taken made its shutdown wait for ever),
+    the adds are not paused, ``path`` holds the old file or the new one, no temporary
+    file is left, and no checksum thread runs on."""
+    path = tmp_path / "b.ckpt"
+    filled(64, 40).save(path)
+    old = path.read_bytes()
+
+    def made() -> ReplayBuffer:
+        return filled(64, 50)
+
+    rb = made()
+    total = interrupted_at(None, functools.partial(rb.save, path, chunk_bytes=8 * 7 * 4))[0]
+    new = path.read_bytes()
+    assert new != old and total > 100
+    for k in range(1, total + 1):
+        path.write_bytes(old)
+        threads = {t.ident for t in threading.enumerate()}
+        rb = made()
+        interrupt = interrupted_at(k, functools.partial(rb.save, path,
+                                                        chunk_bytes=8 * 7 * 4))[1]
+        assert not adds_are_paused(rb), k
+        assert path.read_bytes() in (old, new), k
+        assert os.listdir(tmp_path) == ["b.ckpt"], k
+        for thread in threading.enumerate():
+            if thread.name == "checkpoint-crc" and thread.ident not in threads:
+                with contextlib.suppress(RuntimeError):  # its start cut short before it
+                    thread.join(WAIT)                    # began: never runs
+                assert not thread.is_alive(), k
+        del interrupt

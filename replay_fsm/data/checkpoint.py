@@ -38,8 +38,8 @@ was copied again after its last write. ``add`` waits only during that last pass.
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import functools
 import json
 import os
 import queue
@@ -49,6 +49,7 @@ import struct
 import sys
 import threading
 import zlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -126,6 +127,9 @@ class _Checksummer:
         # Started by the first submit, inside the caller's try: a thread started by a
         # constructor that a Ctrl-C then cut short would wait for jobs for ever.
         self._thread: threading.Thread | None = None
+        # Ends the thread after the job it has (a daemon: nothing waits for it). One C
+        # call, no Python frame: a Ctrl-C cannot land before the end is posted.
+        self.close: Callable[[], None] = functools.partial(self._jobs.put, None)
 
     def _run(self) -> None:
         while (data := self._jobs.get()) is not None:
@@ -141,10 +145,6 @@ class _Checksummer:
     def result(self) -> int:
         """The CRC of the buffer submitted last (each result is taken once)."""
         return self._results.get()
-
-    def close(self) -> None:
-        """The thread ends after the job it has (a daemon: nothing waits for it)."""
-        self._jobs.put(None)
 
 
 class _Writer:
@@ -248,41 +248,35 @@ def _os_error(code: int, path: str) -> OSError:
     return OSError(code, os.strerror(code), path)
 
 
-def _create_temporary(target: str) -> tuple[int, str]:
-    """Create ``.NAME.<pid>-<random>.tmp`` beside ``target`` with the mode the file
-    would get from ``open(target, "w")``: the existing file's, else 0o666 less the
-    umask (which the kernel applies)."""
+def _temporary_names(target: str) -> Iterator[str]:
+    """Up to 100 names ``.NAME.<pid>-<random>.tmp`` beside ``target`` (NAME cut to
+    stay under a file system's 255-byte limit)."""
     directory, name = os.path.split(target)
     short = name
     while len(os.fsencode(short)) > _NAME_BYTES_IN_TEMPORARY:
         short = short[:-1]
+    for _ in range(100):
+        yield os.path.join(directory, f".{short}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _create_temporary(tmp: str, target: str) -> int:
+    """Create ``tmp`` (FileExistsError if there is one) and return its descriptor, with
+    the mode the file would get from ``open(target, "w")``: the existing file's, else
+    0o666 less the umask (which the kernel applies)."""
     try:
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
         mode = None
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    for _ in range(100):
-        tmp = os.path.join(directory, f".{short}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    # Never more open than the file it replaces, not even until the fchmod.
+    fd = os.open(tmp, flags, 0o666 if mode is None else mode)
+    if mode is not None:
         try:
-            # Never more open than the file it replaces, not even until the fchmod.
-            fd = os.open(tmp, flags, 0o666 if mode is None else mode)
-        except FileExistsError:
-            continue
+            os.fchmod(fd, mode)
         except BaseException:
-            # A Ctrl-C taken as the open returned: the file is ours (O_EXCL), its
-            # descriptor lost with the return value.
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+            os.close(fd)
             raise
-        if mode is not None:
-            try:
-                os.fchmod(fd, mode)
-            except BaseException:
-                os.close(fd)
-                os.unlink(tmp)
-                raise
-        return fd, tmp
-    raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken", target)
+    return fd
 
 
 def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
@@ -304,9 +298,18 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     directory = os.path.dirname(target)
     chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
     checksummer = _Checksummer()
-    fd, tmp = -1, ""
+    fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
     try:
-        fd, tmp = _create_temporary(target)
+        for tmp in _temporary_names(target):
+            try:
+                fd = _create_temporary(tmp, target)
+            except FileExistsError:
+                tmp = ""  # another's file: never removed (no call before this)
+                continue
+            break
+        else:
+            raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken",
+                                  target)
         writer = _Writer(rb, fd, chunk_rows, checksummer)
         # size is min(ptr, capacity) by construction; deriving it from the one counter
         # read keeps the pair consistent while add updates both.
