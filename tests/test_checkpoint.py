@@ -1538,3 +1538,19 @@ def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
                     thread.join(WAIT)                    # began: never runs
                 assert not thread.is_alive(), k
         del interrupt
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
+def test_a_temporary_file_whose_descriptor_was_lost_is_closed_and_removed(
+        tmp_path: Path) -> None:
+    """A Ctrl-C as the temporary file's open returned loses its descriptor with the
+    return value: the failed save's clean-up finds it by the file's name."""
+    folder = os.path.realpath(tmp_path)  # a save's names are its target's real path
+    tmp, another = os.path.join(folder, ".b.ckpt.1-abcd.tmp"), os.path.join(folder, "another")
+    other = os.open(another, os.O_WRONLY | os.O_CREAT)
+    os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # its descriptor "lost"
+    assert sorted(open_files_under(tmp_path)) == sorted([tmp, another])
+    checkpoint._discard(-1, tmp)
+    assert open_files_under(tmp_path) == [another]
+    assert os.listdir(tmp_path) == ["another"]
+    os.close(other)

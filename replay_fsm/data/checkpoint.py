@@ -352,8 +352,26 @@ def _discard(fd: int, tmp: str) -> None:
     """Close ``fd`` (unless -1) and remove the temporary file of a save that failed."""
     if fd >= 0:
         os.close(fd)
+    elif tmp:
+        _close_lost(tmp)
     if tmp and os.path.exists(tmp):
         os.unlink(tmp)
+
+
+def _close_lost(tmp: str) -> None:
+    """Close what this process holds open of ``tmp`` (Linux: /proc/self/fd): a Ctrl-C
+    as the file's open returned lost its descriptor with the return value. The name
+    is this save's own (a random part), so no other file's descriptor is closed."""
+    try:
+        held = os.listdir("/proc/self/fd")
+    except OSError:
+        return  # not Linux: the descriptor stays open until the process ends
+    for name in held:
+        try:
+            if os.readlink(f"/proc/self/fd/{name}") == tmp:
+                os.close(int(name))
+        except (OSError, ValueError):
+            pass  # closed meanwhile, or not a descriptor's entry
 
 
 def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int) -> int:
