@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.errors import ProtocolError
 
 from .support import interrupted_at
 
@@ -122,3 +123,44 @@ def test_the_sweep_finds_a_lock_left_taken() -> None:
 
     sweep(unguarded, check)
     assert False in found and True in found
+
+
+class HandlerInAdd(ReplayBuffer):
+    """A buffer whose add runs ``handler`` right after its rows are copied, as a signal
+    handler would (SIGTERM's checkpoint on preemption, say)."""
+
+    handler: Callable[[], object] | None = None
+
+    def _copy_in(self, start: int, rows: torch.Tensor) -> None:
+        super()._copy_in(start, rows)
+        handler, self.handler = self.handler, None
+        if handler is not None:
+            handler()
+
+
+@pytest.mark.parametrize("call", ["save", "adds_paused", "add"])
+def test_a_signal_handler_inside_an_add_cannot_save_or_pause_it_half_done(
+        tmp_path: object, call: str) -> None:
+    """The write lock is recursive: a save from a handler that interrupted this
+    thread's add took it again and wrote the add half done (its rows, the old ptr;
+    the checksums matched). It is refused; the add goes on."""
+    rb = HandlerInAdd(16, 2, 1, region_rows=4)
+    rb.add_packed(torch.zeros(12, rb.width))
+    refused: list[str] = []
+
+    def handler() -> None:
+        with pytest.raises(ProtocolError,
+                           match=r"inside this thread's add \(from a signal") as info:
+            if call == "save":
+                rb.save(f"{tmp_path}/b.ckpt")
+            elif call == "adds_paused":
+                with rb.adds_paused():
+                    pass
+            else:
+                rb.add_packed(torch.ones(1, rb.width))
+        refused.append(str(info.value))
+
+    rb.handler = handler
+    rb.add_packed(torch.ones(8, rb.width))
+    assert len(refused) == 1 and rb.ptr == 20 and lock_is_free(rb)
+    assert not (rb._seq & 1).any()

@@ -163,13 +163,30 @@ class ReplayBuffer:
         gathers go on. For a consistent copy of the rows (``save`` uses it, and may be
         called inside the block: it then copies under this pause). Blocks of one
         thread nest (asyncio tasks of one thread too): the pause ends when the last
-        of them does. A Ctrl-C anywhere leaves no pause behind. A child forked
-        (os.fork) inside the block holds nothing: leaving it there raises
+        of them does. A Ctrl-C anywhere leaves no pause behind. A block ends on the
+        thread that began it: a generator holding one must be finished there (ended
+        on another thread, its exit raises AssertionError and the pause stays). A
+        child forked (os.fork) inside the block holds nothing: leaving it there raises
         AssertionError, and the pause stays the parent's.
+
+        Raises:
+            ProtocolError: called on a thread inside an ``add`` (from a signal handler
+                that interrupted it): the pause would not hold that add off.
         """
+        self._refuse_inside_add("adds_paused()")
         return self._write_lock._semlock
 
+    def _refuse_inside_add(self, call: str) -> None:
+        # The lock is recursive: a pause or a save from a signal handler that
+        # interrupted this thread's add would take it again and copy the add's rows
+        # half written.
+        if self._adding and self._write_lock._semlock._is_mine():
+            raise ProtocolError(f"{call} inside this thread's add (from a signal handler?) "
+                                f"would see that add half done; nothing was changed. Call "
+                                f"it after the add, outside the handler")
+
     def _refuse_inside_pause(self, call: str) -> None:
+        self._refuse_inside_add(call)
         if self._write_lock._semlock._is_mine():  # this thread's pause, or nothing
             raise ProtocolError(f"{call} inside this thread's adds_paused() block would "
                                 f"wait for the block to end, for ever; nothing was "
@@ -212,11 +229,13 @@ class ReplayBuffer:
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
         self._per_thread = threading.local()  # gather's scratch, one per thread
+        self._adding = False  # a thread of this process is inside add, the lock taken
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
         state.pop("_per_thread")  # each process makes its own
+        state.pop("_adding")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -329,28 +348,35 @@ class ReplayBuffer:
         self._refuse_inside_pause("add()")
         n, cap = rows.shape[0], self.capacity
         with self._write_lock._semlock:  # see __init__
-            ptr = int(self._counters[0])
-            if ptr + n > self.MAX_PTR:
-                raise ValueError(f"{n} rows more would pass the {self.MAX_PTR} rows ever "
-                                 f"written that the counters hold (ptr={ptr}); nothing "
-                                 f"was written")
-            keep = rows[-cap:] if n > cap else rows
-            start = (ptr + n - keep.shape[0]) % cap
-            first = min(keep.shape[0], cap - start)
+            self._adding = True  # no call since the lock was taken (_refuse_inside_add)
             try:
-                self._write_region(start, keep[:first])
-                if first < keep.shape[0]:
-                    self._write_region(0, keep[first:])
-            except BaseException:
-                # A region left odd (a Ctrl-C between its two steps) would make every
-                # later gather of its rows wait for a writer that has gone: even again,
-                # over whole rows (the copy is one call: done or not begun). The
-                # counters are not moved: a wrapped add's new rows stand in for old
-                # ones, as rows the next add overwrites.
-                self._seq.add_(self._seq & 1)
-                raise
-            self._counters[1] = min(cap, int(self._counters[1]) + n)
-            self._counters[0] = ptr + n
+                self._append_locked(rows, n, cap)
+            finally:
+                self._adding = False
+
+    def _append_locked(self, rows: torch.Tensor, n: int, cap: int) -> None:
+        ptr = int(self._counters[0])
+        if ptr + n > self.MAX_PTR:
+            raise ValueError(f"{n} rows more would pass the {self.MAX_PTR} rows ever "
+                             f"written that the counters hold (ptr={ptr}); nothing "
+                             f"was written")
+        keep = rows[-cap:] if n > cap else rows
+        start = (ptr + n - keep.shape[0]) % cap
+        first = min(keep.shape[0], cap - start)
+        try:
+            self._write_region(start, keep[:first])
+            if first < keep.shape[0]:
+                self._write_region(0, keep[first:])
+        except BaseException:
+            # A region left odd (a Ctrl-C between its two steps) would make every
+            # later gather of its rows wait for a writer that has gone: even again,
+            # over whole rows (the copy is one call: done or not begun). The
+            # counters are not moved: a wrapped add's new rows stand in for old
+            # ones, as rows the next add overwrites.
+            self._seq.add_(self._seq & 1)
+            raise
+        self._counters[1] = min(cap, int(self._counters[1]) + n)
+        self._counters[0] = ptr + n
 
     # The writer's steps; the caller holds _write_lock.
     def _write_region(self, start: int, rows: torch.Tensor) -> None:
@@ -458,7 +484,10 @@ class ReplayBuffer:
                 is written); ``path`` is left as it was. Only where syncing the folder
                 after the rename fails (EIO, say) does ``path`` already hold the new
                 checkpoint, and the message says so.
+            ProtocolError: called on a thread inside an ``add`` (from a signal handler
+                that interrupted it): the file would hold that add half done.
         """
+        self._refuse_inside_add("save()")
         return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
 
     @classmethod
