@@ -1433,9 +1433,10 @@ def test_an_interrupt_before_the_first_write_leaves_no_temporary_file(
         assert not open_files_under(tmp_path), where
 
 
-def open_files_under(folder: Path) -> list[str]:
+def open_files_under(folder: Path, exactly: Path | None = None) -> list[str]:
     """The files under ``folder`` this process holds a descriptor of (Linux), by the
-    path it was opened as; other threads' descriptors elsewhere do not count."""
+    path it was opened as; other threads' descriptors elsewhere do not count. With
+    ``exactly``: only descriptors of that path."""
     if not os.path.isdir("/proc/self/fd"):
         return []
     held = []
@@ -1444,6 +1445,8 @@ def open_files_under(folder: Path) -> list[str]:
             held.append(os.readlink(f"/proc/self/fd/{fd}"))
         except OSError:
             continue  # closed meanwhile
+    if exactly is not None:
+        return [p for p in held if p == os.path.realpath(exactly)]
     return [p for p in held if p.startswith(os.path.realpath(folder) + os.sep)]
 
 
@@ -1511,7 +1514,8 @@ def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
     """Interrupted at each point where Python would take a Ctrl-C: the save never
     hung (a ThreadPoolExecutor's lock left taken made its shutdown wait for ever),
     the adds are not paused, ``path`` holds the old file or the new one, no temporary
-    file is left, and no checksum thread runs on."""
+    file or descriptor is left (a folder's opened to sync it was lost once), and no
+    checksum thread runs on."""
     path = tmp_path / "b.ckpt"
     filled(64, 40).save(path)
     old = path.read_bytes()
@@ -1532,6 +1536,9 @@ def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
         assert not adds_are_paused(rb), k
         assert path.read_bytes() in (old, new), k
         assert os.listdir(tmp_path) == ["b.ckpt"], k
+        # No descriptor of a file there, or of the folder (its sync after the rename).
+        assert not open_files_under(tmp_path.parent / tmp_path.name), k
+        assert not open_files_under(tmp_path.parent, exactly=tmp_path), k
         for thread in threading.enumerate():
             if thread.name == "checkpoint-crc" and thread.ident not in threads:
                 with contextlib.suppress(RuntimeError):  # its start cut short before it

@@ -308,6 +308,34 @@ def test_a_close_cut_short_by_a_ctrl_c_is_finished_by_the_next() -> None:
     assert {t.ident for t in threading.enumerate()} <= threads_before
 
 
+def test_an_error_with_an_interrupt_as_its_context_closes_only_if_raised_in_the_call(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """threading's Condition.wait cut short by a Ctrl-C raises RuntimeError with the
+    interrupt as its context: the pipeline closes as for the interrupt. An error of a
+    call made from the caller's own ``except KeyboardInterrupt`` block has that
+    interrupt as its context too, and closed the pipeline."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=16, collector="thread", liveness_timeout=60) as pipe:
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            with pytest.raises(ProtocolError):
+                pipe.sample_large_batch(5, 16)  # never requested
+        assert not pipe.closed
+        run_ticks(pipe, 0, 2)
+
+        def cut_short(tick: int) -> None:
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("cannot release un-acquired lock") from None
+        monkeypatch.setattr(pipe, "_acquire", cut_short)
+        pipe.start_prepare(2, 16)
+        with pytest.raises(RuntimeError, match="un-acquired"):
+            pipe.sample_large_batch(2, 16)
+        assert pipe.closed
+
+
 def test_an_external_collector_that_never_attached_leaves_nothing_after_close() -> None:
     """With no collector attached and none watched still running (one that exited,
     here), close() lets the handle go, and the channels' semaphores with it: a handle

@@ -211,12 +211,15 @@ _NAME_BYTES_IN_TEMPORARY = 200
 def _fsync_directory(directory: str, path: str) -> None:
     """Sync the folder after the rename, which is durable only once the folder's entry
     is on disk. Called with ``path`` already holding the new file: an error says so."""
+    opened: list[int] = []  # filled by one C call: a Ctrl-C as the open returns loses none
     try:
-        fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
         try:
-            os.fsync(fd)
+            opened.extend(map(os.open, [directory],
+                              [os.O_RDONLY | getattr(os, "O_DIRECTORY", 0)]))
+            os.fsync(opened[0])
         finally:
-            os.close(fd)
+            for fd in opened:
+                os.close(fd)
     except OSError as exc:
         if exc.errno in _NO_DIRECTORY_SYNC:
             return

@@ -11,6 +11,7 @@ longer finish (INV-LIVE); statistics and traces observe transitions and spans.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -504,6 +505,7 @@ class Pipeline:
         no thread or process is left waiting on a learner that has stopped (and no
         request is left taken but never sent, where a handler of Python's own
         raised it mid-step)."""
+        handled = sys.exc_info()[1]  # the caller's own, if it calls from an except block
         try:
             try:
                 if name is None or self.tracer is None:
@@ -519,7 +521,8 @@ class Pipeline:
         except BaseException as exc:
             # threading's Condition.wait cut short by a Ctrl-C before it takes its lock
             # back raises "cannot release un-acquired lock", the interrupt its context.
-            if isinstance(exc.__context__, KeyboardInterrupt):
+            if isinstance(exc.__context__, KeyboardInterrupt) and (
+                    exc.__context__ is not handled):
                 self.close()
             raise
 
