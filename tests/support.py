@@ -169,3 +169,20 @@ def _from_interrupt(exc: BaseException | None) -> bool:
             return True
         exc = exc.__context__
     return False
+
+
+def adds_are_paused(rb: Any) -> bool:
+    """Whether a ReplayBuffer's write lock is held now, by this thread or another:
+    probed from a thread of its own (the lock is recursive: this thread would take it
+    again), which gives it back at once if it was free, so a probe never pauses the
+    adds."""
+    took: list[bool] = []
+
+    def probe() -> None:
+        took.append(rb._write_lock.acquire(block=False))
+        if took[0]:
+            rb._write_lock.release()
+    thread = threading.Thread(target=probe)
+    thread.start()
+    thread.join()
+    return took == [False]

@@ -15,7 +15,6 @@ times (every later add and save waited for ever); in a loop of pauses, the lock 
 from __future__ import annotations
 
 import functools
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -24,25 +23,14 @@ import torch
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.errors import ProtocolError
 
-from .support import interrupted_at
+from .support import adds_are_paused, interrupted_at
 
 CAPACITY, REGION, FILLED, ADDED = 64, 8, 50, 20  # the add wraps: two region writes
 
 
 def lock_is_free(rb: ReplayBuffer) -> bool:
     """No thread of this process holds the write lock, and another can take it."""
-    if rb._write_lock._semlock._count():
-        return False
-    took: list[bool] = []
-
-    def probe() -> None:
-        took.append(rb._write_lock.acquire(block=False))
-        if took[0]:
-            rb._write_lock.release()
-    thread = threading.Thread(target=probe)
-    thread.start()
-    thread.join()
-    return took == [True]
+    return not rb._write_lock._semlock._count() and not adds_are_paused(rb)
 
 
 def filled() -> tuple[ReplayBuffer, torch.Tensor]:

@@ -71,7 +71,7 @@ from replay_fsm.data.checkpoint import HEADER_BYTES, CheckpointError
 from replay_fsm.data.sampling import expected_batch
 from replay_fsm.errors import ProtocolError
 
-from .support import interrupted_at
+from .support import adds_are_paused, interrupted_at
 
 WAIT = 60.0  # a bound on waits for a child process or thread, not a timing assumption
 
@@ -102,22 +102,6 @@ def filled(capacity: int, ptr: int, obs_dim: int = 2, action_dim: int = 1,
     rb = ReplayBuffer(capacity, obs_dim, action_dim, critic_dim, **kw)
     add_history(rb, ptr)
     return rb
-
-
-def adds_are_paused(rb: ReplayBuffer) -> bool:
-    """Whether the buffer's write lock is held now, by this thread or another: probed
-    from a thread of its own (the lock is recursive: this thread would take it again),
-    which gives it back at once if it was free, so a probe never pauses the adds."""
-    took: list[bool] = []
-
-    def probe() -> None:
-        took.append(rb._write_lock.acquire(block=False))
-        if took[0]:
-            rb._write_lock.release()
-    thread = threading.Thread(target=probe)
-    thread.start()
-    thread.join()
-    return took == [False]
 
 
 def assert_state(rb: ReplayBuffer, ptr: int, capacity: int | None = None) -> None:
