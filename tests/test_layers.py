@@ -32,6 +32,8 @@ ALLOWED_PRIVATE = {
     ("data/buffer.py", "_after_fork"): "an os.fork child holds none of its parent's "
     "write locks (multiprocessing resets them in its own children only)",
     ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",
+    ("runtime/pipeline.py", "_getframe"): "the learner call's frame, to know whether an "
+    "interrupt behind an error came during the call (read only when one raises)",
     ("data/shared.py", "_new_shared"): "the shared-memory object share_memory_ makes, "
     "made without its private zeroed copy (twice the memory at its peak)",
 }

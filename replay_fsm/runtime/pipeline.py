@@ -15,6 +15,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from types import FrameType
 from typing import Any
 
 import torch
@@ -505,7 +506,6 @@ class Pipeline:
         no thread or process is left waiting on a learner that has stopped (and no
         request is left taken but never sent, where a handler of Python's own
         raised it mid-step)."""
-        handled = sys.exc_info()[1]  # the caller's own, if it calls from an except block
         try:
             try:
                 if name is None or self.tracer is None:
@@ -520,9 +520,10 @@ class Pipeline:
             raise
         except BaseException as exc:
             # threading's Condition.wait cut short by a Ctrl-C before it takes its lock
-            # back raises "cannot release un-acquired lock", the interrupt its context.
-            if isinstance(exc.__context__, KeyboardInterrupt) and (
-                    exc.__context__ is not handled):
+            # back raises "cannot release un-acquired lock", the interrupt its context;
+            # not an interrupt the caller was handling when it called (its except block).
+            if isinstance(exc.__context__, KeyboardInterrupt) and _raised_under(
+                    exc.__context__, sys._getframe()):
                 self.close()
             raise
 
@@ -743,3 +744,17 @@ class Pipeline:
         with self._lock:
             self._observers = tuple(o for o in self._observers if o is not observer)
             self._fail_locked(error)
+
+
+def _raised_under(error: BaseException, frame: FrameType) -> bool:
+    """Whether ``error`` was raised in a call that ``frame`` was running (its traceback
+    passes through a frame called, at any depth, from ``frame``)."""
+    tb = error.__traceback__
+    while tb is not None:
+        caller: FrameType | None = tb.tb_frame
+        while caller is not None:
+            if caller is frame:
+                return True
+            caller = caller.f_back
+        tb = tb.tb_next
+    return False
