@@ -1545,3 +1545,16 @@ def test_a_temporary_file_whose_descriptor_was_lost_is_closed_and_removed(
     assert open_files_under(tmp_path) == [another]
     assert os.listdir(tmp_path) == ["another"]
     os.close(other)
+
+
+def test_a_checksum_that_fails_is_raised_by_the_save_not_waited_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The checksum thread's error comes back to the save (as a pool's future gave
+    it); a thread that died with it would leave the save waiting for its result."""
+    def broken(data: object) -> int:
+        raise MemoryError("checksum")
+
+    monkeypatch.setattr(checkpoint.zlib, "crc32", broken)
+    with pytest.raises(MemoryError, match="checksum"):
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    assert os.listdir(tmp_path) == []

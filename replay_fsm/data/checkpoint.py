@@ -123,7 +123,7 @@ class _Checksummer:
 
     def __init__(self) -> None:
         self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._results: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._results: queue.SimpleQueue[int | BaseException] = queue.SimpleQueue()
         # Started by the first submit, inside the caller's try: a thread started by a
         # constructor that a Ctrl-C then cut short would wait for jobs for ever.
         self._thread: threading.Thread | None = None
@@ -133,7 +133,10 @@ class _Checksummer:
 
     def _run(self) -> None:
         while (data := self._jobs.get()) is not None:
-            self._results.put(zlib.crc32(data))
+            try:
+                self._results.put(zlib.crc32(data))
+            except BaseException as exc:  # noqa: BLE001 - raised by result, not lost
+                self._results.put(exc)
 
     def submit(self, data: Any) -> None:
         if self._thread is None:
@@ -143,8 +146,12 @@ class _Checksummer:
         self._jobs.put(data)
 
     def result(self) -> int:
-        """The CRC of the buffer submitted last (each result is taken once)."""
-        return self._results.get()
+        """The CRC of the buffer submitted last (each result is taken once); what
+        computing it raised, raised here."""
+        got = self._results.get()
+        if isinstance(got, BaseException):
+            raise got
+        return got
 
 
 class _Writer:
