@@ -231,6 +231,7 @@ def test_sb3_dqn_learns_cartpole() -> None:
 
 
 @pytest.mark.timeout(900)  # some 1700 buffers made and interrupted, in CI
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # generators
 def test_a_ctrl_c_anywhere_in_sample_or_add_leaves_it_usable() -> None:
     """A notebook's interrupt of ``learn()`` can land in a pipeline call, which then
     closes the pipeline: every later ``sample`` and ``add`` raised PipelineClosed, so
