@@ -183,9 +183,10 @@ def _limits_up(point: str, root: str, path: str, version: tuple[str, tuple[str, 
         try:
             with open(os.path.join(folder, limit_file)) as f:
                 text = f.read().strip()
-            if text != "max" and int(text) < NO_CGROUP_LIMIT:
+            limit = NO_CGROUP_LIMIT if text == "max" else int(text)
+            if limit < NO_CGROUP_LIMIT:
                 held = 0 if swap else _held(folder, held_keys)
-                rooms.append((int(text), max(int(text) - held, 0)))
+                rooms.append((limit, max(limit - held, 0)))
         except (OSError, ValueError):
             pass  # the root has none; a parent outside a container may be unreadable
         if folder == os.path.normpath(point) or folder == os.path.dirname(folder):
