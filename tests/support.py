@@ -4,6 +4,7 @@ has host slots; a Ctrl-C at each point where Python would take one."""
 
 from __future__ import annotations
 
+import contextlib
 import dis
 import gc
 import os
@@ -204,3 +205,17 @@ def adds_are_paused(rb: Any) -> bool:
     thread.start()
     thread.join()
     return took == [False]
+
+
+def threads_running_on(prefix: str, before: set[int | None]) -> list[str]:
+    """The threads named ``prefix``... that were not among ``before`` (their idents)
+    and are still running after each was given MARGIN_S to end. A thread whose start
+    a Ctrl-C cut short before it began never runs (joining it raises)."""
+    running = []
+    for thread in threading.enumerate():
+        if thread.name.startswith(prefix) and thread.ident not in before:
+            with contextlib.suppress(RuntimeError):
+                thread.join(MARGIN_S)
+            if thread.is_alive():
+                running.append(thread.name)
+    return running

@@ -42,7 +42,6 @@ of fsync, rename and directory fsync is pinned by ``sigkill_at_every_step_of_a_s
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import functools
 import json
@@ -71,7 +70,7 @@ from replay_fsm.data.checkpoint import HEADER_BYTES, CheckpointError
 from replay_fsm.data.sampling import expected_batch
 from replay_fsm.errors import ProtocolError
 
-from .support import adds_are_paused, interrupted_at
+from .support import adds_are_paused, interrupted_at, threads_running_on
 
 WAIT = 60.0  # a bound on waits for a child process or thread, not a timing assumption
 
@@ -1523,11 +1522,7 @@ def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
         # No descriptor of a file there, or of the folder (its sync after the rename).
         assert not open_files_under(tmp_path.parent / tmp_path.name), k
         assert not open_files_under(tmp_path.parent, exactly=tmp_path), k
-        for thread in threading.enumerate():
-            if thread.name == "checkpoint-crc" and thread.ident not in threads:
-                with contextlib.suppress(RuntimeError):  # its start cut short before it
-                    thread.join(WAIT)                    # began: never runs
-                assert not thread.is_alive(), k
+        assert not threads_running_on("checkpoint-crc", threads), k
         del interrupt
 
 

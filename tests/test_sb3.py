@@ -3,7 +3,6 @@ SAC, TD3 and DQN training with it."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import pickle
 import threading
@@ -23,7 +22,7 @@ from stable_baselines3.common.buffers import ReplayBuffer as SB3ReplayBuffer  # 
 from replay_fsm.integrations.sb3 import PipelineReplayBuffer  # noqa: E402
 from replay_fsm.sampling import expected_batch  # noqa: E402
 
-from .support import MARGIN_S, interrupted_at  # noqa: E402
+from .support import interrupted_at, threads_running_on  # noqa: E402
 from .tiers import tier_runs  # noqa: E402
 
 OBS = spaces.Box(-1e6, 1e6, (2, 3), np.float32)  # 2-D on purpose: rows are flattened
@@ -273,11 +272,7 @@ def test_a_ctrl_c_anywhere_in_sample_or_add_leaves_it_usable() -> None:
             buf.close()
         # No pipeline left running that nothing would close (a Ctrl-C as one started;
         # a packer thread whose start was cut short ends on its own, its pipeline closed).
-        for thread in threading.enumerate():
-            if thread.name.startswith("replay_fsm-") and thread.ident not in threads:
-                with contextlib.suppress(RuntimeError):  # its start cut short before it
-                    thread.join(MARGIN_S)                # began: never runs
-                assert not thread.is_alive(), thread.name
+        assert not threads_running_on("replay_fsm-", threads)
 
     def sweep(warm: bool, call: Callable[[PipelineReplayBuffer], object], every: int
               ) -> None:
