@@ -31,7 +31,7 @@ _EXPORTS = {
     "SlotState": "spec", "Core": "core", "MAX_RING_DEPTH": "core",
     "CollectorDied": "errors", "DataStalled": "errors", "IllegalTransition": "errors",
     "PackerError": "errors", "PipelineClosed": "errors", "PipelineFailed": "errors",
-    "ProtocolError": "errors", "TransferFailed": "errors",
+    "ProtocolError": "errors", "TransferFailed": "errors", "WriterDied": "errors",
 
     "ReplayBuffer": "data.buffer", "Packer": "data.packer", "PackerHandle": "data.packer",
     "Pipeline": "runtime.pipeline", "Statistics": "runtime.pipeline",
@@ -42,7 +42,7 @@ __all__ = [
     "DataStalled", "Event",
     "IllegalTransition", "MAX_RING_DEPTH", "Packer", "PackerError", "PackerHandle", "Pipeline",
     "PipelineClosed", "PipelineFailed", "ProtocolError", "ReplayBuffer", "SlotState",
-    "Statistics", "TransferBackend", "TransferFailed",
+    "Statistics", "TransferBackend", "TransferFailed", "WriterDied",
 ]
 
 
@@ -73,6 +73,7 @@ if TYPE_CHECKING:
         PipelineFailed,
         ProtocolError,
         TransferFailed,
+        WriterDied,
     )
     from .runtime.pipeline import Pipeline, Statistics
     from .spec import INVARIANTS, TRANSITIONS, Actor, Event, SlotState

@@ -40,6 +40,13 @@ class TransferFailed(PipelineFailed):
     did not complete within the liveness bound."""
 
 
+class WriterDied(ReplayFSMError, RuntimeError):
+    """A process died inside an ``add`` to a replay buffer (killed: SIGKILL, the OOM
+    killer), holding the buffer's write lock with rows half written. The lock is
+    never released and those rows never become whole: adds, pauses and saves of the
+    buffer, and gathers of those rows, raise this instead of waiting for ever."""
+
+
 class PackerError(ReplayFSMError):
     """An exception raised while packing, carried over from the packer's side.
 

@@ -275,3 +275,24 @@ def attach_and_leave(gate: Gate, handle: PackerHandle, rb: ReplayBuffer) -> None
     packer = Packer.attach(handle, rb)
     while not packer.closed:
         packer.service(timeout=0.05)
+
+
+class StallingBuffer(ReplayBuffer):
+    """A buffer whose add, once ``stall`` is set to two events (entered, go), copies
+    the first half of its rows, sets ``entered`` and waits for ``go``: a writer that
+    can be killed, or kept alive, in the middle of its add, with its regions odd and
+    the write lock taken."""
+
+    stall: Any = None
+
+    def _copy_in(self, start: int, rows: torch.Tensor) -> None:
+        if self.stall is None:
+            super()._copy_in(start, rows)
+            return
+        entered, go = self.stall
+        half = rows.shape[0] // 2
+        super()._copy_in(start, rows[:half])
+        entered.set()
+        go.wait()
+        super()._copy_in(start + half, rows[half:])
+

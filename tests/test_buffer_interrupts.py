@@ -57,6 +57,9 @@ def sweep(action: Callable[[ReplayBuffer, torch.Tensor], object],
 
 def check_add(rb: ReplayBuffer, new: torch.Tensor, raised: bool) -> None:
     assert lock_is_free(rb)
+    # A holder's record left behind would name this process, once gone, as a writer
+    # that died holding the lock (WriterDied, tests/test_writer_died.py).
+    assert not rb._owner.held
     assert not (rb._seq & 1).any(), rb._seq
     assert rb.ptr in ((FILLED,) if raised else ()) + (FILLED + ADDED,)
     # Every row whole: its old value or its new one (the copy of a region is one call).

@@ -30,13 +30,19 @@ import numpy as np
 import torch
 
 from ..core import as_count
-from ..errors import ProtocolError
+from ..errors import ProtocolError, WriterDied
 from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
 from .layout import Layout
+from .owner import Owner
 from .shared import shared_zeros
 
 Array = Any  # torch.Tensor or np.ndarray
+
+# A gather retrying rows that an add is writing asks, every this many retries, whether
+# that add's process is alive (a /proc read): a live writer finishes a region in
+# microseconds to milliseconds, a dead one never does.
+WRITER_CHECK_RETRIES = 1024
 
 
 def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor:
@@ -157,6 +163,9 @@ class ReplayBuffer:
         # __exit__ are Python functions: one landing there left every add waiting).
         self._write_lock: Any = mp.get_context("spawn").RLock()
         _WRITE_LOCKS.add(self._write_lock)
+        # Who holds _write_lock inside an add: a process killed there (SIGKILL) never
+        # releases it, and its rows stay half written; waiters then fail instead.
+        self._owner = Owner()
 
     def adds_paused(self) -> contextlib.AbstractContextManager[Any]:
         """Hold off every ``add`` (in every process) for the length of the with-block;
@@ -172,8 +181,10 @@ class ReplayBuffer:
         Raises:
             ProtocolError: called on a thread inside an ``add`` (from a signal handler
                 that interrupted it): the pause would not hold that add off.
+            WriterDied: a process died inside an add, holding the lock.
         """
         self._refuse_inside_add("adds_paused()")
+        self._refuse_if_writer_died("adds_paused()")
         return self._write_lock._semlock
 
     def _refuse_inside_add(self, call: str) -> None:
@@ -184,6 +195,31 @@ class ReplayBuffer:
             raise ProtocolError(f"{call} inside this thread's add (from a signal handler?) "
                                 f"would see that add half done; nothing was changed. Call "
                                 f"it after the add, outside the handler")
+
+    def _refuse_if_writer_died(self, call: str) -> None:
+        if not self._owner.held:
+            return  # the common case: no add holds the lock
+        pid = self._owner.dead_holder()
+        if pid is not None:
+            raise WriterDied(self._writer_died(pid, call))
+
+    def _writer_died(self, pid: int, call: str) -> str:
+        odd = (self._seq & 1).nonzero().flatten().tolist()
+        runs: list[list[int]] = []
+        for r in odd:
+            if runs and runs[-1][1] == r - 1:
+                runs[-1][1] = r
+            else:
+                runs.append([r, r])
+        rows = ", ".join(f"{a * self.region_rows}-"
+                         f"{min((b + 1) * self.region_rows, self.capacity) - 1}"
+                         for a, b in runs) or "none"
+        return (f"process {pid} died inside an add to this replay buffer (killed: "
+                f"SIGKILL, the OOM killer?), holding its write lock; the rows it was "
+                f"writing ({rows}) are half written: {call} would wait for ever. No "
+                f"add, pause or save of this buffer can succeed any more, and no "
+                f"gather of those rows; start again from the last checkpoint "
+                f"(ReplayBuffer.load)")
 
     def _refuse_inside_pause(self, call: str) -> None:
         self._refuse_inside_add(call)
@@ -200,10 +236,12 @@ class ReplayBuffer:
         Raises:
             ValueError: ``ptr`` is negative or above ``MAX_PTR``.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
+            WriterDied: a process died inside an add, holding the write lock.
         """
         if not 0 <= ptr <= self.MAX_PTR:
             raise ValueError(f"ptr must be in [0, {self.MAX_PTR}], got {ptr}")
         self._refuse_inside_pause("adopt_rows()")
+        self._refuse_if_writer_died("adopt_rows()")
         ptr, size = int(ptr), min(int(ptr), self.capacity)  # no call between the writes
         with self._write_lock._semlock:  # see __init__
             self._counters[1] = size
@@ -273,6 +311,7 @@ class ReplayBuffer:
                 the rows would take ``ptr`` past ``MAX_PTR``; nothing is written.
             TypeError: a field is not a tensor or array of real numbers.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
+            WriterDied: a process died inside an add, holding the write lock.
         """
         if not isinstance(obs, (torch.Tensor, np.ndarray)):
             raise TypeError(f"obs must be a torch.Tensor or numpy.ndarray, got "
@@ -320,6 +359,7 @@ class ReplayBuffer:
                 infinity, or would take ``ptr`` past ``MAX_PTR``; nothing is written.
             TypeError: ``rows`` is not a tensor or array of real numbers.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
+            WriterDied: a process died inside an add, holding the write lock.
         """
         if (isinstance(rows, torch.Tensor) and rows.dtype == torch.float32
                 and rows.dim() == 2 and rows.shape[1] == self.width):
@@ -346,13 +386,16 @@ class ReplayBuffer:
         if self.check_finite:
             self._refuse_non_finite(rows)
         self._refuse_inside_pause("add()")
+        self._refuse_if_writer_died("add()")
         n, cap = rows.shape[0], self.capacity
         with self._write_lock._semlock:  # see __init__
             self._adding = True  # no call since the lock was taken (_refuse_inside_add)
             try:
+                self._owner.hold()
                 self._append_locked(rows, n, cap)
             finally:
                 self._adding = False
+                self._owner.release()  # one C call: see Owner.view
 
     def _append_locked(self, rows: torch.Tensor, n: int, cap: int) -> None:
         ptr = int(self._counters[0])
@@ -406,6 +449,8 @@ class ReplayBuffer:
         Raises:
             ValueError: ``out`` is not [len(indices), width] (torch would resize it).
             IndexError: an index outside the storage (torch's message).
+            WriterDied: rows to gather are being written by a process that died
+                inside its add (checked every ``WRITER_CHECK_RETRIES`` retries).
         """
         if out.shape != (indices.shape[0], self.layout.width):
             raise ValueError(f"out: got shape {tuple(out.shape)}, expected "
@@ -420,6 +465,7 @@ class ReplayBuffer:
         if changed is None:
             return out
         todo = changed[indices // self.region_rows].nonzero().squeeze(1)
+        retries = 0
         while todo.numel():
             rows = indices[todo]
             regions = rows // self.region_rows
@@ -429,6 +475,9 @@ class ReplayBuffer:
             out[todo[stable]] = data[stable]
             todo = todo[~stable]
             if todo.numel():
+                retries += 1
+                if not retries % WRITER_CHECK_RETRIES:
+                    self._refuse_if_writer_died(f"a gather of {todo.numel()} of them")
                 self._yield_to_writer()
         return out
 
@@ -469,11 +518,12 @@ class ReplayBuffer:
         prefix of the add history). ``add`` is blocked only for a final pass over the
         rows added since the last lock-free catch-up pass. A Ctrl-C (KeyboardInterrupt)
         anywhere in a save, an ``add`` or an ``adds_paused()`` block leaves the lock
-        free and every row whole; a saving process killed (SIGKILL) during that pass
-        leaves the write lock held, as a collector killed inside ``add`` does, and
-        every later ``add`` and ``save`` then waits for ever (the pipeline that
-        watches the collector, ``Pipeline.watch``, fails with ``CollectorDied``
-        meanwhile). A symlink at ``path`` is followed (its target,
+        free and every row whole. A collector killed (SIGKILL) inside ``add`` leaves
+        the write lock held and rows half written: the save raises ``WriterDied``.
+        A saving process killed during its final pass leaves the lock held too, and
+        every later ``add`` and ``save`` then waits for ever (a pause records no
+        holder; the pipeline that watches the collector, ``Pipeline.watch``, fails
+        with ``CollectorDied`` meanwhile). A symlink at ``path`` is followed (its target,
         whose folder must be writable, is replaced; the link stays); the file keeps
         the mode of the one it replaces, read-only too, or gets 0o666 less the umask.
 
@@ -486,8 +536,10 @@ class ReplayBuffer:
                 checkpoint, and the message says so.
             ProtocolError: called on a thread inside an ``add`` (from a signal handler
                 that interrupted it): the file would hold that add half done.
+            WriterDied: a process died inside an add, holding the write lock.
         """
         self._refuse_inside_add("save()")
+        self._refuse_if_writer_died("save()")
         return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
 
     @classmethod

@@ -1,0 +1,292 @@
+"""A process killed inside an add (SIGKILL, the OOM killer) never releases the buffer's
+write lock, and the rows it was writing stay half written, their regions odd. Before,
+every later add, pause and save waited for ever, and so did every gather of those rows:
+the learner's own (it packs the chunks the packer has not reached) too, so even a
+pipeline watching the collector hung instead of raising CollectorDied. Measured: a
+collector SIGKILLed in a loop of adds died inside one at the first try, and the
+learner's next sample hung, with the thread and the process collector.
+
+Now each of them raises WriterDied, naming the pid. A writer that is alive, however
+long it takes, is waited for; the record of who holds the lock is cleared on every
+way out of an add but a kill.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from replay_fsm import Pipeline
+from replay_fsm.data import owner
+from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.errors import PipelineFailed, WriterDied
+
+from .collectors import StallingBuffer, add_rows, constant_rows
+from .support import MARGIN_S
+
+CAPACITY, REGION = 64, 8
+
+
+def outcome(call: Callable[[], object]) -> tuple[str, object]:
+    """What ``call`` did within MARGIN_S, on a thread of its own: ("returned", value),
+    ("raised", exception), or ("waiting", None), the thread left waiting (daemon)."""
+    result: list[tuple[str, object]] = []
+
+    def run() -> None:
+        try:
+            result.append(("returned", call()))
+        except BaseException as exc:  # noqa: BLE001 - reported to the test
+            result.append(("raised", exc))
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(MARGIN_S)
+    return result[0] if result else ("waiting", None)
+
+
+def stalled_writer(rb: StallingBuffer, first_id: int
+                   ) -> tuple[mp.process.BaseProcess, Any]:
+    """A spawned process inside an add of 8 rows to ``rb``, full: at rows 0..7, region
+    0 odd, rows 0..3 written, waiting for the returned event."""
+    ctx = mp.get_context("spawn")
+    entered, go = ctx.Event(), ctx.Event()
+    rb.stall = (entered, go)
+    process = ctx.Process(target=add_rows, args=(rb, constant_rows(rb, first_id, 8)),
+                          daemon=True)
+    process.start()
+    rb.stall = None  # this process's adds go straight through
+    assert entered.wait(MARGIN_S), "the writer never reached its copy"
+    return process, go
+
+
+def filled(cls: type[StallingBuffer] = StallingBuffer) -> StallingBuffer:
+    rb = cls(CAPACITY, 2, 1, region_rows=REGION)
+    rb.add_packed(constant_rows(rb, 0, CAPACITY))  # full: the next add overwrites
+    return rb
+
+
+@pytest.fixture
+def full() -> StallingBuffer:
+    return filled()
+
+
+@pytest.fixture
+def killed(full: StallingBuffer) -> Iterator[tuple[StallingBuffer, int]]:
+    process, _ = stalled_writer(full, 1000)
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    yield full, process.pid
+
+
+ODD_ROWS = torch.arange(0, 8)  # region 0, which the killed add was writing
+WHOLE_ROWS = torch.arange(8, CAPACITY)  # the other regions, whole
+
+
+def test_the_killed_writer_leaves_its_region_odd_and_the_lock_held(
+        killed: tuple[StallingBuffer, int]) -> None:
+    """The setting of the tests below, as the kill leaves it."""
+    rb, pid = killed
+    assert (rb._seq & 1).nonzero().flatten().tolist() == [0]
+    assert rb._owner.dead_holder() == pid
+    assert rb.ptr == CAPACITY  # the counters move after the rows: never
+
+
+@pytest.mark.parametrize("call", ["add_packed", "add", "adds_paused", "save",
+                                  "adopt_rows"])
+def test_calls_that_take_the_lock_raise_writer_died_instead_of_waiting(
+        killed: tuple[StallingBuffer, int], tmp_path: Path, call: str) -> None:
+    rb, pid = killed
+    n = 2
+    calls: dict[str, Callable[[], object]] = {
+        "add_packed": lambda: rb.add_packed(torch.zeros(n, rb.width)),
+        "add": lambda: rb.add(torch.zeros(n, 2), torch.zeros(n, 1), torch.zeros(n),
+                              torch.zeros(n, 2), torch.zeros(n), torch.zeros(n)),
+        "adds_paused": lambda: rb.adds_paused().__enter__(),
+        "save": lambda: rb.save(tmp_path / "rb.ckpt"),
+        "adopt_rows": lambda: rb.adopt_rows(10),
+    }
+    kind, exc = outcome(calls[call])
+    assert kind == "raised" and isinstance(exc, WriterDied), (kind, exc)
+    assert f"process {pid} died inside an add" in str(exc)
+    assert "(0-7)" in str(exc) and f"{call.replace('add_packed', 'add')}()" in str(exc)
+    assert not (tmp_path / "rb.ckpt").exists()
+    assert rb.ptr == CAPACITY
+
+
+def test_a_gather_of_the_half_written_rows_raises_and_of_others_returns_them(
+        killed: tuple[StallingBuffer, int]) -> None:
+    rb, pid = killed
+    kind, exc = outcome(lambda: rb.gather(ODD_ROWS, torch.empty(8, rb.width)))
+    assert kind == "raised" and isinstance(exc, WriterDied), (kind, exc)
+    assert "a gather of 8 of them" in str(exc)
+    rows = rb.gather(WHOLE_ROWS, torch.empty(len(WHOLE_ROWS), rb.width))
+    assert (rows == WHOLE_ROWS[:, None].float()).all()
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+@pytest.mark.timeout(300)  # spawns a packer process
+def test_the_learners_sample_fails_instead_of_hanging(
+        killed: tuple[StallingBuffer, int], collector: str) -> None:
+    """Unwatched: the gather's own check. (Watched, CollectorDied may come first.)"""
+    rb, pid = killed
+    pipe = Pipeline(rb, sample_count=CAPACITY, collector=collector)
+    try:
+        def sample() -> object:
+            pipe.start_prepare(0, CAPACITY)  # every row: the odd region's among them
+            return pipe.sample_large_batch(0, CAPACITY)
+        kind, exc = outcome(sample)
+        assert kind == "raised" and isinstance(exc, PipelineFailed), (kind, exc)
+        assert "WriterDied" in str(exc) and f"process {pid}" in str(exc)
+    finally:
+        assert outcome(pipe.close)[0] == "returned"
+
+
+class CountingChecks(StallingBuffer):
+    """Sets ``checked`` after each of its gathers' checks of the writer."""
+
+    checked: threading.Event
+
+    def _refuse_if_writer_died(self, call: str) -> None:
+        super()._refuse_if_writer_died(call)
+        if call.startswith("a gather"):
+            self.checked.set()
+
+
+def test_a_live_writer_is_waited_for_however_long_it_takes() -> None:
+    """A gather that checked the writer while it was alive, and an add that found the
+    lock taken, wait; once the writer goes on, both finish, with whole rows."""
+    rb = filled(CountingChecks)
+    process, go = stalled_writer(rb, 1000)
+    rb.checked = threading.Event()  # after the spawn: an Event does not pickle
+    try:
+        assert rb._owner.held and rb._owner.dead_holder() is None
+        results: dict[str, tuple[str, object]] = {}
+        gather = threading.Thread(target=lambda: results.__setitem__(
+            "gather", outcome(lambda: rb.gather(ODD_ROWS, torch.empty(8, rb.width)))))
+        gather.start()
+        assert rb.checked.wait(MARGIN_S), "the gather never checked the writer"
+        add = threading.Thread(target=lambda: results.__setitem__(
+            "add", outcome(lambda: rb.add_packed(constant_rows(rb, 2000, 2)))))
+        add.start()
+    finally:
+        go.set()
+    process.join(MARGIN_S)
+    gather.join()
+    add.join()
+    assert process.exitcode == 0
+    kind, rows = results["gather"]
+    assert kind == "returned", results
+    assert isinstance(rows, torch.Tensor)
+    assert (rows == torch.arange(1000, 1008)[:, None].float()).all()
+    assert results["add"][0] == "returned", results
+    assert rb.ptr == CAPACITY + 10 and not rb._owner.held
+
+
+def test_the_holder_record_is_cleared_after_an_add_that_raised() -> None:
+    rb = ReplayBuffer(CAPACITY, 2, 1, region_rows=REGION)
+    rb.adopt_rows(ReplayBuffer.MAX_PTR)
+    with pytest.raises(ValueError, match="the counters hold"):
+        rb.add_packed(torch.zeros(1, rb.width))  # raised with the lock taken
+    assert not rb._owner.held
+
+
+# -- the liveness judgement itself, against a fake /proc ---------------------------
+
+def stat_line(pid: int, state: str, start: int, command: str = "py) thon") -> str:
+    # fields 3..21 after the command, the start time field 22
+    return f"{pid} ({command}) {state} " + " ".join(["0"] * 18) + f" {start} 0 0\n"
+
+
+@pytest.fixture
+def proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fake /proc holding this process as pid 77 (started at tick 500, pid namespace
+    inode 4026531836)."""
+    root = tmp_path / "proc"
+    (root / "self" / "ns").mkdir(parents=True)
+    (root / "self" / "stat").write_text(stat_line(77, "R", 500))
+    (root / "self" / "ns" / "pid").write_text("")
+    monkeypatch.setattr(owner, "PROC", str(root))
+    monkeypatch.setattr(owner, "_me", None)
+    yield root
+    owner.forget_me()
+
+
+def holder(pid: int, start: int, namespace: int) -> owner.Owner:
+    record = owner.Owner()
+    record.words[1] = namespace
+    record.words[0] = pid | start << owner.PID_BITS
+    return record
+
+
+def add_process(root: Path, pid: int, state: str, start: int) -> None:
+    (root / str(pid)).mkdir()
+    (root / str(pid) / "stat").write_text(stat_line(pid, state, start))
+
+
+def test_me_reads_the_pid_start_time_and_namespace(proc: Path) -> None:
+    token, namespace = owner.me()
+    assert token == 77 | 500 << owner.PID_BITS
+    assert namespace == os.stat(proc / "self" / "ns" / "pid").st_ino
+
+
+@pytest.mark.parametrize("state,start,dead", [
+    ("S", 900, False),  # alive: the same process
+    ("Z", 900, True),   # a zombie: dead, not reaped yet
+    ("S", 901, True),   # the pid reused by another process
+    (None, 900, True),  # no such process
+])
+def test_a_holder_is_dead_when_gone_a_zombie_or_its_pid_reused(
+        proc: Path, state: str | None, start: int, dead: bool) -> None:
+    if state is not None:
+        add_process(proc, 1234, state, start)
+    record = holder(1234, 900, owner.me()[1])
+    assert record.dead_holder() == (1234 if dead else None)
+
+
+def test_a_holder_of_another_pid_namespace_or_without_proc_is_never_judged(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert holder(1234, 900, owner.me()[1] + 1).dead_holder() is None
+    monkeypatch.setattr(owner, "PROC", str(proc / "absent"))
+    monkeypatch.setattr(owner, "_me", None)
+    assert owner.me() == (0, 0)
+    assert holder(1234, 900, 0).dead_holder() is None
+    record = owner.Owner()
+    record.hold()  # a process that cannot be judged writes nothing
+    assert not record.held
+
+
+def test_a_holder_that_released_and_then_exited_is_not_judged_dead(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its token was read while it held the lock; it released (clearing the token) and
+    exited before /proc was read."""
+    record = holder(1234, 900, owner.me()[1])
+    stat = owner._stat
+
+    def released_then_gone(pid: int | str) -> tuple[int, bytes, int]:
+        if pid == 1234:
+            record.release()
+        return stat(pid)
+    monkeypatch.setattr(owner, "_stat", released_then_gone)
+    assert record.dead_holder() is None
+
+
+def test_a_forked_child_names_itself() -> None:
+    parent = owner.me()[0]
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report its token's pid, and leave at once
+        os.write(write, str(owner.me()[0] & owner.PID_MASK).encode())
+        os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 64))
+    os.close(read)
+    os.waitpid(pid, 0)
+    assert child == pid and parent & owner.PID_MASK == os.getpid()
