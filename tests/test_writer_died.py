@@ -150,14 +150,16 @@ def test_the_learners_sample_fails_instead_of_hanging(
 
 
 class CountingChecks(StallingBuffer):
-    """Sets ``checked`` after each of its gathers' checks of the writer."""
+    """Sets ``checked[call]`` (the call's first word: a, save(), ...) after each of
+    the checks of the writer a call makes, once it has found the writer alive."""
 
-    checked: threading.Event
+    checked: dict[str, threading.Event] = {}  # none until a test sets its own (read only)
 
     def _refuse_if_writer_died(self, call: str) -> None:
         super()._refuse_if_writer_died(call)
-        if call.startswith("a gather"):
-            self.checked.set()
+        event = self.checked.get(call.split()[0])
+        if event is not None:
+            event.set()
 
 
 def test_a_live_writer_is_waited_for_however_long_it_takes() -> None:
@@ -165,14 +167,14 @@ def test_a_live_writer_is_waited_for_however_long_it_takes() -> None:
     lock taken, wait; once the writer goes on, both finish, with whole rows."""
     rb = filled(CountingChecks)
     process, go = stalled_writer(rb, 1000)
-    rb.checked = threading.Event()  # after the spawn: an Event does not pickle
+    rb.checked = {"a": threading.Event()}  # after the spawn: an Event does not pickle
     try:
         assert rb._owner.held and rb._owner.dead_holder() is None
         results: dict[str, tuple[str, object]] = {}
         gather = threading.Thread(target=lambda: results.__setitem__(
             "gather", outcome(lambda: rb.gather(ODD_ROWS, torch.empty(8, rb.width)))))
         gather.start()
-        assert rb.checked.wait(MARGIN_S), "the gather never checked the writer"
+        assert rb.checked["a"].wait(MARGIN_S), "the gather never checked the writer"
         add = threading.Thread(target=lambda: results.__setitem__(
             "add", outcome(lambda: rb.add_packed(constant_rows(rb, 2000, 2)))))
         add.start()
@@ -188,6 +190,33 @@ def test_a_live_writer_is_waited_for_however_long_it_takes() -> None:
     assert (rows == torch.arange(1000, 1008)[:, None].float()).all()
     assert results["add"][0] == "returned", results
     assert rb.ptr == CAPACITY + 10 and not rb._owner.held
+
+
+@pytest.mark.parametrize("call", ["save", "adds_paused", "adopt_rows"])
+def test_a_call_waiting_for_an_add_raises_once_its_writer_is_killed(
+        call: str, tmp_path: Path) -> None:
+    """The learner's save (its final pass pauses the adds) found an add in progress,
+    and was waiting for it when the collector was killed."""
+    rb = filled(CountingChecks)
+    process, _ = stalled_writer(rb, 1000)
+    rb.checked = {f"{call}()": threading.Event()}
+    calls: dict[str, Callable[[], object]] = {
+        "save": lambda: rb.save(tmp_path / "rb.ckpt"),
+        "adds_paused": lambda: rb.adds_paused().__enter__(),
+        "adopt_rows": lambda: rb.adopt_rows(10),
+    }
+    results: list[tuple[str, object]] = []
+    waiting = threading.Thread(target=lambda: results.append(outcome(calls[call])))
+    waiting.start()
+    assert rb.checked[f"{call}()"].wait(MARGIN_S), "the call never checked the writer"
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    waiting.join()
+    kind, exc = results[0]
+    assert kind == "raised" and isinstance(exc, WriterDied), (kind, exc)
+    assert f"process {process.pid} died" in str(exc)
+    assert not (tmp_path / "rb.ckpt").exists()
 
 
 def test_the_holder_record_is_cleared_after_an_add_that_raised() -> None:
@@ -207,23 +236,36 @@ def stat_line(pid: int, state: str, start: int, command: str = "py) thon") -> st
 
 @pytest.fixture
 def proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fake /proc holding this process as pid 77 (started at tick 500, pid namespace
-    inode 4026531836)."""
+    """A fake /proc holding this process as pid 77, started at tick 500, its pid and
+    time namespaces two files' inodes."""
     root = tmp_path / "proc"
     (root / "self" / "ns").mkdir(parents=True)
     (root / "self" / "stat").write_text(stat_line(77, "R", 500))
     (root / "self" / "ns" / "pid").write_text("")
+    (root / "self" / "ns" / "time").write_text("")
     monkeypatch.setattr(owner, "PROC", str(root))
     monkeypatch.setattr(owner, "_me", None)
     yield root
     owner.forget_me()
 
 
-def holder(pid: int, start: int, namespace: int) -> owner.Owner:
+def holder(pid: int, start: int, namespaces: tuple[int, int] | None = None
+           ) -> owner.Owner:
+    """A record of ``pid`` holding the lock, of this process's namespaces unless
+    ``namespaces`` (pid, time) says otherwise."""
     record = owner.Owner()
-    record.words[1] = namespace
+    record.words[1:] = torch.tensor(namespaces or owner.me()[1:])
     record.words[0] = pid | start << owner.PID_BITS
     return record
+
+
+def reaped_pid() -> int:
+    """The pid of a process that has exited and been reaped: none has it now."""
+    pid = os.fork()
+    if pid == 0:
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return pid
 
 
 def add_process(root: Path, pid: int, state: str, start: int) -> None:
@@ -231,33 +273,69 @@ def add_process(root: Path, pid: int, state: str, start: int) -> None:
     (root / str(pid) / "stat").write_text(stat_line(pid, state, start))
 
 
-def test_me_reads_the_pid_start_time_and_namespace(proc: Path) -> None:
-    token, namespace = owner.me()
+def test_me_reads_the_pid_start_time_and_namespaces(proc: Path) -> None:
+    token, pid_namespace, time_namespace = owner.me()
     assert token == 77 | 500 << owner.PID_BITS
-    assert namespace == os.stat(proc / "self" / "ns" / "pid").st_ino
+    assert pid_namespace == os.stat(proc / "self" / "ns" / "pid").st_ino
+    assert time_namespace == os.stat(proc / "self" / "ns" / "time").st_ino
+    assert pid_namespace != time_namespace
+
+
+def test_a_kernel_without_time_namespaces_reads_as_time_namespace_0(proc: Path) -> None:
+    (proc / "self" / "ns" / "time").unlink()
+    assert owner.me()[0] and owner.me()[2] == 0
+
+
+def test_a_failed_read_of_this_process_is_tried_again(
+        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors at the first add: not a process unknown for ever."""
+    stat = owner._stat
+
+    def out_of_descriptors(pid: int | str) -> tuple[int, bytes, int]:
+        raise OSError(24, "Too many open files")
+    monkeypatch.setattr(owner, "_stat", out_of_descriptors)
+    assert owner.me() == owner.UNKNOWN
+    monkeypatch.setattr(owner, "_stat", stat)
+    assert owner.me()[0] == 77 | 500 << owner.PID_BITS
 
 
 @pytest.mark.parametrize("state,start,dead", [
     ("S", 900, False),  # alive: the same process
     ("Z", 900, True),   # a zombie: dead, not reaped yet
     ("S", 901, True),   # the pid reused by another process
-    (None, 900, True),  # no such process
 ])
-def test_a_holder_is_dead_when_gone_a_zombie_or_its_pid_reused(
-        proc: Path, state: str | None, start: int, dead: bool) -> None:
-    if state is not None:
-        add_process(proc, 1234, state, start)
-    record = holder(1234, 900, owner.me()[1])
-    assert record.dead_holder() == (1234 if dead else None)
+def test_a_holder_is_dead_when_a_zombie_or_its_pid_reused(
+        proc: Path, state: str, start: int, dead: bool) -> None:
+    add_process(proc, 1234, state, start)
+    assert holder(1234, 900).dead_holder() == (1234 if dead else None)
 
 
-def test_a_holder_of_another_pid_namespace_or_without_proc_is_never_judged(
-        proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert holder(1234, 900, owner.me()[1] + 1).dead_holder() is None
+def test_a_holder_without_an_entry_in_proc_is_dead_unless_it_answers_kill(
+        proc: Path) -> None:
+    """No entry: died and reaped, or hidden (``hidepid``: another user's process)."""
+    gone = reaped_pid()
+    assert holder(gone, 900).dead_holder() == gone
+    assert holder(os.getppid(), 900).dead_holder() is None  # alive, not in the fake
+
+
+@pytest.mark.parametrize("other", ["pid", "time"])
+def test_a_holder_of_another_namespace_is_never_judged(proc: Path, other: str) -> None:
+    """Another pid namespace: its pid names another process here. Another time
+    namespace: /proc shows its start time shifted by this reader's offset."""
+    pid_namespace, time_namespace = owner.me()[1:]
+    shifted = ((pid_namespace + 1, time_namespace) if other == "pid"
+               else (pid_namespace, time_namespace + 1))
+    gone = reaped_pid()
+    assert holder(gone, 900, shifted).dead_holder() is None
+    assert holder(gone, 900).dead_holder() == gone  # the control
+
+
+def test_nothing_is_judged_without_proc(proc: Path, monkeypatch: pytest.MonkeyPatch
+                                        ) -> None:
     monkeypatch.setattr(owner, "PROC", str(proc / "absent"))
     monkeypatch.setattr(owner, "_me", None)
-    assert owner.me() == (0, 0)
-    assert holder(1234, 900, 0).dead_holder() is None
+    assert owner.me() == owner.UNKNOWN
+    assert holder(reaped_pid(), 900, (0, 0)).dead_holder() is None
     record = owner.Owner()
     record.hold()  # a process that cannot be judged writes nothing
     assert not record.held
@@ -267,11 +345,13 @@ def test_a_holder_that_released_and_then_exited_is_not_judged_dead(
         proc: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its token was read while it held the lock; it released (clearing the token) and
     exited before /proc was read."""
-    record = holder(1234, 900, owner.me()[1])
+    gone = reaped_pid()
+    record = holder(gone, 900)
+    assert record.dead_holder() == gone  # the control: read before it released
     stat = owner._stat
 
     def released_then_gone(pid: int | str) -> tuple[int, bytes, int]:
-        if pid == 1234:
+        if pid == gone:
             record.release()
         return stat(pid)
     monkeypatch.setattr(owner, "_stat", released_then_gone)

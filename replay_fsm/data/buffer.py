@@ -43,6 +43,10 @@ Array = Any  # torch.Tensor or np.ndarray
 # that add's process is alive (a /proc read): a live writer finishes a region in
 # microseconds to milliseconds, a dead one never does.
 WRITER_CHECK_RETRIES = 1024
+# A pause (and so a save) or adopt_rows finding an add in progress asks this often
+# whether its process is alive, until it is done, before waiting for the lock (a wait
+# for the semaphore itself could not be told that its holder died).
+ADD_POLL_S = 0.001
 
 
 def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor:
@@ -181,10 +185,11 @@ class ReplayBuffer:
         Raises:
             ProtocolError: called on a thread inside an ``add`` (from a signal handler
                 that interrupted it): the pause would not hold that add off.
-            WriterDied: a process died inside an add, holding the lock.
+            WriterDied: a process died inside an add, holding the lock (checked
+                when called, while an add is in progress until it ends).
         """
         self._refuse_inside_add("adds_paused()")
-        self._refuse_if_writer_died("adds_paused()")
+        self._wait_out_add("adds_paused()")
         return self._write_lock._semlock
 
     def _refuse_inside_add(self, call: str) -> None:
@@ -195,6 +200,14 @@ class ReplayBuffer:
             raise ProtocolError(f"{call} inside this thread's add (from a signal handler?) "
                                 f"would see that add half done; nothing was changed. Call "
                                 f"it after the add, outside the handler")
+
+    def _wait_out_add(self, call: str) -> None:
+        """Until no add holds the write lock: raises WriterDied once its process is
+        dead. (Nothing waits in the semaphore meanwhile, so a Ctrl-C leaves nothing
+        held.) An add beginning after it, and a pause, are waited for by the lock."""
+        while self._owner.held:
+            self._refuse_if_writer_died(call)
+            time.sleep(ADD_POLL_S)
 
     def _refuse_if_writer_died(self, call: str) -> None:
         if not self._owner.held:
@@ -213,13 +226,14 @@ class ReplayBuffer:
                 runs.append([r, r])
         rows = ", ".join(f"{a * self.region_rows}-"
                          f"{min((b + 1) * self.region_rows, self.capacity) - 1}"
-                         for a, b in runs) or "none"
+                         for a, b in runs)
+        torn = (f"the rows it was writing ({rows}) are half written" if rows else
+                "no row is half written")
         return (f"process {pid} died inside an add to this replay buffer (killed: "
-                f"SIGKILL, the OOM killer?), holding its write lock; the rows it was "
-                f"writing ({rows}) are half written: {call} would wait for ever. No "
-                f"add, pause or save of this buffer can succeed any more, and no "
-                f"gather of those rows; start again from the last checkpoint "
-                f"(ReplayBuffer.load)")
+                f"SIGKILL, the OOM killer?), holding its write lock; {torn}: {call} "
+                f"would wait for ever. No add, pause or save of this buffer can "
+                f"succeed any more, and no gather of rows being written; start again "
+                f"from the last checkpoint (ReplayBuffer.load)")
 
     def _refuse_inside_pause(self, call: str) -> None:
         self._refuse_inside_add(call)
@@ -241,7 +255,7 @@ class ReplayBuffer:
         if not 0 <= ptr <= self.MAX_PTR:
             raise ValueError(f"ptr must be in [0, {self.MAX_PTR}], got {ptr}")
         self._refuse_inside_pause("adopt_rows()")
-        self._refuse_if_writer_died("adopt_rows()")
+        self._wait_out_add("adopt_rows()")
         ptr, size = int(ptr), min(int(ptr), self.capacity)  # no call between the writes
         with self._write_lock._semlock:  # see __init__
             self._counters[1] = size
@@ -539,7 +553,7 @@ class ReplayBuffer:
             WriterDied: a process died inside an add, holding the write lock.
         """
         self._refuse_inside_add("save()")
-        self._refuse_if_writer_died("save()")
+        self._wait_out_add("save()")
         return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
 
     @classmethod

@@ -7,9 +7,11 @@ record) while it holds the lock, so that a process waiting for it can tell a hol
 that is slow from one that is dead, and fail instead of waiting for ever.
 
 A process is named by its pid and its start time (a pid is reused; the pair is not)
-in one int64, with its pid namespace's inode beside it: a pid means something only in
-its own namespace, and a holder from another one is never judged dead. Where /proc
-cannot be read, nothing is judged dead either.
+in one int64, with the inodes of its pid and time namespaces beside it: a pid means
+something only in its own pid namespace, and /proc shows a start time shifted by the
+reader's time namespace, so a holder of another namespace is never judged dead.
+Where /proc cannot be read, nothing is judged dead either, and a process that /proc
+hides (``hidepid``) is asked for with ``kill(pid, 0)``.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ import torch
 PROC = "/proc"  # where processes are looked up (a test points it at a fake tree)
 PID_BITS = 22  # pids are below 2**22, the kernel's PID_MAX_LIMIT
 PID_MASK = (1 << PID_BITS) - 1
+UNKNOWN = (0, 0, 0)
 
-_me: tuple[int, int] | None = None  # (token, namespace) of this process, once read
+# (token, pid namespace, time namespace) of this process, once read; UNKNOWN for good
+# where there is no /proc
+_me: tuple[int, int, int] | None = None
 
 
 def _stat(pid: int | str) -> tuple[int, bytes, int]:
@@ -38,17 +43,28 @@ def _stat(pid: int | str) -> tuple[int, bytes, int]:
     return int(text[:text.index(b" ")]), fields[0], int(fields[19])
 
 
-def me() -> tuple[int, int]:
-    """This process's (token, pid namespace); (0, 0) where /proc cannot say."""
+def _namespace(kind: str) -> int:
+    try:
+        return os.stat(os.path.join(PROC, "self", "ns", kind)).st_ino
+    except FileNotFoundError:
+        if kind == "time":
+            return 0  # a kernel before 5.6: no time namespaces, every start time as is
+        raise
+
+
+def me() -> tuple[int, int, int]:
+    """This process's (token, pid namespace, time namespace); UNKNOWN where /proc
+    cannot say (read again at the next call, but for a system without /proc)."""
     global _me
     if _me is None:
         try:
             pid, _, start = _stat("self")
-            namespace = os.stat(os.path.join(PROC, "self", "ns", "pid")).st_ino
+            found = (pid | start << PID_BITS, _namespace("pid"), _namespace("time"))
+        except FileNotFoundError:
+            found = UNKNOWN
         except (OSError, ValueError, IndexError):
-            _me = (0, 0)
-        else:
-            _me = (pid | start << PID_BITS, namespace)
+            return UNKNOWN  # out of descriptors, say: not for ever
+        _me = found
     return _me
 
 
@@ -58,17 +74,29 @@ def forget_me() -> None:
     _me = None
 
 
+def _gone(pid: int) -> bool:
+    """Whether no process ``pid`` exists (of this pid namespace), /proc having no entry
+    for it: one that ``hidepid`` hides from this process still answers ``kill``."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:  # EPERM: it exists, another user's
+        return False
+    return False
+
+
 class Owner:
-    """A two-word record in shared memory: [holder's token, its pid namespace], the
-    token 0 while no process that can be judged holds the lock.
+    """A three-word record in shared memory: [holder's token, its pid namespace, its
+    time namespace], the token 0 while no process that can be judged holds the lock.
 
     Invariant: the token is non-zero only while its process holds the lock (written
-    after the lock is taken, cleared before it is released), the namespace written
+    after the lock is taken, cleared before it is released), the namespaces written
     before the token.
     """
 
     def __init__(self) -> None:
-        self.words = torch.zeros(2, dtype=torch.int64).share_memory_()
+        self.words = torch.zeros(3, dtype=torch.int64).share_memory_()
         self.view()
 
     def view(self) -> None:
@@ -88,9 +116,10 @@ class Owner:
 
     def hold(self) -> None:
         """Say that this process holds the lock (the caller has just taken it)."""
-        token, namespace = me()
+        token, pid_namespace, time_namespace = me()
         if token:
-            self._words[1] = namespace
+            self._words[1] = pid_namespace
+            self._words[2] = time_namespace
             self._words[0] = token
 
     @property
@@ -98,29 +127,32 @@ class Owner:
         """Whether a process that can be judged holds the lock, as read now."""
         return bool(self._words[0])
 
+    def _read(self) -> tuple[int, int, int]:
+        words = self._words
+        return int(words[0]), int(words[1]), int(words[2])
+
     def dead_holder(self) -> int | None:
         """The pid of a process that died holding the lock; None while none holds it,
-        its holder lives (a zombie is dead), or it cannot be judged (another pid
-        namespace, no /proc)."""
-        token = int(self._words[0])
-        namespace = int(self._words[1])
-        if not token or int(self._words[0]) != token:  # none, or changed meanwhile
-            return None
-        mine = me()[1]
-        if not mine or namespace != mine:
+        its holder lives (a zombie is dead), or it cannot be judged (another pid or
+        time namespace, no /proc)."""
+        record = self._read()
+        token, pid_namespace, time_namespace = record
+        mine = me()
+        if not token or not mine[1] or (pid_namespace, time_namespace) != mine[1:]:
             return None
         pid, start = token & PID_MASK, token >> PID_BITS
         try:
             _, state, started = _stat(pid)
         except (FileNotFoundError, ProcessLookupError):
-            dead = True  # no such process: it died, and was reaped
+            dead = _gone(pid)  # no entry: died and reaped, or hidden from this process
         except (OSError, ValueError, IndexError):
             return None
         else:
             dead = state in (b"Z", b"X") or started != start
-        # Read again: a holder that released the lock and then exited cleared its
-        # token first; one still there after its process was seen dead was left by it.
-        return pid if dead and int(self._words[0]) == token else None
+        # Read again, token first: a holder that released the lock and then exited
+        # cleared its token first, and a later holder writes its namespaces before
+        # its token; a record unchanged after its process was seen dead was its last.
+        return pid if dead and self._read() == record else None
 
 
 os.register_at_fork(after_in_child=forget_me)
