@@ -204,7 +204,10 @@ class ReplayBuffer:
     def _wait_out_add(self, call: str) -> None:
         """Until no add holds the write lock: raises WriterDied once its process is
         dead. (Nothing waits in the semaphore meanwhile, so a Ctrl-C leaves nothing
-        held.) An add beginning after it, and a pause, are waited for by the lock."""
+        held.) An add beginning after it, and a pause, are waited for in the
+        semaphore, where nothing can tell the caller that their process died: a
+        wait with a timeout there would leave a Ctrl-C a point between the acquire
+        and the block."""
         while self._owner.held:
             self._refuse_if_writer_died(call)
             time.sleep(ADD_POLL_S)
