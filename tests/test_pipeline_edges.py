@@ -610,6 +610,39 @@ def test_an_observer_that_interrupts_close_is_reraised_after_everything_stopped(
     assert {t.ident for t in threading.enumerate()} <= threads
 
 
+def test_an_observers_error_at_a_close_cut_short_is_raised_by_the_close_that_finishes(
+        ) -> None:
+    """A Ctrl-C stopping the collector link, after the core closed and an observer
+    raised a BaseException (an Exception fails the run instead): the next close
+    finishes stopping everything and raises it (it was lost: the core was closed
+    already)."""
+
+    class Broken(BaseException):
+        pass
+
+    class RaisesAtClose(Observer):
+        def transition(self, record: Any, time_ns: int) -> None:
+            if record.event is Event.CLOSE:
+                raise Broken("the observer's")
+
+    pipe = Pipeline(buffer(), sample_count=N, backend="manual")
+    pipe.add_observer(RaisesAtClose())
+    stop, calls = pipe._link.stop, []
+
+    def interrupted_once(timeout: float) -> list[str]:
+        calls.append(timeout)
+        if len(calls) == 1:
+            raise KeyboardInterrupt
+        return stop(timeout)
+    pipe._link.stop = interrupted_once  # type: ignore[method-assign]
+    with pytest.raises(KeyboardInterrupt):
+        pipe.close()
+    with pytest.raises(Broken, match="the observer's"):
+        pipe.close()
+    assert len(calls) == 2 and pipe.forced == []
+    pipe.close()  # and then nothing more
+
+
 def test_close_leaves_a_worker_stuck_in_a_submit_behind_and_says_so(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """close() waits for the transfer worker at most its stop timeout, then names it

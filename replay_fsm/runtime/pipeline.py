@@ -130,6 +130,9 @@ class Pipeline:
         self._cv = threading.Condition(self._lock)
         self._closed = False
         self._stopped = False  # close() finished: link, worker and backend stopped
+        # What an observer raised at close, raised by the close that finishes (a
+        # Ctrl-C may cut the first one short after the core closed)
+        self._close_error: BaseException | None = None
         # What close() had to force (a process killed, a thread left behind).
         self.forced: list[str] = []
         self._core = Core(ring_depth, base_seed=base_seed, sample_count=self.sample_count,
@@ -466,15 +469,16 @@ class Pipeline:
                 if self._stopped:
                     return
                 # A close that a Ctrl-C cut short is finished by the next one.
-                interrupted = None if self._closed else self._close_core()
+                if not self._closed:
+                    self._close_error = self._close_core()
                 self._cv.notify_all()
             self.forced = (self._link.stop(STOP_TIMEOUT_S)
                            + self._worker.stop(STOP_TIMEOUT_S))
             self.backend.close()
             self._views = []  # drop our views of device memory so it is freed now
             self._stopped = True
-            if interrupted is not None:
-                raise interrupted
+            if self._close_error is not None:
+                raise self._close_error
         finally:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
