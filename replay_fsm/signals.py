@@ -7,10 +7,11 @@ closes its pipeline, which ends its helper processes, and writes what it has.
 - Ctrl-C reaches the whole process group, so helper processes (the spawned packer,
   the demo's collector) ignore SIGINT from their first instruction (``start_ignoring``,
   ``ignore``). The packer keeps SIGTERM's default: ``Process.terminate`` and
-  multiprocessing's clean-up at exit end it with that. The demo's collector ignores
-  SIGTERM too (SLURM and systemd send it to every process of the job: a rank must
-  not find its collector dead before the ranks agree to stop); the demo ends it with
-  SIGKILL if it does not leave when closed.
+  multiprocessing's clean-up at exit end it with that. The collector processes of
+  the demo and of the SAC trainer ignore SIGTERM too (SLURM and systemd send it to
+  every process of the job: a learner must not find its collector dead, or killed
+  inside an add to the replay buffer, before it has decided to stop); their owner
+  ends them with SIGKILL if they do not leave when closed (``end_process``).
 - The command line takes SIGTERM as it takes Ctrl-C (``sigterm_as_interrupt``): the
   same clean stop, its files written, and the shell's code for the signal (143).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
@@ -192,6 +193,19 @@ def start_ignoring(process: Any, signums: tuple[int, ...] = (signal.SIGINT,)) ->
     """
     with handling(signums, signal.SIG_IGN):
         process.start()
+
+
+def end_process(process: Any, join_s: float) -> None:
+    """Join a started ``process`` within ``join_s`` seconds, then SIGKILL it if it is
+    still alive (one started with ``start_ignoring(process, STOP_SIGNALS)`` does not
+    answer ``terminate``, and multiprocessing's clean-up at exit would wait for it
+    for ever). The kill comes even when the join is interrupted."""
+    try:
+        process.join(timeout=join_s)
+    finally:
+        if process.is_alive():
+            process.kill()
+            process.join()
 
 
 def ignore(signums: tuple[int, ...] = (signal.SIGINT,)) -> None:

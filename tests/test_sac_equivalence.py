@@ -199,3 +199,45 @@ def test_a_comparison_interrupted_at_its_first_tick_still_writes_its_summary(
     result = json.loads((tmp_path / "sac.json").read_text(), parse_constant=strict)
     assert [r["ticks"] for r in result["runs"].values()] == [0, 0]
     assert result["runs"]["sync"]["tick_ms"] == {"mean": None, "p50": None, "p99": None}
+
+
+def test_the_collector_process_outlives_stop_signals_the_learner_decides() -> None:
+    """A terminal's Ctrl-C and a scheduler's SIGTERM reach every process of the job.
+    The collector process ignores both: the learner's run goes on (before, it failed
+    with CollectorDied, and a collector killed inside an add left the buffer
+    unwritable), and closing the trainer ends the collector."""
+    import os
+
+    from replay_fsm.signals import STOP_SIGNALS
+    from replay_fsm.trainers.run import Trainer
+
+    with Trainer(replace(SMALL, collector="process")) as trainer:
+        trainer.run(2)
+        for signum in STOP_SIGNALS:
+            os.kill(trainer.worker.pid, signum)
+        trainer.run(6)  # rows the collector adds after the signals
+        assert trainer.tick == 8 and trainer.worker.is_alive()
+    assert trainer.worker.exitcode == 0  # it left when told
+
+
+def test_a_second_ctrl_c_in_the_trainers_close_still_ends_its_collector(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The collector process ignores SIGTERM: left running, it would hang the
+    interpreter's exit (multiprocessing terminates, then joins without a timeout)."""
+    from replay_fsm.trainers.run import Trainer
+
+    trainer = Trainer(replace(SMALL, collector="process"))
+    trainer.run(2)
+    assert trainer.pipe is not None
+    close = trainer.pipe.close
+
+    def interrupted() -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(trainer.pipe, "close", interrupted)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.close()
+        assert not trainer.worker.is_alive()
+    finally:
+        close()

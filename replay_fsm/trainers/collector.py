@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
+from replay_fsm.signals import STOP_SIGNALS, ignore, start_ignoring
 
 from .sac import Actor
 from .shared import EpisodeLog, WeightRing
@@ -94,9 +95,16 @@ def env_dims(env_id: str) -> tuple[int, int]:
 
 def collect(spec: CollectorSpec, rb: ReplayBuffer, weights: WeightRing, episodes: EpisodeLog,
             handle: PackerHandle | None, stop: Any, in_process: bool = False) -> None:
-    """The collector's body, until the pipeline closes (``handle``) or ``stop`` is set."""
-    if in_process and spec.threads is not None:
-        torch.set_num_threads(spec.threads)  # never in a thread: it is process-wide
+    """The collector's body, until the pipeline closes (``handle``) or ``stop`` is set.
+
+    In a process of its own (``in_process``) it ignores Ctrl-C and SIGTERM, which a
+    terminal or a scheduler sends to every process of the job: the learner decides
+    what they mean and stops it (``stop``), and a collector dead of one, inside an
+    add perhaps, would fail the learner's wind-down instead (``WriterDied``)."""
+    if in_process:
+        ignore(STOP_SIGNALS)  # started ignoring them too: start_collector
+        if spec.threads is not None:
+            torch.set_num_threads(spec.threads)  # never in a thread: it is process-wide
     try:
         _Collector(spec, rb, weights, episodes, handle, stop).run()
     except KeyboardInterrupt:
@@ -239,9 +247,10 @@ def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes
         worker = ctx.Process(target=collect,
                              args=(spec, rb, weights, episodes, handle, stop, True),
                              name="sac-collector", daemon=True)
+        start_ignoring(worker, STOP_SIGNALS)  # ended by SIGKILL if it does not leave
     else:
         worker = ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
-    worker.start()
+        worker.start()
     if pipe is not None:
         pipe.watch(worker, f"the SAC collector {config.collector}")
     return worker, stop

@@ -50,14 +50,16 @@ import torch
 
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.sampling import expected_batch
-from replay_fsm.signals import Interrupted, signum_of
+from replay_fsm.signals import Interrupted, end_process, signum_of
 
-from .collector import env_dims, start_collector, wait_rows
+from .collector import ThreadProcess, env_dims, start_collector, wait_rows
 from .sac import SAC
 from .shared import EpisodeLog, WeightRing
 
 SAMPLING = ("pipeline", "sync")
 COLLECTORS = ("process", "thread")
+
+COLLECTOR_JOIN_S = 30.0  # how long a closed trainer waits for its collector to leave
 
 
 @dataclass(frozen=True)
@@ -233,16 +235,23 @@ class Trainer:
         return result
 
     def close(self) -> None:
-        """Stop the collector and the pipeline; idempotent."""
-        if self._bar is not None:
-            self._bar.close()
-            self._bar = None
-        if self.stop is not None:
-            self.stop.set()
-        if self.pipe is not None:
-            self.pipe.close()
-        if self.worker is not None:
-            self.worker.join(timeout=30)
+        """Stop the collector and the pipeline; idempotent. The collector is told and
+        ended even when a step before raised (a second Ctrl-C, say): a collector
+        process ignores SIGTERM, so one left running would hang the interpreter's
+        exit; it is SIGKILLed if it does not leave within COLLECTOR_JOIN_S."""
+        try:
+            if self._bar is not None:
+                self._bar.close()
+                self._bar = None
+            if self.pipe is not None:
+                self.pipe.close()
+        finally:
+            if self.stop is not None:
+                self.stop.set()
+            if isinstance(self.worker, ThreadProcess):
+                self.worker.join(timeout=COLLECTOR_JOIN_S)
+            elif self.worker is not None:
+                end_process(self.worker, COLLECTOR_JOIN_S)
 
     def __enter__(self) -> Trainer:
         return self
