@@ -241,3 +241,43 @@ def test_a_second_ctrl_c_in_the_trainers_close_still_ends_its_collector(
         assert not trainer.worker.is_alive()
     finally:
         close()
+
+
+NEVER_CLOSED = """
+from replay_fsm.trainers.run import SACConfig, Trainer
+trainer = Trainer(SACConfig(env="Pendulum-v1", num_envs=2, batch_size=32,
+                            updates_per_tick=2, env_steps_per_tick=1, ticks=40,
+                            warmup_steps=64, capacity=4096, hidden=32, seed=3,
+                            progress=False, collector="process", sampling="{sampling}"))
+trainer.run(2)
+print(trainer.worker.pid, flush=True)
+# never closed: the interpreter's exit has to end the collector
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("sampling", ["sync", "pipeline"])
+def test_a_trainer_never_closed_does_not_hang_the_interpreters_exit(sampling: str) -> None:
+    """The collector process ignores SIGTERM, which multiprocessing's clean-up at exit
+    sends to daemon children before it joins them without a timeout: that exit hung
+    for ever (helper-26). An exit hook ends the collector first."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .support import MARGIN_S
+
+    child = subprocess.Popen([sys.executable, "-c", NEVER_CLOSED.format(sampling=sampling)],
+                             stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, _ = child.communicate(timeout=4 * MARGIN_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(child.pid, signal.SIGKILL)
+        child.communicate()
+        pytest.fail("the interpreter's exit hung")
+    assert child.returncode == 0
+    collector = int(out.split()[-1])
+    with pytest.raises(ProcessLookupError):
+        os.kill(collector, 0)  # ended and reaped before its learner exited

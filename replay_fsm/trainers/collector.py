@@ -12,11 +12,14 @@ is served, so no request sees rows of a later phase (the snapshots are pinned; s
 
 from __future__ import annotations
 
+import atexit
+import functools
 import multiprocessing as mp
 import os
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,12 +27,14 @@ import numpy as np
 import torch
 
 from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
-from replay_fsm.signals import STOP_SIGNALS, ignore, start_ignoring
+from replay_fsm.signals import STOP_SIGNALS, end_process, ignore, start_ignoring
 
 from .sac import Actor
 from .shared import EpisodeLog, WeightRing
 
 _STOP_CHECK_S = 0.05  # the sync-mode collector's wait for weights, between stop checks
+COLLECTOR_JOIN_S = 30.0  # how long a closed trainer waits for its collector to leave
+AT_EXIT_JOIN_S = 5.0  # the same at the interpreter's exit, for a trainer never closed
 
 
 @dataclass(frozen=True)
@@ -233,27 +238,46 @@ class ThreadProcess:
         self.thread.join(timeout)
 
 
+def end_collector(stop: Any, worker: Any, join_s: float) -> None:
+    """Tell the collector to stop, and end it: a thread is joined within ``join_s``, a
+    process joined and then SIGKILLed (it ignores SIGTERM)."""
+    stop.set()
+    if isinstance(worker, ThreadProcess):
+        worker.join(timeout=join_s)
+    elif worker.pid is not None:  # started
+        end_process(worker, join_s)
+
+
 def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes: EpisodeLog,
-                    pipe: Pipeline | None) -> tuple[Any, Any]:
+                    pipe: Pipeline | None) -> tuple[Any, Any, Callable[[], None] | None]:
     """Start the collector of ``config`` (a ``SACConfig``) in a spawned process or a
-    thread; the pipeline, if any, watches it. Returns (worker, stop event)."""
+    thread; the pipeline, if any, watches it. Returns (worker, stop event, the
+    collector process's exit hook).
+
+    The exit hook, registered with ``atexit`` before the process starts, ends the
+    collector at the interpreter's exit if its trainer was never closed: it ignores
+    SIGTERM, and multiprocessing's own clean-up, which runs after it, would send it
+    that and wait for it for ever. The trainer's close unregisters it."""
     spec = CollectorSpec(config.env, config.num_envs, config.seed,
                          config.warmup_vector_steps, config.env_steps_per_tick, config.hidden)
     ctx = mp.get_context("spawn")
     stop = ctx.Event()
     handle = None if pipe is None else pipe.packer_handle()
     worker: Any
+    at_exit = None
     if config.collector == "process":
         worker = ctx.Process(target=collect,
                              args=(spec, rb, weights, episodes, handle, stop, True),
                              name="sac-collector", daemon=True)
+        at_exit = functools.partial(end_collector, stop, worker, AT_EXIT_JOIN_S)
+        atexit.register(at_exit)  # before the start: no Ctrl-C window leaves it out
         start_ignoring(worker, STOP_SIGNALS)  # ended by SIGKILL if it does not leave
     else:
         worker = ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
         worker.start()
     if pipe is not None:
         pipe.watch(worker, f"the SAC collector {config.collector}")
-    return worker, stop
+    return worker, stop, at_exit
 
 
 def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:

@@ -36,11 +36,13 @@ Why the pipelined run is bit-identical to the synchronous one (``compare``):
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -50,16 +52,14 @@ import torch
 
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.sampling import expected_batch
-from replay_fsm.signals import Interrupted, end_process, signum_of
+from replay_fsm.signals import Interrupted, signum_of
 
-from .collector import ThreadProcess, env_dims, start_collector, wait_rows
+from .collector import COLLECTOR_JOIN_S, end_collector, env_dims, start_collector, wait_rows
 from .sac import SAC
 from .shared import EpisodeLog, WeightRing
 
 SAMPLING = ("pipeline", "sync")
 COLLECTORS = ("process", "thread")
-
-COLLECTOR_JOIN_S = 30.0  # how long a closed trainer waits for its collector to leave
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,7 @@ class Trainer:
                                  liveness_timeout=config.liveness_timeout)
         self.worker: Any = None
         self.stop: Any = None
+        self._at_exit: Callable[[], None] | None = None  # ends the collector if never closed
         self.tick = 0
         self.tick_s: list[float] = []
         self.blocks: list[tuple[float, float]] = []  # monotonic (start, end) of each run
@@ -192,8 +193,8 @@ class Trainer:
         config, pipe, n = self.config, self.pipe, self.config.sample_count
         start = time.monotonic()
         if self.worker is None:  # the collector's start-up belongs to this trainer's time
-            self.worker, self.stop = start_collector(config, self.rb, self.weights,
-                                                     self.episodes, pipe)
+            self.worker, self.stop, self._at_exit = start_collector(
+                config, self.rb, self.weights, self.episodes, pipe)
         stop_at = min(self.tick + ticks, config.ticks)
         try:
             for t in range(self.tick, stop_at):
@@ -246,12 +247,11 @@ class Trainer:
             if self.pipe is not None:
                 self.pipe.close()
         finally:
-            if self.stop is not None:
-                self.stop.set()
-            if isinstance(self.worker, ThreadProcess):
-                self.worker.join(timeout=COLLECTOR_JOIN_S)
-            elif self.worker is not None:
-                end_process(self.worker, COLLECTOR_JOIN_S)
+            if self.worker is not None:
+                end_collector(self.stop, self.worker, COLLECTOR_JOIN_S)
+            if self._at_exit is not None:
+                atexit.unregister(self._at_exit)
+                self._at_exit = None
 
     def __enter__(self) -> Trainer:
         return self
