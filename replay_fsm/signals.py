@@ -11,7 +11,7 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   the demo and of the SAC trainer ignore SIGTERM too (SLURM and systemd send it to
   every process of the job: a learner must not find its collector dead, or killed
   inside an add to the replay buffer, before it has decided to stop); their owner
-  ends them with SIGKILL if they do not leave when closed (``end_process``).
+  ends them with SIGKILL if they do not leave when closed (``end_worker``).
 - The command line takes SIGTERM as it takes Ctrl-C (``sigterm_as_interrupt``): the
   same clean stop, its files written, and the shell's code for the signal (143).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
@@ -195,17 +195,25 @@ def start_ignoring(process: Any, signums: tuple[int, ...] = (signal.SIGINT,)) ->
         process.start()
 
 
-def end_process(process: Any, join_s: float) -> None:
-    """Join a started ``process`` within ``join_s`` seconds, then SIGKILL it if it is
-    still alive (one started with ``start_ignoring(process, STOP_SIGNALS)`` does not
-    answer ``terminate``, and multiprocessing's clean-up at exit would wait for it
-    for ever). The kill comes even when the join is interrupted."""
+def end_worker(worker: Any, join_s: float) -> None:
+    """Join a helper told to stop, a thread or a process, within ``join_s`` seconds;
+    a process still alive then is SIGKILLed (one started with
+    ``start_ignoring(process, STOP_SIGNALS)`` does not answer ``terminate``, and
+    multiprocessing's clean-up at exit would wait for it for ever), even when the
+    join is interrupted. A process never started is left as it is."""
+    import multiprocessing.process  # here: the protocol layer imports without it
+
+    if not isinstance(worker, multiprocessing.process.BaseProcess):
+        worker.join(timeout=join_s)
+        return
+    if worker.pid is None:
+        return
     try:
-        process.join(timeout=join_s)
+        worker.join(timeout=join_s)
     finally:
-        if process.is_alive():
-            process.kill()
-            process.join()
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
 
 
 def ignore(signums: tuple[int, ...] = (signal.SIGINT,)) -> None:

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
 from ..runtime.pipeline import Pipeline
-from ..signals import STOP_SIGNALS, end_process, start_ignoring
+from ..signals import STOP_SIGNALS, end_worker, start_ignoring
 from ..spec import INVARIANTS
 from ..verify import diagram
 from ..verify.conformance import check
@@ -191,10 +191,8 @@ def _stop_collector(pipe: Pipeline, stop: threading.Event, worker: Any,
         pipe.close()
     finally:
         stop.set()
-        if isinstance(worker, threading.Thread):
-            worker.join(timeout=join_s)
-        elif worker is not None and worker.pid is not None:  # a process, started
-            end_process(worker, join_s)
+        if worker is not None:
+            end_worker(worker, join_s)
 
 
 COMPARE_BLOCKS, COMPARE_TICKS = 3, 20

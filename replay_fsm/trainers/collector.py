@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
-from replay_fsm.signals import STOP_SIGNALS, end_process, ignore, start_ignoring
+from replay_fsm.signals import STOP_SIGNALS, end_worker, ignore, start_ignoring
 
 from .sac import Actor
 from .shared import EpisodeLog, WeightRing
@@ -242,10 +242,7 @@ def end_collector(stop: Any, worker: Any, join_s: float) -> None:
     """Tell the collector to stop, and end it: a thread is joined within ``join_s``, a
     process joined and then SIGKILLed (it ignores SIGTERM)."""
     stop.set()
-    if isinstance(worker, ThreadProcess):
-        worker.join(timeout=join_s)
-    elif worker.pid is not None:  # started
-        end_process(worker, join_s)
+    end_worker(worker, join_s)
 
 
 def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes: EpisodeLog,
