@@ -202,12 +202,12 @@ class ReplayBuffer:
                                 f"it after the add, outside the handler")
 
     def _wait_out_add(self, call: str) -> None:
-        """Until no add holds the write lock: raises WriterDied once its process is
-        dead. (Nothing waits in the semaphore meanwhile, so a Ctrl-C leaves nothing
-        held.) An add beginning after it, and a pause, are waited for in the
-        semaphore, where nothing can tell the caller that their process died: a
-        wait with a timeout there would leave a Ctrl-C a point between the acquire
-        and the block."""
+        """Until no add holds the write lock (for a pause, so a save's last pass, and
+        adopt_rows): raises WriterDied once its process is dead. (Nothing waits in the
+        semaphore meanwhile, so a Ctrl-C leaves nothing held.) An add beginning after
+        it, and a pause, are waited for in the semaphore, where nothing can tell the
+        caller that their process died: a wait with a timeout there would leave a
+        Ctrl-C a point between the acquire and the block."""
         while self._owner.held:
             self._refuse_if_writer_died(call)
             time.sleep(ADD_POLL_S)
@@ -556,7 +556,9 @@ class ReplayBuffer:
             WriterDied: a process died inside an add, holding the write lock.
         """
         self._refuse_inside_add("save()")
-        self._wait_out_add("save()")
+        # A dead writer refused before any row is written; an add in progress is
+        # waited out by the final pass's pause, after the lock-free ones.
+        self._refuse_if_writer_died("save()")
         return checkpoint.save(self, path, chunk_bytes=chunk_bytes)
 
     @classmethod
