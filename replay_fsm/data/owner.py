@@ -82,7 +82,7 @@ def _gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     except OSError:  # EPERM: it exists, another user's
-        return False
+        pass
     return False
 
 
