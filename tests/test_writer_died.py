@@ -30,7 +30,7 @@ from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.errors import PipelineFailed, WriterDied
 
 from .collectors import StallingBuffer, add_rows, constant_rows
-from .support import MARGIN_S
+from .support import MARGIN_S, finishes_within
 
 CAPACITY, REGION = 64, 8
 
@@ -38,17 +38,13 @@ CAPACITY, REGION = 64, 8
 def outcome(call: Callable[[], object]) -> tuple[str, object]:
     """What ``call`` did within MARGIN_S, on a thread of its own: ("returned", value),
     ("raised", exception), or ("waiting", None), the thread left waiting (daemon)."""
-    result: list[tuple[str, object]] = []
-
-    def run() -> None:
+    def run() -> tuple[str, object]:
         try:
-            result.append(("returned", call()))
+            return "returned", call()
         except BaseException as exc:  # noqa: BLE001 - reported to the test
-            result.append(("raised", exc))
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    thread.join(MARGIN_S)
-    return result[0] if result else ("waiting", None)
+            return "raised", exc
+    finished, got = finishes_within(run)
+    return got[0] if finished else ("waiting", None)
 
 
 def stalled_writer(rb: StallingBuffer, first_id: int
