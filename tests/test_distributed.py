@@ -28,6 +28,18 @@ def test_rank_seed_formula_and_device_choice() -> None:
             local_device(0, "cuda")
 
 
+@pytest.fixture(autouse=True)
+def temp_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
+                           monkeypatch: pytest.MonkeyPatch) -> Path:
+    """torch.multiprocessing writes a pytorch-errorfile-*.pickle into the temp folder
+    for each rank that fails (these tests make ranks fail) and never removes it: here,
+    in and out of process, the temp folder is one of pytest's, which pytest prunes."""
+    folder = tmp_path_factory.mktemp("temp")
+    monkeypatch.setattr(tempfile, "tempdir", str(folder))
+    monkeypatch.setenv("TMPDIR", str(folder))
+    return folder
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
