@@ -124,6 +124,26 @@ def test_a_slow_collector_that_still_beats_is_not_declared_dead() -> None:
         assert not pipe.closed and pipe.statistics().stalls == 1
 
 
+def test_an_external_collector_silent_while_it_makes_the_rows_is_not_declared_dead(
+        ) -> None:
+    """An external collector calls Packer.service between its environment steps: while
+    a step makes the rows a tick waits for (min_snapshot_ptr), it beats nothing, for
+    longer than liveness_timeout. That wait is bounded by stall_timeout alone; once
+    the rows came and the collector stays silent, the heartbeat bound applies again."""
+    from replay_fsm.data.packer import Packer
+
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector="external", liveness_timeout=0.2,
+                  learner_packs=False) as pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)
+        assert packer.service(timeout=0) == 0  # one beat, then a long step
+        pipe.start_prepare(0, 8, min_snapshot_ptr=rb.ptr + 16)
+        assert pipe.wait_until_ready(0, 8, timeout=1.0) is False  # no CollectorDied
+        rb.add_packed(torch.randn(16, rb.width))  # the step's rows; no service after
+        with pytest.raises(CollectorDied, match="no heartbeat from the collector"):
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
+
+
 @pytest.mark.parametrize("collector", ["thread", "process"])
 def test_a_wait_for_rows_that_stopped_coming_raises_data_stalled(collector: str) -> None:
     """The packer lives and beats, but the rows a request waits for never come (the
@@ -162,6 +182,28 @@ def test_rows_still_coming_keep_a_wait_for_rows_going() -> None:
     forever = RowWatch(None)
     assert forever.verdict(0, 100, 5, 0) is None
     assert forever.verdict(0, 100, 5, 10**6 * s) is None
+
+
+def test_the_packer_owes_a_pack_only_once_its_rows_are_there() -> None:
+    """RowWatch.packer_owes on a set clock: rows there from the wait's start, owed at
+    once; rows missing, never; rows that came during the wait, owed once the bound
+    (inclusive) has passed since they came."""
+    s = 10**9
+    there = RowWatch(60.0)
+    assert there.verdict(0, 100, 100, 0) is None and there.packer_owes(0, 1.0)
+    watch = RowWatch(None)
+    for now in (0, 5 * s, 10**6 * s):
+        assert watch.verdict(0, 100, 99, now) is None
+        assert not watch.packer_owes(now, 1.0)
+    came = 10**6 * s + 7
+    assert watch.verdict(0, 100, 100, came) is None
+    assert not watch.packer_owes(came, 1.0)
+    assert watch.verdict(0, 100, 101, came + s) is None
+    assert not watch.packer_owes(came + s, 1.0)  # exactly the bound: not yet
+    assert watch.verdict(0, 100, 101, came + s + 1) is None
+    assert watch.packer_owes(came + s + 1, 1.0)
+    assert watch.verdict(0, 200, 101, came + 2 * s) is None  # missing again
+    assert not watch.packer_owes(came + 2 * s, 1.0)
 
 
 def test_a_silent_collector_whose_pack_is_done_is_not_blamed() -> None:

@@ -38,7 +38,7 @@ SAMPLE: dict[str, Mutant] = {
     # pipeline: the watchdog's verdict ignored (INV-LIVE); ticks() prefetching past stop.
     "replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_30": Mutant(
         "replay_fsm/runtime/pipeline.py",
-        "failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9)",
+        "failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9, owed)",
         "failure = None",
         ("tests/test_liveness.py::test_a_copy_that_never_completes_raises_transfer_failed",)),
     "replay_fsm.runtime.pipeline.xǁPipelineǁticks__mutmut_17": Mutant(

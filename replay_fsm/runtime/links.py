@@ -3,8 +3,10 @@
 A link sends pack requests, receives pack-done messages, starts and stops the other
 side, and answers the liveness question "is the other side alive, and if not,
 why" (INV-LIVE). The pipeline asks it only while the learner waits on a REQUESTED
-slot, so a collector that is merely slow to produce data (its packer still beats
-its heartbeat) is never declared dead.
+slot, and counts the other side's silence only while that request is owed its pack
+(its rows are there, ``min_snapshot_ptr``), so a collector that is merely slow to
+produce data is never declared dead, one that beats nothing between its environment
+steps included (an external collector calls ``Packer.service`` there).
 
 - ``ThreadCollector``: a packer thread in this process;
 - ``ProcessCollector``: a spawned packer-only process;
@@ -105,7 +107,8 @@ class CollectorLink(abc.ABC):
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         """None while the other side can serve requests, else why not. ``waiting``:
-        a request is outstanding; ``timeout``: the pipeline's liveness bound."""
+        a request is outstanding and owed its pack (its rows are there), so the other
+        side's silence counts; ``timeout``: the pipeline's liveness bound."""
         for process, what in self._watched:
             if not process.is_alive():
                 return Gone(f"{what} (pid {process.pid}) exited with code "
@@ -317,8 +320,9 @@ class ExternalCollector(ChannelLink):
             return None  # a pack-done message (the learner's own?) waits for the worker
         pid = self._handle.packer_pid
         if not pid:
+            # Never attached: not silence, absence (rows still missing or not).
             since = self._first_request_ns
-            if waiting and since is not None:
+            if since is not None:
                 waited = (time.monotonic_ns() - since) / 1e9
                 if waited > self.attach_timeout:
                     return Gone(f"no collector called Packer.attach(pipe.packer_handle(), "

@@ -9,6 +9,10 @@ The first "no" becomes the pipeline's failure: ``CollectorDied`` for the collect
 side, ``TransferFailed`` for the copy side. A REQUESTED tick whose rows are not in the
 replay buffer yet (``min_snapshot_ptr``) has nothing to do with either: its wait asks
 whether rows still come (``RowWatch``), and ``DataStalled`` ends it when they stopped.
+Meanwhile the link is asked only whether the collector is there at all (a process
+that exited): an external collector calls ``Packer.service`` between its environment
+steps, so it does not beat while a step makes the rows. Once they came, its silence
+counts from then.
 """
 
 from __future__ import annotations
@@ -27,12 +31,14 @@ class Watchdog:
         self.timeout = timeout
         self._link, self._backend, self._worker_alive = link, backend, worker_alive
 
-    def verdict(self, tick: int, slot: int, state: SlotState, waited_s: float
-                ) -> PipelineFailed | None:
+    def verdict(self, tick: int, slot: int, state: SlotState, waited_s: float,
+                owed: bool = True) -> PipelineFailed | None:
         """The failure that ends the learner's wait for ``tick`` in ``slot`` (now in
-        ``state``, waited on for ``waited_s``), or None to keep waiting."""
+        ``state``, waited on for ``waited_s``), or None to keep waiting. ``owed``: the
+        collector owes a REQUESTED tick its pack (``RowWatch.packer_owes``), so its
+        silence counts against it."""
         if state is SlotState.REQUESTED:
-            gone = self._link.liveness(True, self.timeout)
+            gone = self._link.liveness(owed, self.timeout)
             if gone is not None:
                 died = CollectorDied(f"tick {tick}: {gone.reason}")
                 died.__cause__ = gone.cause
@@ -56,16 +62,22 @@ class RowWatch:
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
-        self._seen: tuple[int, int] | None = None  # (rows ever written, since ns)
+        # While the rows are missing: (rows ever written, since ns); None once there.
+        self._seen: tuple[int, int] | None = None
+        self._came_ns: int | None = None  # when rows this wait saw missing came
 
     def verdict(self, tick: int, needed: int, rows: int, now_ns: int) -> DataStalled | None:
         """The failure that ends the wait for ``tick`` (which waits for ``needed``
         rows ever written; the buffer has seen ``rows`` at ``now_ns``), or None."""
-        if rows >= needed or self.timeout is None:
+        if rows >= needed:
+            if self._seen is not None:
+                self._came_ns = now_ns
             self._seen = None  # not waiting for rows (now): the packer's part
             return None
         if self._seen is None or self._seen[0] != rows:
             self._seen = (rows, now_ns)
+            return None
+        if self.timeout is None:
             return None
         silent = (now_ns - self._seen[1]) / 1e9
         if silent <= self.timeout:
@@ -74,3 +86,12 @@ class RowWatch:
             f"tick {tick} waits for {needed} rows (min_snapshot_ptr); the replay buffer "
             f"has had {rows} for {silent:.1f} s (stall_timeout): is whatever adds the "
             "rows still running?")
+
+    def packer_owes(self, now_ns: int, bound_s: float) -> bool:
+        """Whether the packer owes the tick its pack at ``now_ns`` (after ``verdict``
+        for the same moment), so that its silence counts: not while the rows are
+        missing, nor within ``bound_s`` of their coming during this wait (a silence
+        counts from then)."""
+        if self._seen is not None:
+            return False
+        return self._came_ns is None or (now_ns - self._came_ns) / 1e9 > bound_s

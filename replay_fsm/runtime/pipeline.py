@@ -562,11 +562,14 @@ class Pipeline:
             if deadline is None and state is SlotState.REQUESTED and self._take_locked(
                     tick, slot):
                 continue  # packed here; its pack-done message goes to the worker
-            failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9)
-            if failure is None and state is SlotState.REQUESTED:
+            stalled, owed = None, True
+            if state is SlotState.REQUESTED:
                 rows = rows or RowWatch(self.stall_timeout)
-                failure = rows.verdict(tick, self._rows_needed[slot],
+                stalled = rows.verdict(tick, self._rows_needed[slot],
                                        self.replay_buffer.ptr, now)
+                owed = rows.packer_owes(now, self.liveness_timeout)
+            failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9, owed)
+            failure = failure or stalled  # the collector's first: rows stop when it dies
             if failure is not None:
                 self._fail_locked(failure)
                 raise failure
