@@ -522,6 +522,28 @@ def test_filling_one_slot_leaves_the_hot_batch_differentiable(config: tuple) -> 
         assert layer.weight.grad is not None
 
 
+@pytest.mark.parametrize("collector", ["thread", "process"])
+@pytest.mark.parametrize("config", BACKENDS)
+def test_a_graph_kept_past_after_tick_fails_autograds_in_place_check(
+        config: tuple, collector: str) -> None:
+    """README: a graph kept past after_tick() fails autograd's in-place check, as it
+    should: the slot is the pipeline's again. It fails at once, before any refill:
+    on the CPU backend the batch views the shared host slot, which a packer process
+    refills without this process's version counters knowing (backward then ran on the
+    next tick's rows)."""
+    device, backend, options = config
+    with Pipeline(buffer(), device=device, backend=backend, backend_options=options,
+                  sample_count=16, ring_depth=2, collector=collector,
+                  learner_packs=False) as pipe:
+        layer = torch.nn.Linear(5, 1).to(pipe.device)
+        pipe.start_prepare(0, 16)
+        complete_copies_for(pipe, 0)
+        loss = layer(pipe.sample_large_batch(0, 16)["obs"]).pow(2).sum()
+        pipe.after_tick()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+
+
 def test_a_watched_process_that_exits_is_named() -> None:
     """INV-LIVE: ``watch`` takes anything with ``is_alive()``, ``pid`` and ``exitcode``;
     its default name is "the collector process". Kills

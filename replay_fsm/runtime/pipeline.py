@@ -362,6 +362,10 @@ class Pipeline:
             if self._checker is not None:
                 self._checker.released(slot)
             self.backend.after_read(slot)  # the end of this HOT period's reads
+            # A graph that saved the batch's views must fail autograd's in-place check
+            # from here on, whoever refills the slot: a packer process's writes (into a
+            # zero-copy CPU slot) are not counted in this process.
+            torch.autograd.graph.increment_version(self.backend.device_slot(slot))
             self._core.release()
 
     def ticks(self, start: int, stop: int, *, min_snapshot_ptr: int | None = None
