@@ -30,6 +30,28 @@ def test_demo_trains_and_writes_its_files(collector: str, tmp_path: Path) -> Non
     assert summary["compare"]["ticks_each"] > 0
 
 
+def test_a_run_longer_than_its_trace_is_reported_not_checked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The demo's trace holds the whole run up to TRACE_MAX_EVENTS; past that its
+    conformance is "not checked" (it was a false violation, and exit code 1), and
+    the command still exits 0."""
+    from replay_fsm.cli import main
+    from replay_fsm.demo import runner
+
+    assert runner.trace_capacity(300) == 1 << 16
+    assert runner.trace_capacity(20_000) >= runner.TRACE_EVENTS_PER_TICK * 20_000
+    assert runner.trace_capacity(10**7) == runner.TRACE_MAX_EVENTS
+    monkeypatch.setattr(runner, "TRACE_MAX_EVENTS", 100)
+    assert main(["demo", "--ticks", "25", "--out", str(tmp_path), "--sample-count", "256",
+                 "--no-progress"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["trace_conforms"] is None and summary["ticks"] == 25
+    assert summary["trace_conformance"].startswith(
+        "not checked: the tracer kept only its last 100 events and dropped the first ")
+    first = json.loads((tmp_path / "transitions.jsonl").read_text().splitlines()[0])
+    assert first["kind"] == "truncated"
+
+
 def _slot_bytes(sample_count: int) -> int:
     from replay_fsm.data.buffer import Layout
     from replay_fsm.demo.env import ACT, OBS

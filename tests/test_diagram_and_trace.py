@@ -141,6 +141,44 @@ def test_a_bad_slot_is_reported_at_its_own_record(slot: object, why: str) -> Non
     assert [c["index"] for c in report.context] == [0, 1, 2]
 
 
+def test_a_log_that_lost_its_start_is_refused_not_judged(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """A run longer than trace_capacity holds: the tracer counts the transitions its
+    bound dropped, the log it writes says so in its first record, and check-trace
+    refuses that log in one line (exit 2) instead of reporting a violation at record
+    #0, where the replay from every slot IDLE meets a slot mid-cycle."""
+    class Count:
+        transitions = 0
+
+        def transition(self, record: object, time_ns: int) -> None:
+            Count.transitions += 1
+
+        def span(self, *args: object, **kwargs: object) -> None:
+            pass
+
+    rb = ReplayBuffer(256, 3, 2)
+    rb.add_packed(torch.randn(256, rb.width))
+    with Pipeline(rb, sample_count=16, ring_depth=3, trace=True, trace_capacity=37,
+                  backend="emulated") as pipe:
+        pipe.add_observer(Count())  # type: ignore[arg-type]
+        for _ in pipe.ticks(0, 15):
+            pass
+    tracer = pipe.tracer
+    assert tracer is not None and len(tracer.events()) == 37
+    kept = len(tracer.transitions())
+    assert tracer.dropped_transitions == Count.transitions - kept > 0
+    path = tracer.write_transitions(tmp_path / "log.jsonl")
+    first = json.loads(path.read_text().splitlines()[0])
+    assert first == {"kind": "truncated", "trace_capacity": 37,
+                     "dropped_transitions": tracer.dropped_transitions}
+    assert len(path.read_text().splitlines()) == kept + 1
+    assert main(["check-trace", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (
+        f"{path} cannot be checked: the tracer kept only its last 37 events and dropped "
+        f"the first {tracer.dropped_transitions} transitions") in err, err
+
+
 def test_check_trace_of_a_binary_file_names_it(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path) -> None:
     path = tmp_path / "trace.bin"

@@ -76,6 +76,8 @@ class Pipeline:
         checked: record reader and writer intervals per slot and raise on any
             overlap the invariants forbid; poison released device slots with NaN.
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
+        trace_capacity: events the trace keeps (the oldest drop first; a transition
+            log that lost its start cannot be checked).
         packer_threads: torch threads of the spawned packer process
             (collector="process"); None leaves torch's default.
         learner_packs: when ``sample_large_batch`` (or ``wait_until_ready`` without

@@ -19,16 +19,27 @@ from .observers import Observer
 PID_SLOTS, PID_ACTORS = 1, 2
 
 
+TRUNCATED = "truncated"  # the kind of the first record of a log that lost its start
+
+
 class Tracer(Observer):
-    """Records transitions and spans in a bounded ring (the oldest drop first)."""
+    """Records transitions and spans in a bounded ring (the oldest drop first;
+    ``dropped_transitions`` counts the transitions lost so)."""
 
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.capacity = capacity
         self._events: deque[dict[str, Any]] = deque(maxlen=capacity)
+        self.dropped_transitions = 0
+
+    def _append(self, event: dict[str, Any]) -> None:
+        events = self._events
+        if len(events) == self.capacity and events[0]["kind"] == "transition":
+            self.dropped_transitions += 1
+        events.append(event)
 
     def transition(self, record: TransitionRecord, time_ns: int) -> None:
         actor = record.actor
-        self._events.append({
+        self._append({
             "kind": "transition", "slot": record.slot, "tick": record.tick,
             "generation": record.generation, "from": record.source.value,
             "to": record.dest.value, "event": record.event.value,
@@ -38,7 +49,7 @@ class Tracer(Observer):
 
     def span(self, name: str, actor: Actor, start_ns: int, end_ns: int, *,
              tick: int | None = None, slot: int | None = None, **args: Any) -> None:
-        self._events.append({
+        self._append({
             "kind": "span", "name": name, "actor": actor.value, "start_ns": start_ns,
             "end_ns": end_ns, "tick": tick, "slot": slot, "args": args,
         })
@@ -50,9 +61,16 @@ class Tracer(Observer):
         return [e for e in self._events if e["kind"] == "transition"]
 
     def write_transitions(self, path: str | os.PathLike[str]) -> Path:
-        """A JSON-lines transition log, one record a line (for check-trace)."""
+        """A JSON-lines transition log, one record a line (for check-trace). A log
+        that lost its first transitions to the ring's bound begins with a record of
+        kind "truncated" saying how many: check-trace refuses it (a log is checked
+        from the pipeline's start) instead of finding a false violation."""
         out = Path(path)
         with out.open("w") as f:
+            if self.dropped_transitions:
+                f.write(json.dumps({"kind": TRUNCATED,
+                                    "dropped_transitions": self.dropped_transitions,
+                                    "trace_capacity": self.capacity}) + "\n")
             for rec in self.transitions():
                 f.write(json.dumps(rec) + "\n")
         return out

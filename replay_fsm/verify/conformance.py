@@ -18,6 +18,7 @@ from typing import Any
 
 from ..core import MAX_RING_DEPTH, Core
 from ..errors import PipelineClosed, PipelineFailed, ProtocolError
+from ..runtime.tracer import TRUNCATED
 from ..spec import Actor, Event, SlotState
 from ..wire import PackDone, TransitionRecord
 
@@ -25,7 +26,15 @@ _KEYS = ("slot", "from", "to", "event")
 
 
 class TraceFileError(ValueError):
-    """A transition log that cannot be read: missing, not JSON, or not a log."""
+    """A transition log that cannot be read: missing, not JSON, or not a log; or one
+    that cannot be checked: it lost its start to the tracer's bound."""
+
+
+def truncated(dropped: object, capacity: object) -> str:
+    """Why a log that lost its first ``dropped`` transitions cannot be checked."""
+    return (f"the tracer kept only its last {capacity} events and dropped the first "
+            f"{dropped} transitions: a log is checked from the pipeline's start, where "
+            f"every slot is IDLE (trace with a larger trace_capacity)")
 
 
 @dataclass
@@ -78,6 +87,10 @@ def load(path: str | Path) -> list[dict[str, Any]]:
                              "transition log (transitions.jsonl)")
     if not isinstance(records, list):
         raise TraceFileError(f"{path}: expected a list of transition records")
+    if records and isinstance(records[0], dict) and records[0].get("kind") == TRUNCATED:
+        why = truncated(records[0].get("dropped_transitions"),
+                        records[0].get("trace_capacity"))
+        raise TraceFileError(f"{path} cannot be checked: {why}")
     for i, rec in enumerate(records):
         if not isinstance(rec, dict) or any(k not in rec for k in _KEYS):
             raise TraceFileError(f"{path}: record #{i} is not a transition record (needs "
