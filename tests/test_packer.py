@@ -670,6 +670,22 @@ def test_attaching_beats_the_heartbeat_and_names_the_packer() -> None:
     assert before <= h.heartbeat_ns <= time.monotonic_ns()
 
 
+def test_a_pipelines_handle_refuses_another_buffer_of_the_same_width() -> None:
+    """A collector that built its own buffer (same width, other dims) instead of using
+    the learner's: attaching it to the pipeline's handle raises, where the batches
+    came from either buffer depending on who packed."""
+    from replay_fsm import Pipeline
+
+    rb, other = ReplayBuffer(500, 4, 4), ReplayBuffer(500, 5, 2)
+    assert rb.width == other.width and rb.buffer_id != other.buffer_id
+    rb.add_packed(torch.randn(100, rb.width))
+    with Pipeline(rb, sample_count=8, collector="external") as pipe:
+        with pytest.raises(ValueError, match="for the pipeline of another replay buffer"):
+            Packer.attach(pipe.packer_handle(), other)
+        assert pipe.packer_handle().packer_pid == 0  # not attached
+        Packer.attach(pipe.packer_handle(), rb)
+
+
 def test_service_says_whether_it_served() -> None:
     rb, h = make(rows=10)
     packer = Packer(h, rb)

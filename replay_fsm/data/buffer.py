@@ -170,6 +170,9 @@ class ReplayBuffer:
         # Who holds _write_lock inside an add: a process killed there (SIGKILL) never
         # releases it, and its rows stay half written; waiters then fail instead.
         self._owner = Owner()
+        # A random number naming this buffer in every process that holds it: a packer
+        # handle made for it refuses another buffer (Packer.attach).
+        self.buffer_id = int.from_bytes(os.urandom(8), "little") >> 1
 
     def adds_paused(self) -> contextlib.AbstractContextManager[Any]:
         """Hold off every ``add`` (in every process) for the length of the with-block;

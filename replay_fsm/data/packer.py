@@ -94,9 +94,11 @@ class PackerHandle:
     claims: torch.Tensor
     claim_lock: Any
     chunks: int = 1  # per request; the bounds split the rows evenly
+    buffer_id: int = 0  # the replay buffer's it was made for (0: any buffer)
 
     @classmethod
-    def create(cls, ring_depth: int, sample_count: int, width: int) -> PackerHandle:
+    def create(cls, ring_depth: int, sample_count: int, width: int, buffer_id: int = 0
+               ) -> PackerHandle:
         state = torch.zeros(3, dtype=torch.int64).share_memory_()
         state[2] = os.getpid()
         return cls(
@@ -111,6 +113,7 @@ class PackerHandle:
             claims=torch.zeros(ring_depth, START_NS + 1, dtype=torch.int64).share_memory_(),
             claim_lock=mp.get_context("spawn").Lock(),
             chunks=chunk_count(sample_count),
+            buffer_id=buffer_id,
         )
 
     def __post_init__(self) -> None:
@@ -236,6 +239,10 @@ class Packer:
 
     def __init__(self, handle: PackerHandle, replay_buffer: ReplayBuffer) -> None:
         n, width = handle.host_slots[0].shape
+        if handle.buffer_id and handle.buffer_id != getattr(replay_buffer, "buffer_id", 0):
+            raise ValueError("this packer handle is for the pipeline of another replay "
+                             "buffer: attach with the buffer that pipeline was built on "
+                             "(pass that object to this process)")
         if width != replay_buffer.width:
             raise ValueError(f"host slots are {width} columns wide but the replay buffer "
                              f"rows are {replay_buffer.width}")

@@ -128,8 +128,9 @@ class ChannelLink(CollectorLink):
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int
                  ) -> None:
         super().__init__()
-        self._handle: PackerHandle | None = PackerHandle.create(ring_depth, sample_count,
-                                                                replay_buffer.width)
+        self._handle: PackerHandle | None = PackerHandle.create(
+            ring_depth, sample_count, replay_buffer.width,
+            getattr(replay_buffer, "buffer_id", 0))
         self.host_slots = self._handle.host_slots
         self._ring_depth = ring_depth
         # The learner's own packs (``take``); it holds the handle too.

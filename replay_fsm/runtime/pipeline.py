@@ -218,7 +218,9 @@ class Pipeline:
     # -- collector side -------------------------------------------------------
 
     def packer_handle(self) -> PackerHandle:
-        """The picklable handle for ``Packer.attach(handle, rb)`` in your collector.
+        """The handle for ``Packer.attach(handle, rb)`` in your collector: pass it, with
+        ``rb``, as an argument of the collector's ``Process`` (its semaphores travel by
+        inheritance only, not through a queue or ``pickle.dumps``).
 
         Raises:
             ValueError: this pipeline's collector is not reached through a handle
