@@ -35,14 +35,24 @@ from .demo.config import DemoConfig
 from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
 
 RANK_SEED_STRIDE = 1 << 24
+MAX_RANKS = (1 << 32) // RANK_SEED_STRIDE  # rank 256 would draw rank 0's batches
+# what torchrun (and launch) set for each rank
+RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # the signals torch's elastic launcher handles (and leaves handled) on POSIX
 LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
 def rank_seed(base_seed: int, rank: int) -> int:
-    """The base seed of ``rank``'s pipeline (documented formula above)."""
-    if rank < 0:
-        raise ValueError(f"rank must be >= 0, got {rank}")
+    """The base seed of ``rank``'s pipeline (documented formula above).
+
+    Raises:
+        ValueError: ``rank`` is negative or ``MAX_RANKS`` (256) or more: torch keeps
+            32 bits of a seed, so such a rank would draw a lower rank's batches.
+    """
+    if not 0 <= rank < MAX_RANKS:
+        raise ValueError(f"rank must be in [0, {MAX_RANKS}), got {rank}: ranks are "
+                         f"{RANK_SEED_STRIDE} seeds apart within torch's 32-bit seeds, so "
+                         f"rank {MAX_RANKS} would draw rank 0's batches")
     return int(base_seed) + int(rank) * RANK_SEED_STRIDE
 
 
@@ -212,6 +222,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="demo-out")
     ap.add_argument("--sample-count", type=int, default=2048)
     args = ap.parse_args(argv)
+    missing = [name for name in RANK_ENV if name not in os.environ]
+    if missing:
+        ap.error(f"{', '.join(missing)} not set: this is one rank of a run that torchrun "
+                 "starts (torchrun --nproc-per-node N -m replay_fsm.distributed ...); "
+                 "on one node, replay-fsm demo --nproc N starts the ranks itself")
     summary = rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
                                    sample_count=args.sample_count, capacity=50_000,
                                    envs=64))

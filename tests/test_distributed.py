@@ -14,7 +14,15 @@ import pytest
 import torch
 
 from replay_fsm.demo import DemoConfig
-from replay_fsm.distributed import RANK_SEED_STRIDE, launch, local_device, rank_seed
+from replay_fsm.distributed import (
+    MAX_RANKS,
+    RANK_ENV,
+    RANK_SEED_STRIDE,
+    launch,
+    local_device,
+    main,
+    rank_seed,
+)
 from replay_fsm.signals import Interrupted
 
 
@@ -22,6 +30,9 @@ def test_rank_seed_formula_and_device_choice() -> None:
     assert rank_seed(7, 0) == 7 and rank_seed(7, 3) == 7 + 3 * RANK_SEED_STRIDE
     with pytest.raises(ValueError):
         rank_seed(0, -1)
+    assert rank_seed(0, MAX_RANKS - 1) == (MAX_RANKS - 1) * RANK_SEED_STRIDE < 2**32
+    with pytest.raises(ValueError, match="rank 256 would draw rank 0's batches"):
+        rank_seed(0, MAX_RANKS)  # its seed is rank 0's modulo 2**32
     if not torch.cuda.is_available():
         assert local_device(1) == torch.device("cpu")
         with pytest.raises(ValueError, match="CUDA"):
@@ -38,6 +49,18 @@ def temp_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
     monkeypatch.setattr(tempfile, "tempdir", str(folder))
     monkeypatch.setenv("TMPDIR", str(folder))
     return folder
+
+
+def test_a_rank_started_without_torchrun_says_so(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(SystemExit) as info:
+        main(["--ticks", "5"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set: this is one " \
+        "rank of a run that torchrun starts" in err and "Traceback" not in err
 
 
 def options(out: Path, **extra: object) -> DemoConfig:

@@ -67,6 +67,10 @@ def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
      "stall_timeout must be a finite number of seconds > 0 or None, got 0"),
     ({"stall_timeout": float("nan")}, ValueError,
      "stall_timeout must be a finite number of seconds > 0 or None, got nan"),
+    ({"trace": "no"}, TypeError, "trace must be True or False, got 'no'"),
+    ({"checked": 1}, TypeError, "checked must be True or False, got 1"),
+    ({"backend": "accel"}, ValueError, "backend 'accel' is for accelerators (mps, xpu, "
+     "...); for device 'cpu' use backend 'cpu' (the default there)"),
     ({"ring_depth": 65}, ValueError,
      "ring_depth must be <= 64, got 65: a ring prefetches ring_depth - 1 ticks ahead, "
      "and each slot holds a whole batch on the host and on the device"),

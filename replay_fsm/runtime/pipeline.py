@@ -119,8 +119,10 @@ class Pipeline:
         as_count("trace_capacity", trace_capacity, 1)
         if packer_threads is not None:
             as_count("packer_threads", packer_threads, 1)
-        if not isinstance(learner_packs, bool):
-            raise TypeError(f"learner_packs must be True or False, got {learner_packs!r}")
+        for name, flag in (("learner_packs", learner_packs), ("checked", checked),
+                           ("trace", trace)):
+            if not isinstance(flag, bool):  # "no" would turn it on
+                raise TypeError(f"{name} must be True or False, got {flag!r}")
         self.learner_packs = learner_packs
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)

@@ -28,6 +28,9 @@ class AcceleratorBackend(TransferBackend):
         """Raises:
             ValueError: the device type is not available on this machine."""
         self.device = torch.device(device)
+        if self.device.type == "cpu":  # torch.cpu.is_available() is True, but no copy
+            raise ValueError("backend 'accel' is for accelerators (mps, xpu, ...); for "
+                             "device 'cpu' use backend 'cpu' (the default there)")
         module = getattr(torch, self.device.type, None)
         if module is None or not getattr(module, "is_available", lambda: False)():
             raise ValueError(f"device {str(self.device)!r} is not available on this "
