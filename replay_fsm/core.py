@@ -178,6 +178,21 @@ def _next_to_acquire(core: Core, slot: _Slot, step: Step) -> str | None:
     return None
 
 
+def as_ring_depth(value: object) -> int:
+    """``value`` as a ring depth, 2 to ``MAX_RING_DEPTH``.
+
+    Raises:
+        TypeError: not an integer.
+        ValueError: below 2 or above ``MAX_RING_DEPTH``.
+    """
+    depth = as_count("ring_depth", value, 2)
+    if depth > MAX_RING_DEPTH:
+        raise ValueError(f"ring_depth must be <= {MAX_RING_DEPTH}, got {value}: a ring "
+                         "prefetches ring_depth - 1 ticks ahead, and each slot holds a "
+                         "whole batch on the host and on the device")
+    return depth
+
+
 def as_count(name: str, value: object, low: int = 0) -> int:
     """``value`` as a plain int >= ``low``: ints and numpy integers, never a bool
     (``True`` would silently mean 1) or a float (2.0 usually means a computation went
@@ -233,11 +248,7 @@ class Core:
 
     def __init__(self, ring_depth: int, *, base_seed: int = 0, sample_count: int = 1,
                  observer: Observer | None = None) -> None:
-        self.ring_depth = as_count("ring_depth", ring_depth, 2)
-        if self.ring_depth > MAX_RING_DEPTH:
-            raise ValueError(f"ring_depth must be <= {MAX_RING_DEPTH}, got {ring_depth}: a "
-                             "ring prefetches ring_depth - 1 ticks ahead, and each slot "
-                             "holds a whole batch on the host and on the device")
+        self.ring_depth = as_ring_depth(ring_depth)
         self.base_seed = as_count("base_seed", base_seed)
         if self.base_seed > MAX_SEED:
             raise ValueError(f"base_seed must be an int in [0, 2**63), got {base_seed!r}")

@@ -458,14 +458,25 @@ def test_the_finite_check_applies_to_the_values_stored() -> None:
     assert rb.ptr == 0
 
 
-@pytest.mark.parametrize("shape", [(3, 11), (2, 12), (2,)])
-def test_gather_refuses_an_out_of_the_wrong_shape(shape: tuple[int, ...]) -> None:
+@pytest.mark.parametrize("shape,dtype", [((3, 11), torch.float32), ((2, 12), torch.float32),
+                                         ((2,), torch.float32), ((2, 11), torch.float64)])
+def test_gather_refuses_an_out_of_the_wrong_shape(shape: tuple[int, ...],
+                                                  dtype: torch.dtype) -> None:
     """torch's index_select would resize ``out`` (a warning at most): the caller's
-    tensor is refused instead, untouched."""
+    tensor is refused instead, untouched; so is one of another dtype."""
     rb = ReplayBuffer(8, 3, 2)
     rb.add_packed(constant_rows(rb, 1, 4))
-    out = torch.full(shape, -1.0)
+    out = torch.full(shape, -1.0, dtype=dtype)
     with pytest.raises(ValueError) as info:
         rb.gather(torch.tensor([0, 3]), out)
-    assert str(info.value) == f"out: got shape {shape}, expected (2, 11) for 2 indices"
+    assert str(info.value) == (f"out: got {dtype} of shape {shape}, expected torch.float32 "
+                               f"of (2, 11) for 2 indices")
     assert out.shape == shape and bool((out == -1).all())
+
+
+def test_gather_of_what_is_not_a_tensor_is_a_type_error() -> None:
+    rb = ReplayBuffer(8, 3, 2)
+    rb.add_packed(constant_rows(rb, 1, 4))
+    with pytest.raises(TypeError, match="^indices and out must be tensors, got list and "
+                                        "Tensor$"):
+        rb.gather([0, 3], torch.empty(2, rb.width))  # type: ignore[arg-type]

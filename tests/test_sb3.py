@@ -157,7 +157,8 @@ def test_pickles_for_save_replay_buffer_keeping_the_oldest_row_first() -> None:
 @pytest.mark.parametrize("kwargs, message", [
     ({"optimize_memory_usage": True, "handle_timeout_termination": False},
      "optimize_memory_usage"),
-    ({"ring_depth": 1}, "ring_depth"),
+    ({"ring_depth": 1}, "ring_depth must be an int >= 2, got 1"),
+    ({"ring_depth": 100}, "ring_depth must be <= 64, got 100"),
 ])
 def test_unsupported_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -467,15 +467,23 @@ class ReplayBuffer:
         into that thread's ``GatherScratch``.
 
         Raises:
-            ValueError: ``out`` is not [len(indices), width] (torch would resize it).
+            TypeError: ``indices`` or ``out`` is not a tensor.
+            ValueError: ``out`` is not float32 [len(indices), width] (torch would resize
+                it).
             IndexError: an index outside the storage (torch's message).
             WriterDied: rows to gather are being written by a process that died
                 inside its add (checked every ``WRITER_CHECK_RETRIES`` retries).
         """
-        if out.shape != (indices.shape[0], self.layout.width):
-            raise ValueError(f"out: got shape {tuple(out.shape)}, expected "
-                             f"({indices.shape[0]}, {self.layout.width}) for "
-                             f"{indices.shape[0]} indices")
+        try:
+            fits = (out.shape == (indices.shape[0], self.layout.width)
+                    and out.dtype == torch.float32)
+        except AttributeError:
+            raise TypeError(f"indices and out must be tensors, got "
+                            f"{type(indices).__name__} and {type(out).__name__}") from None
+        if not fits:
+            raise ValueError(f"out: got {out.dtype} of shape {tuple(out.shape)}, expected "
+                             f"torch.float32 of ({indices.shape[0]}, {self.layout.width}) "
+                             f"for {indices.shape[0]} indices")
         scratch = getattr(self._per_thread, "scratch", None)
         if scratch is None:
             scratch = self._per_thread.scratch = GatherScratch(self._seq.shape[0])

@@ -38,6 +38,7 @@ from stable_baselines3.common.type_aliases import ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
 import replay_fsm
+from replay_fsm.core import as_ring_depth
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
@@ -80,8 +81,7 @@ class PipelineReplayBuffer(ReplayBuffer):
         if isinstance(observation_space, spaces.Dict):
             raise ValueError("Dict observation spaces are not supported; use SB3's "
                              "DictReplayBuffer")
-        if ring_depth < 2:
-            raise ValueError(f"ring_depth must be >= 2, got {ring_depth}")
+        ring_depth = as_ring_depth(ring_depth)  # here, not at the first sample
         self.buffer_size = max(buffer_size // n_envs, 1)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
