@@ -473,7 +473,9 @@ class Pipeline:
 
     def close(self) -> None:
         """Stop everything: stop the collector link and the transfer worker, drain
-        copies, unregister page-locked memory. Idempotent (INV-CLOSE)."""
+        copies, unregister page-locked memory. Idempotent (INV-CLOSE). Nothing else
+        does it: a pipeline dropped unclosed is held by its own running threads, and
+        they, its packer process and its slots stay until the interpreter exits."""
         try:
             with self._lock:
                 if self._stopped:
