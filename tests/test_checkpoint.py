@@ -896,6 +896,62 @@ def test_adds_between_any_two_writes_of_a_save(
     assert_state(ReplayBuffer.load(path), ck.ptr, capacity)
 
 
+class CutAfterCopy(ReplayBuffer):
+    """A buffer whose next add, once ``cut`` is set, is cut short by a Ctrl-C right
+    after its first region's copy: its rows are written, ``ptr`` does not move."""
+
+    cut = False
+
+    def adds_paused(self) -> Any:
+        # No add is under way here (they all run on this thread): the rows the pause
+        # holds still.
+        self.paused_rows = self.storage.clone()
+        return super().adds_paused()
+
+    def _end_region_write(self, r0: int, r1: int) -> None:
+        if self.cut:
+            self.cut = False
+            raise KeyboardInterrupt
+        super()._end_region_write(r0, r1)
+
+
+@given(capacity=st.integers(1, 40), ptr=st.integers(1, 90),
+       chunk_rows=st.sampled_from([1, 2, 5, 64]), call=st.integers(0, 12),
+       rows=st.integers(1, 45))
+def test_an_add_cut_short_during_a_save_is_saved_as_the_buffer_holds_it(
+        tmp_path_factory: pytest.TempPathFactory, capacity: int, ptr: int, chunk_rows: int,
+        call: int, rows: int) -> None:
+    """An add that a Ctrl-C cuts short after its copy, between any two writes of a
+    save (between a chunk's checksum and its write, too), wrote rows that ptr does
+    not count. The save writes their chunks again all the same: its file loads, and
+    holds the rows as the save's locked pass saw them (it renamed a file whose
+    checksum did not match over the good one, or held the rows as they were before
+    that add)."""
+    rb = CutAfterCopy(capacity, 2, 1)
+    add_history(rb, ptr)
+    path = tmp_path_factory.mktemp("ck") / "b.ckpt"
+    rb.save(path)  # the good checkpoint a failed save must not replace
+    write, calls = checkpoint._pwrite_all, [0]
+
+    def write_with_a_cut_add(fd: int, data: memoryview, offset: int) -> None:
+        if calls[0] == call and not adds_are_paused(rb):
+            rb.cut = True
+            with pytest.raises(KeyboardInterrupt):
+                add_history(rb, rows)
+        calls[0] += 1
+        write(fd, data, offset)
+
+    checkpoint._pwrite_all = write_with_a_cut_add  # type: ignore[assignment]
+    try:
+        ck = rb.save(path, chunk_bytes=chunk_rows * rb.width * 4)
+    finally:
+        checkpoint._pwrite_all = write  # type: ignore[assignment]
+    loaded = ReplayBuffer.load(path)
+    assert ck.ptr == loaded.ptr == rb.ptr == ptr
+    size = loaded.size  # rows past it hold no data (a cut add may have written some)
+    assert torch.equal(loaded.storage[:size], rb.paused_rows[:size])
+
+
 def writes_with_adds(rb: ReplayBuffer, add: Callable[[int], int],
                      locked_writes: list[int]) -> Callable[..., None]:
     """A stand-in for the save's file write that first adds ``add(call)`` rows when the
@@ -917,8 +973,11 @@ def writes_with_adds(rb: ReplayBuffer, add: Callable[[int], int],
 def test_rows_added_during_the_save_are_caught_up_without_the_lock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Adds of more than a chunk while the rows are written are written again by a
-    catch-up pass, with the lock free: the locked pass then has nothing to write."""
-    rb = filled(64, 80)
+    catch-up pass, with the lock free: the locked pass then has nothing to write.
+    (Its regions are a chunk each: the locked pass writes again every chunk of a
+    region written since, and with the default 64-row regions here that is the
+    chunks written before the add too.)"""
+    rb = filled(64, 80, region_rows=4)
     locked: list[int] = []
     monkeypatch.setattr(checkpoint, "_pwrite_all",
                         writes_with_adds(rb, lambda call: 9 if call == 1 else 0, locked))

@@ -282,6 +282,14 @@ class ReplayBuffer:
     def width(self) -> int:
         return self.layout.width
 
+    def region_writes(self) -> np.ndarray:
+        """A live view of each region's write counter (INV-ROW's seqlock; region r
+        holds rows [r * region_rows, (r + 1) * region_rows)): odd while an add writes
+        the region, 2 more after each add that did. A row written between two reads
+        lies in a region whose counter moved, one an add cut short by a Ctrl-C wrote
+        (without counting it in ``ptr``) included."""
+        return self._seq.numpy()
+
     def _views(self) -> None:
         # A numpy view of the shared counters: reading one costs nanoseconds instead of
         # a torch call, and the learner and the packer read them on every tick.

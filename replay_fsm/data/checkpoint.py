@@ -30,10 +30,14 @@ helper thread checksums each chunk while the next I/O runs (both release the GIL
 Consistent under concurrent ``add`` (from threads or processes): rows are written
 without any lock while ``add`` runs, then every chunk holding a row that an ``add``
 wrote meanwhile (known from ``ptr``, since the ring is written in order) is written
-again, until few remain; the last such pass holds the buffer's write lock. The file
-then holds exactly the buffer after its first ``ptr`` rows were added: every row
-position not written during the save was stable while it was copied, and every other
-was copied again after its last write. ``add`` waits only during that last pass.
+again, until few remain; the last such pass holds the buffer's write lock and writes
+again every chunk whose rows' regions were written since it was (their seqlock
+counters moved: an add that a Ctrl-C cut short after its copy wrote rows it never
+counted in ``ptr``). The file then holds exactly the buffer's rows as that pass saw
+them, the buffer after its first ``ptr`` rows were added (and any rows such a cut
+add wrote, as the buffer holds them): every row position not written during the save
+was stable while it was copied, and every other was copied again after its last
+write. ``add`` waits only during that last pass.
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
 
 from ..core import as_count
 from ..errors import ReplayFSMError
@@ -166,6 +172,11 @@ class _Writer:
         self.row_bytes = rb.width * 4
         self.rows = rb.storage.numpy()
         self.crcs: dict[int, tuple[int, int]] = {}  # chunk -> (rows covered, CRC)
+        self.writes, self.region_rows = rb.region_writes(), rb.region_rows
+        self.seen: dict[int, np.ndarray] = {}  # chunk -> its regions' counters before
+
+    def _regions(self, lo: int, hi: int) -> slice:
+        return slice(lo // self.region_rows, (hi - 1) // self.region_rows + 1)
 
     def write_chunks(self, chunks: range, size: int) -> None:
         for k in chunks:
@@ -174,11 +185,23 @@ class _Writer:
     def write_chunk(self, k: int, size: int) -> None:
         lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
         data = self.rows[lo:hi].data.cast("B")
+        self.seen[k] = self.writes[self._regions(lo, hi)].copy()
         # Checksummed while written. Should an add change these rows meanwhile, the
         # CRC may not match the bytes written; the chunk is then written again later.
         self.checksummer.submit(data)
         _pwrite_all(self.fd, data, HEADER_BYTES + lo * self.row_bytes)
         self.crcs[k] = (hi - lo, self.checksummer.result())
+
+    def rewrite_changed(self, size: int) -> None:
+        """With adds paused: write again every chunk of rows [0, size) not written
+        yet, written shorter, or holding a row written since (its regions' counters
+        moved), by an add counted in ``ptr`` or by one a Ctrl-C cut short."""
+        for k in range(-(-size // self.chunk_rows)):
+            lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
+            written = self.crcs.get(k)
+            if (written is None or written[0] != hi - lo
+                    or not np.array_equal(self.seen[k], self.writes[self._regions(lo, hi)])):
+                self.write_chunk(k, size)
 
     def rewrite_written(self, first: int, stop: int, capacity: int) -> None:
         """Write again every chunk holding a row that history rows [first, stop) wrote."""
@@ -334,8 +357,8 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
             done = now
         with rb.adds_paused():  # also inside a caller's own adds_paused() block
             ptr = rb.ptr
-            writer.rewrite_written(done, ptr, rb.capacity)
-        size = min(ptr, rb.capacity)
+            size = min(ptr, rb.capacity)
+            writer.rewrite_changed(size)
         file_bytes = _write_tail(rb, fd, writer, ptr, size)
         os.fsync(fd)
         closing, fd = fd, -1  # closed even if close reports an error: never twice
