@@ -616,7 +616,18 @@ def test_a_folder_or_an_empty_path_is_refused_before_anything_is_written(
     with pytest.raises(FileNotFoundError) as empty:
         rb.save("")
     assert empty.value.filename == ""
-    assert os.listdir(tmp_path) == ["taken"] and os.listdir(tmp_path / "taken") == []
+    # Resolved as the kernel does, as open() and a load of the same path would: not a
+    # file written beside "missing" (realpath drops it before the "..").
+    (tmp_path / "file").write_text("")
+    for path, error in (("missing/../b.ckpt", FileNotFoundError),
+                        ("file/../b.ckpt", NotADirectoryError)):
+        with pytest.raises(OSError) as opened:
+            open(path, "wb")
+        with pytest.raises(error) as saved:
+            rb.save(path)
+        assert type(saved.value) is type(opened.value) and saved.value.filename == path
+    assert sorted(os.listdir(tmp_path)) == ["file", "taken"]
+    assert os.listdir(tmp_path / "taken") == []
 
 
 @pytest.mark.parametrize("bad", [True, 1.5, -3, "16"])

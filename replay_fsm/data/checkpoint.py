@@ -263,14 +263,24 @@ def _target(path: str) -> str:
     with ``open(path, "w")``). Checked before anything is written.
 
     Raises:
-        FileNotFoundError: ``path`` is empty.
+        FileNotFoundError: ``path`` is empty, or a folder on its way is missing.
+        NotADirectoryError: a file on its way is used as a folder.
         IsADirectoryError: ``path`` is a folder, or ends with a slash.
     """
     if not path:
         raise _os_error(errno.ENOENT, path)
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        raise _os_error(errno.EISDIR, path)
+    try:
+        # The folder as the kernel resolves it: realpath alone would drop a missing
+        # folder before a "..", and write where a load of ``path`` never looks.
+        folder = os.stat(os.path.dirname(path) or os.curdir)
+    except OSError as exc:
+        raise _os_error(exc.errno or errno.ENOENT, path) from None
+    if not stat.S_ISDIR(folder.st_mode):
+        raise _os_error(errno.ENOTDIR, path)
     target = os.path.realpath(path)
-    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)) or (
-            os.path.isdir(target)):
+    if os.path.isdir(target):
         raise _os_error(errno.EISDIR, path)
     return target
 
