@@ -416,6 +416,8 @@ def rewrite_header(path: Path, version: int = checkpoint.FORMAT_VERSION,
     (1, {"ptr": 2**63, "size": 14}, f"header says ptr={2**63}, more rows than "
                                     f"ReplayBuffer counts ({2**63 - 1})"),
     (1, {"ptr": True, "size": 1}, "header lacks integer fields ['ptr']"),
+    (1, {"table_crc": 12345}, "the header is another save's than the rows and their "
+                              "checksum table (it names another table): corrupted"),
 ])
 def test_a_header_that_does_not_describe_the_file_is_reported(
         tmp_path: Path, version: int, changes: dict[str, Any], message: str) -> None:
@@ -424,6 +426,24 @@ def test_a_header_that_does_not_describe_the_file_is_reported(
     with pytest.raises(CheckpointError) as info:
         ReplayBuffer.load(path)
     assert str(info.value).startswith(f"{path}: ") and message in str(info.value)
+
+
+def test_a_header_spliced_onto_another_saves_rows_is_refused(tmp_path: Path) -> None:
+    """The first block of one save before the rows and table of another of the same
+    shape (a copy made in place that stopped after its first block): every part is
+    whole under its own checksum, but the header names the other save's table. A
+    file written before the header named its table (no table_crc) still loads."""
+    old, new = tmp_path / "old.ckpt", tmp_path / "new.ckpt"
+    rb = filled(14, 23)
+    rb.save(old, chunk_bytes=3 * 32)
+    add_history(rb, 5)
+    rb.save(new, chunk_bytes=3 * 32)
+    spliced = tmp_path / "spliced.ckpt"
+    spliced.write_bytes(old.read_bytes()[:HEADER_BYTES] + new.read_bytes()[HEADER_BYTES:])
+    with pytest.raises(CheckpointError, match="the header is another save's than the rows"):
+        ReplayBuffer.load(spliced)
+    rewrite_header(new, table_crc=None)  # as this library wrote it before table_crc
+    assert_state(ReplayBuffer.load(new), 28)
 
 
 def test_another_version_with_a_damaged_header_says_both_are_possible(
@@ -705,7 +725,8 @@ def test_the_header_records_what_the_format_says(tmp_path: Path) -> None:
         "critic_dim": 0, "width": 8, "layout": meta["layout"], "region_rows": 64,
         "check_finite": True, "dtype": "float32", "byteorder": sys.byteorder,
         "ptr": 23, "size": 14, "chunk_rows": 3, "n_chunks": 5,
-        "table_offset": HEADER_BYTES + 14 * 32, "file_bytes": len(data)}
+        "table_offset": HEADER_BYTES + 14 * 32, "file_bytes": len(data),
+        "table_crc": zlib.crc32(data[HEADER_BYTES + 14 * 32:][:5 * 4])}
 
 
 # SIGKILL during a save -----------------------------------------------------------

@@ -437,6 +437,9 @@ def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int)
         "check_finite": rb.check_finite, "dtype": "float32", "byteorder": sys.byteorder,
         "ptr": ptr, "size": size, "chunk_rows": writer.chunk_rows, "n_chunks": n_chunks,
         "table_offset": table_offset, "file_bytes": file_bytes,
+        # Binds the header to these rows: a header put before another save's rows
+        # and table (a copy that stopped after its first block) is refused.
+        "table_crc": zlib.crc32(table),
     }
     text = json.dumps(meta, sort_keys=True).encode()
     header = bytearray(HEADER_BYTES)
@@ -634,6 +637,9 @@ def _read_table(path: str, f: Any, meta: dict[str, Any]) -> list[int]:
     table, (table_crc,) = tail[:4 * n_chunks], struct.unpack_from("<I", tail, 4 * n_chunks)
     if tail[-len(END_MAGIC):] != END_MAGIC or zlib.crc32(table) != table_crc:
         raise CheckpointError(path, "chunk checksum table is corrupted")
+    if meta.get("table_crc", table_crc) != table_crc:  # absent: a file from before it
+        raise CheckpointError(path, "the header is another save's than the rows and their "
+                                    "checksum table (it names another table): corrupted")
     return list(struct.unpack(f"<{n_chunks}I", table))
 
 
