@@ -3,10 +3,10 @@
 A link sends pack requests, receives pack-done messages, starts and stops the other
 side, and answers the liveness question "is the other side alive, and if not,
 why" (INV-LIVE). The pipeline asks it only while the learner waits on a REQUESTED
-slot, and counts the other side's silence only while that request is owed its pack
-(its rows are there, ``min_snapshot_ptr``), so a collector that is merely slow to
-produce data is never declared dead, one that beats nothing between its environment
-steps included (an external collector calls ``Packer.service`` there).
+slot, so a collector that is merely slow to produce data (its packer still beats its
+heartbeat) is never declared dead; an external collector, which beats only when it
+calls ``Packer.service`` between its environment steps, is not asked about its
+silence while the request waits for its rows (``beats_while_rows_come``).
 
 - ``ThreadCollector``: a packer thread in this process;
 - ``ProcessCollector``: a spawned packer-only process;
@@ -49,6 +49,11 @@ class CollectorLink(abc.ABC):
     to a collector the pipeline neither starts nor stops."""
 
     kind: ClassVar[str] = "custom"
+    # Whether the other side shows life while a request waits for its rows
+    # (min_snapshot_ptr): a packer serving in a loop beats all along; an external
+    # collector calls Packer.service between its environment steps, so its silence
+    # counts only once the rows are there (``liveness``'s ``waiting``).
+    beats_while_rows_come: ClassVar[bool] = True
     host_slots: HostSlots
 
     def __init__(self) -> None:
@@ -107,8 +112,9 @@ class CollectorLink(abc.ABC):
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         """None while the other side can serve requests, else why not. ``waiting``:
-        a request is outstanding and owed its pack (its rows are there), so the other
-        side's silence counts; ``timeout``: the pipeline's liveness bound."""
+        a request is outstanding (and, for a link that does not beat while rows come,
+        owed its pack: its rows are there), so the other side's silence counts;
+        ``timeout``: the pipeline's liveness bound."""
         for process, what in self._watched:
             if not process.is_alive():
                 return Gone(f"{what} (pid {process.pid}) exited with code "
@@ -299,6 +305,7 @@ class ExternalCollector(ChannelLink):
     ``attach_timeout`` seconds from the first request."""
 
     kind = "external"
+    beats_while_rows_come = False
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
                  attach_timeout: float) -> None:

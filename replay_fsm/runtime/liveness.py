@@ -9,10 +9,10 @@ The first "no" becomes the pipeline's failure: ``CollectorDied`` for the collect
 side, ``TransferFailed`` for the copy side. A REQUESTED tick whose rows are not in the
 replay buffer yet (``min_snapshot_ptr``) has nothing to do with either: its wait asks
 whether rows still come (``RowWatch``), and ``DataStalled`` ends it when they stopped.
-Meanwhile the link is asked only whether the collector is there at all (a process
-that exited): an external collector calls ``Packer.service`` between its environment
-steps, so it does not beat while a step makes the rows. Once they came, its silence
-counts from then.
+Meanwhile a link whose collector does not beat while rows come (an external one calls
+``Packer.service`` between its environment steps, ``beats_while_rows_come``) is asked
+only whether the collector is there at all (a process that exited); once the rows
+came, its silence counts from then.
 """
 
 from __future__ import annotations

@@ -579,7 +579,8 @@ class Pipeline:
                 rows = rows or RowWatch(self.stall_timeout)
                 stalled = rows.verdict(tick, self._rows_needed[slot],
                                        self.replay_buffer.ptr, now)
-                owed = rows.packer_owes(now, self.liveness_timeout)
+                owed = (self._link.beats_while_rows_come
+                        or rows.packer_owes(now, self.liveness_timeout))
             failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9, owed)
             failure = failure or stalled  # the collector's first: rows stop when it dies
             if failure is not None:
