@@ -144,6 +144,49 @@ def test_an_external_collector_silent_while_it_makes_the_rows_is_not_declared_de
             pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
 
 
+def test_an_external_collector_is_judged_from_when_the_learner_saw_its_rows() -> None:
+    """The rows came while no wait ran (the learner was busy), long after the
+    collector's last beat: the next wait does not count that silence at once (its
+    timeout, shorter than the bound, ends it first: the verdict runs only before the
+    deadline), and a later one counts it from then."""
+    from replay_fsm.data.packer import Packer
+
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector="external", liveness_timeout=0.5,
+                  learner_packs=False) as pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)
+        assert packer.service(timeout=0) == 0  # its last beat for a while
+        pipe.start_prepare(0, 8, min_snapshot_ptr=rb.ptr + 16)
+        assert pipe.wait_until_ready(0, 8, timeout=1.0) is False  # the beat is old now
+        rb.add_packed(torch.randn(16, rb.width))
+        assert pipe.wait_until_ready(0, 8, timeout=0.1) is False  # polled
+        with pytest.raises(CollectorDied, match="no heartbeat from the collector"):
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
+
+
+def test_the_count_runs_over_every_wait_from_the_rows_seen_or_the_request() -> None:
+    """Pipeline._owed on a set clock: for an external collector, not while the rows
+    are missing; from the first time the learner saw them (over all waits, the bound
+    inclusive), or from the request when they were there already. A packer thread
+    beats while rows come: always."""
+    s = 10**9
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector="external", liveness_timeout=1.0) as pipe:
+        pipe.start_prepare(0, 8, min_snapshot_ptr=rb.ptr + 1)
+        slot = pipe.slot_of(0)
+        assert slot is not None and pipe._owed_ns[slot] is None
+        assert not pipe._owed(slot, False, 5 * s)
+        assert not pipe._owed(slot, True, 7 * s)  # seen there: the count starts
+        assert not pipe._owed(slot, False, 7 * s + 1)  # a wait that saw them missing
+        assert not pipe._owed(slot, True, 8 * s)  # exactly the bound
+        assert pipe._owed(slot, True, 8 * s + 1)  # a later wait: from 7 s still
+        pipe.start_prepare(1, 8)  # its rows are there: counted from the request
+        since = pipe._owed_ns[pipe.slot_of(1)]  # type: ignore[index]
+        assert since is not None and since <= time.monotonic_ns()
+    with Pipeline(rb, sample_count=8, collector="thread") as pipe:
+        assert pipe._owed(0, False, 0)
+
+
 @pytest.mark.parametrize("collector", ["thread", "process"])
 def test_a_wait_for_rows_that_stopped_coming_raises_data_stalled(collector: str) -> None:
     """The packer lives and beats, but the rows a request waits for never come (the
@@ -182,28 +225,6 @@ def test_rows_still_coming_keep_a_wait_for_rows_going() -> None:
     forever = RowWatch(None)
     assert forever.verdict(0, 100, 5, 0) is None
     assert forever.verdict(0, 100, 5, 10**6 * s) is None
-
-
-def test_the_packer_owes_a_pack_only_once_its_rows_are_there() -> None:
-    """RowWatch.packer_owes on a set clock: rows there from the wait's start, owed at
-    once; rows missing, never; rows that came during the wait, owed once the bound
-    (inclusive) has passed since they came."""
-    s = 10**9
-    there = RowWatch(60.0)
-    assert there.verdict(0, 100, 100, 0) is None and there.packer_owes(0, 1.0)
-    watch = RowWatch(None)
-    for now in (0, 5 * s, 10**6 * s):
-        assert watch.verdict(0, 100, 99, now) is None
-        assert not watch.packer_owes(now, 1.0)
-    came = 10**6 * s + 7
-    assert watch.verdict(0, 100, 100, came) is None
-    assert not watch.packer_owes(came, 1.0)
-    assert watch.verdict(0, 100, 101, came + s) is None
-    assert not watch.packer_owes(came + s, 1.0)  # exactly the bound: not yet
-    assert watch.verdict(0, 100, 101, came + s + 1) is None
-    assert watch.packer_owes(came + s + 1, 1.0)
-    assert watch.verdict(0, 200, 101, came + 2 * s) is None  # missing again
-    assert not watch.packer_owes(came + 2 * s, 1.0)
 
 
 def test_a_silent_collector_whose_pack_is_done_is_not_blamed() -> None:

@@ -11,8 +11,8 @@ replay buffer yet (``min_snapshot_ptr``) has nothing to do with either: its wait
 whether rows still come (``RowWatch``), and ``DataStalled`` ends it when they stopped.
 Meanwhile a link whose collector does not beat while rows come (an external one calls
 ``Packer.service`` between its environment steps, ``beats_while_rows_come``) is asked
-only whether the collector is there at all (a process that exited); once the rows
-came, its silence counts from then.
+only whether the collector is there at all (a process that exited); its silence
+counts from when the learner saw the rows there (the request, at the earliest).
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ class Watchdog:
                 owed: bool = True) -> PipelineFailed | None:
         """The failure that ends the learner's wait for ``tick`` in ``slot`` (now in
         ``state``, waited on for ``waited_s``), or None to keep waiting. ``owed``: the
-        collector owes a REQUESTED tick its pack (``RowWatch.packer_owes``), so its
-        silence counts against it."""
+        collector owes a REQUESTED tick its pack (``Pipeline._owed``), so its silence
+        counts against it."""
         if state is SlotState.REQUESTED:
             gone = self._link.liveness(owed, self.timeout)
             if gone is not None:
@@ -62,22 +62,16 @@ class RowWatch:
 
     def __init__(self, timeout: float | None) -> None:
         self.timeout = timeout
-        # While the rows are missing: (rows ever written, since ns); None once there.
-        self._seen: tuple[int, int] | None = None
-        self._came_ns: int | None = None  # when rows this wait saw missing came
+        self._seen: tuple[int, int] | None = None  # (rows ever written, since ns)
 
     def verdict(self, tick: int, needed: int, rows: int, now_ns: int) -> DataStalled | None:
         """The failure that ends the wait for ``tick`` (which waits for ``needed``
         rows ever written; the buffer has seen ``rows`` at ``now_ns``), or None."""
-        if rows >= needed:
-            if self._seen is not None:
-                self._came_ns = now_ns
+        if rows >= needed or self.timeout is None:
             self._seen = None  # not waiting for rows (now): the packer's part
             return None
         if self._seen is None or self._seen[0] != rows:
             self._seen = (rows, now_ns)
-            return None
-        if self.timeout is None:
             return None
         silent = (now_ns - self._seen[1]) / 1e9
         if silent <= self.timeout:
@@ -86,12 +80,3 @@ class RowWatch:
             f"tick {tick} waits for {needed} rows (min_snapshot_ptr); the replay buffer "
             f"has had {rows} for {silent:.1f} s (stall_timeout): is whatever adds the "
             "rows still running?")
-
-    def packer_owes(self, now_ns: int, bound_s: float) -> bool:
-        """Whether the packer owes the tick its pack at ``now_ns`` (after ``verdict``
-        for the same moment), so that its silence counts: not while the rows are
-        missing, nor within ``bound_s`` of their coming during this wait (a silence
-        counts from then)."""
-        if self._seen is not None:
-            return False
-        return self._came_ns is None or (now_ns - self._came_ns) / 1e9 > bound_s

@@ -66,7 +66,10 @@ class Pipeline:
             default the one ``device`` calls for. ``backend_options`` go to the
             constructor of a backend built by name.
         liveness_timeout: seconds a wait may go without the other side showing life
-            (a packer heartbeat, a copy completing) before the learner raises.
+            (a packer heartbeat, a copy completing) before the learner raises. An
+            external collector's silence counts only once the request's rows are there
+            (from when the learner saw them, the request at the earliest): it must
+            call ``Packer.service`` more often than this.
         attach_timeout: collector="external": seconds from the first request within
             which a collector must call ``Packer.attach``.
         stall_timeout: seconds a wait for a tick whose rows are not there yet
@@ -191,6 +194,10 @@ class Pipeline:
         # tick it holds, and when its copy began.
         self._requests: list[PackRequest | None] = [None] * self.ring_depth
         self._rows_needed = [0] * self.ring_depth
+        # Since when (ns) the learner has seen the rows of the slot's request there: for a
+        # link whose collector does not beat while rows come, its silence counts from
+        # then (never earlier than the request); None while they are missing.
+        self._owed_ns: list[int | None] = [None] * self.ring_depth
         self._packs: list[PackDone | None] = [None] * self.ring_depth
         self._copy_submit_ns = [0] * self.ring_depth
         self._checker: Checker | None = None
@@ -283,6 +290,8 @@ class Pipeline:
             request = self._core.request(
                 tick_id, ptr if min_snapshot_ptr is None else min_snapshot_ptr)
             self._rows_needed[request.slot] = request.min_snapshot_ptr
+            self._owed_ns[request.slot] = (time.monotonic_ns()
+                                           if ptr >= request.min_snapshot_ptr else None)
             if self.learner_packs:
                 self._requests[request.slot] = request
             hot = self._core.hot_slot
@@ -577,10 +586,9 @@ class Pipeline:
             stalled, owed = None, True
             if state is SlotState.REQUESTED:
                 rows = rows or RowWatch(self.stall_timeout)
-                stalled = rows.verdict(tick, self._rows_needed[slot],
-                                       self.replay_buffer.ptr, now)
-                owed = (self._link.beats_while_rows_come
-                        or rows.packer_owes(now, self.liveness_timeout))
+                ptr, needed = self.replay_buffer.ptr, self._rows_needed[slot]
+                stalled = rows.verdict(tick, needed, ptr, now)
+                owed = self._owed(slot, ptr >= needed, now)
             failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9, owed)
             failure = failure or stalled  # the collector's first: rows stop when it dies
             if failure is not None:
@@ -593,6 +601,20 @@ class Pipeline:
             self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
                        slot=slot)
         return slot if self._core.state(slot) in AVAILABLE else None
+
+    def _owed(self, slot: int, rows_there: bool, now: int) -> bool:
+        """Whether the collector's silence counts against the request in ``slot``: at
+        once for a link whose collector beats while rows come; otherwise once the
+        request's rows have been there, as seen by the learner, for longer than
+        ``liveness_timeout`` (over every wait for it, not just this one)."""
+        if self._link.beats_while_rows_come:
+            return True
+        if not rows_there:
+            return False
+        since = self._owed_ns[slot]
+        if since is None:
+            since = self._owed_ns[slot] = now
+        return (now - since) / 1e9 > self.liveness_timeout
 
     def _take_locked(self, tick: int, slot: int) -> bool:
         """Pack the chunks of ``tick`` the packer has not claimed, on this thread, if
