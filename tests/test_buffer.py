@@ -480,3 +480,6 @@ def test_gather_of_what_is_not_a_tensor_is_a_type_error() -> None:
     with pytest.raises(TypeError, match="^indices and out must be tensors, got list and "
                                         "Tensor$"):
         rb.gather([0, 3], torch.empty(2, rb.width))  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="^indices and out must be tensors, got Tensor and "
+                                        "ndarray$"):
+        rb.gather(torch.tensor([0, 3]), np.empty((2, rb.width), np.float32))  # type: ignore[arg-type]

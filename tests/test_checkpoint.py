@@ -980,6 +980,7 @@ def test_an_add_cut_short_during_a_save_is_saved_as_the_buffer_holds_it(
         checkpoint._pwrite_all = write  # type: ignore[assignment]
     loaded = ReplayBuffer.load(path)
     assert ck.ptr == loaded.ptr == rb.ptr == ptr
+    assert rb.adds_cut_short == (call < calls[0])  # counted when it was cut short
     size = loaded.size  # rows past it hold no data (a cut add may have written some)
     assert torch.equal(loaded.storage[:size], rb.paused_rows[:size])
 
@@ -1005,11 +1006,10 @@ def writes_with_adds(rb: ReplayBuffer, add: Callable[[int], int],
 def test_rows_added_during_the_save_are_caught_up_without_the_lock(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Adds of more than a chunk while the rows are written are written again by a
-    catch-up pass, with the lock free: the locked pass then has nothing to write.
-    (Its regions are a chunk each: the locked pass writes again every chunk of a
-    region written since, and with the default 64-row regions here that is the
-    chunks written before the add too.)"""
-    rb = filled(64, 80, region_rows=4)
+    catch-up pass, with the lock free: the locked pass then has nothing to write
+    (it goes by ptr: not by the seqlock regions, of 64 rows here, which an add cut
+    short makes it use)."""
+    rb = filled(64, 80)
     locked: list[int] = []
     monkeypatch.setattr(checkpoint, "_pwrite_all",
                         writes_with_adds(rb, lambda call: 9 if call == 1 else 0, locked))

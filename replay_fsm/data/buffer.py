@@ -153,8 +153,10 @@ class ReplayBuffer:
         self.layout = Layout.build(obs_dim, action_dim, critic_dim)
         self.storage = shared_zeros(capacity, self.layout.width,
                                     what=f"a replay buffer of {capacity} rows")
-        # Invariant: _counters = [ptr, size]; written only after the rows they cover.
-        self._counters = torch.zeros(2, dtype=torch.int64).share_memory_()
+        # Invariant: _counters = [ptr, size, adds cut short]; ptr and size written only
+        # after the rows they cover. An add cut short (an exception, a Ctrl-C) may have
+        # written rows it never counts: the third counts those adds, for save.
+        self._counters = torch.zeros(3, dtype=torch.int64).share_memory_()
         self._views()
         self.region_rows = region_rows or max(64, -(-capacity // 1024))
         n_regions = -(-capacity // self.region_rows)
@@ -282,13 +284,21 @@ class ReplayBuffer:
     def width(self) -> int:
         return self.layout.width
 
+    @property
+    def adds_cut_short(self) -> int:
+        """Adds that an exception (a Ctrl-C) cut short, ever, in any process: such an
+        add may have written rows without counting them in ``ptr``."""
+        return int(self._counters_np[2])
+
     def region_writes(self) -> np.ndarray:
         """A live view of each region's write counter (INV-ROW's seqlock; region r
         holds rows [r * region_rows, (r + 1) * region_rows)): odd while an add writes
         the region, 2 more after each add that did. A row written between two reads
         lies in a region whose counter moved, one an add cut short by a Ctrl-C wrote
         (without counting it in ``ptr``) included."""
-        return self._seq.numpy()
+        view = self._seq.numpy()
+        view.flags.writeable = False  # a write would make gathers of the region spin
+        return view
 
     def _views(self) -> None:
         # A numpy view of the shared counters: reading one costs nanoseconds instead of
@@ -421,6 +431,9 @@ class ReplayBuffer:
             try:
                 self._owner.hold()
                 self._append_locked(rows, n, cap)
+            except BaseException:
+                self._counters[2] += 1  # its rows may be written, not counted in ptr
+                raise
             finally:
                 self._adding = False
                 self._owner.release()  # one C call: see Owner.view
@@ -486,9 +499,11 @@ class ReplayBuffer:
             fits = (out.shape == (indices.shape[0], self.layout.width)
                     and out.dtype == torch.float32)
         except AttributeError:
-            raise TypeError(f"indices and out must be tensors, got "
-                            f"{type(indices).__name__} and {type(out).__name__}") from None
+            fits = False
         if not fits:
+            if not (isinstance(indices, torch.Tensor) and isinstance(out, torch.Tensor)):
+                raise TypeError(f"indices and out must be tensors, got "
+                                f"{type(indices).__name__} and {type(out).__name__}")
             raise ValueError(f"out: got {out.dtype} of shape {tuple(out.shape)}, expected "
                              f"torch.float32 of ({indices.shape[0]}, {self.layout.width}) "
                              f"for {indices.shape[0]} indices")

@@ -30,10 +30,11 @@ helper thread checksums each chunk while the next I/O runs (both release the GIL
 Consistent under concurrent ``add`` (from threads or processes): rows are written
 without any lock while ``add`` runs, then every chunk holding a row that an ``add``
 wrote meanwhile (known from ``ptr``, since the ring is written in order) is written
-again, until few remain; the last such pass holds the buffer's write lock and writes
-again every chunk whose rows' regions were written since it was (their seqlock
-counters moved: an add that a Ctrl-C cut short after its copy wrote rows it never
-counted in ``ptr``). The file then holds exactly the buffer's rows as that pass saw
+again, until few remain; the last such pass holds the buffer's write lock. Where an
+add was cut short meanwhile (a Ctrl-C after its copy: rows written, never counted in
+``ptr``; ``ReplayBuffer.adds_cut_short`` counts such adds), that pass writes again
+every chunk whose rows' regions were written since it was (their seqlock counters
+moved). The file then holds exactly the buffer's rows as that pass saw
 them, the buffer after its first ``ptr`` rows were added (and any rows such a cut
 add wrote, as the buffer holds them): every row position not written during the save
 was stable while it was copied, and every other was copied again after its last
@@ -354,6 +355,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
             raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken",
                                   target)
         writer = _Writer(rb, fd, chunk_rows, checksummer)
+        cut = rb.adds_cut_short
         # size is min(ptr, capacity) by construction; deriving it from the one counter
         # read keeps the pair consistent while add updates both.
         done = rb.ptr
@@ -368,7 +370,10 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         with rb.adds_paused():  # also inside a caller's own adds_paused() block
             ptr = rb.ptr
             size = min(ptr, rb.capacity)
-            writer.rewrite_changed(size)
+            if rb.adds_cut_short == cut:
+                writer.rewrite_written(done, ptr, rb.capacity)
+            else:  # its rows are known only by their regions' counters
+                writer.rewrite_changed(size)
         file_bytes = _write_tail(rb, fd, writer, ptr, size)
         os.fsync(fd)
         closing, fd = fd, -1  # closed even if close reports an error: never twice
