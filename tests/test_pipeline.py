@@ -544,6 +544,23 @@ def test_a_graph_kept_past_after_tick_fails_autograds_in_place_check(
             loss.backward()
 
 
+@pytest.mark.parametrize("poll", ["batch_ready", "wait_until_ready(timeout=0)"])
+def test_a_learner_that_only_polls_learns_of_a_dead_collector(poll: str) -> None:
+    """INV-LIVE for a learner that never blocks: a poll of a tick that is not ready
+    asks the watchdog as a slice of a wait does (it returned False for ever)."""
+    with Pipeline(buffer(), sample_count=8, collector="external", backend="manual",
+                  liveness_timeout=60) as pipe:
+        pipe.watch(Exited())
+        pipe.start_prepare(0, 8)
+        with pytest.raises(CollectorDied, match="exited with code -9"):
+            if poll == "batch_ready":
+                pipe.batch_ready(0, 8)
+            else:
+                pipe.wait_until_ready(0, 8, timeout=0)
+        with pytest.raises(CollectorDied):  # sticky
+            pipe.batch_ready(0, 8)
+
+
 def test_a_watched_process_that_exits_is_named() -> None:
     """INV-LIVE: ``watch`` takes anything with ``is_alive()``, ``pid`` and ``exitcode``;
     its default name is "the collector process". Kills

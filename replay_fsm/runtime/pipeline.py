@@ -308,9 +308,12 @@ class Pipeline:
             return True
 
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
-        """Whether ``tick_id`` can be sampled without waiting. Never blocks.
+        """Whether ``tick_id`` can be sampled without waiting. Never blocks. When it
+        cannot, the watchdog is asked, as by every slice of a wait: a learner that
+        only polls learns of a dead collector or copy engine too.
 
         Raises:
+            CollectorDied, TransferFailed: the other side is gone (as a wait raises).
             PipelineFailed, PipelineClosed: as every learner call.
         """
         self._validate(sample_count)
@@ -322,7 +325,14 @@ class Pipeline:
             self._pump_locked()
             self._raise_if_unusable()
             slot = self._core.slot_of(tick_id)
-            return slot is not None and self._core.state(slot) in AVAILABLE
+            if slot is None:
+                return False
+            state = self._core.state(slot)
+            if state in AVAILABLE:
+                return True
+            # Not ready: a learner that only polls learns of a dead collector too.
+            self._judge_locked(tick_id, slot, state, time.monotonic_ns(), 0.0, None)
+            return False
 
     def wait_until_ready(self, tick_id: int, sample_count: int,
                          timeout: float | None = None) -> bool:
@@ -577,23 +587,17 @@ class Pipeline:
                 break
             now = time.monotonic_ns()
             if started is None:
-                started = now
-            if deadline is not None and now / 1e9 >= deadline:
+                started = now  # the first slice is judged even past the deadline
+            elif deadline is not None and now / 1e9 >= deadline:
                 break
             if deadline is None and state is SlotState.REQUESTED and self._take_locked(
                     tick, slot):
                 continue  # packed here; its pack-done message goes to the worker
-            stalled, owed = None, True
             if state is SlotState.REQUESTED:
                 rows = rows or RowWatch(self.stall_timeout)
-                ptr, needed = self.replay_buffer.ptr, self._rows_needed[slot]
-                stalled = rows.verdict(tick, needed, ptr, now)
-                owed = self._owed(slot, ptr >= needed, now)
-            failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9, owed)
-            failure = failure or stalled  # the collector's first: rows stop when it dies
-            if failure is not None:
-                self._fail_locked(failure)
-                raise failure
+            self._judge_locked(tick, slot, state, now, (now - started) / 1e9, rows)
+            if deadline is not None and now / 1e9 >= deadline:
+                break  # a wait past its deadline at once (timeout 0) is judged once too
             wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S,
                                                              deadline - now / 1e9)
             self._cv.wait(timeout=max(wait, 0.0))
@@ -601,6 +605,22 @@ class Pipeline:
             self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
                        slot=slot)
         return slot if self._core.state(slot) in AVAILABLE else None
+
+    def _judge_locked(self, tick: int, slot: int, state: SlotState, now: int,
+                      waited_s: float, rows: RowWatch | None) -> None:
+        """Raise (failing the pipeline) when the watchdog, or ``rows`` for a tick that
+        waits for its rows, says the wait for ``tick`` in ``slot`` cannot end."""
+        stalled, owed = None, True
+        if state is SlotState.REQUESTED:
+            ptr, needed = self.replay_buffer.ptr, self._rows_needed[slot]
+            if rows is not None:
+                stalled = rows.verdict(tick, needed, ptr, now)
+            owed = self._owed(slot, ptr >= needed, now)
+        failure = self._watchdog.verdict(tick, slot, state, waited_s, owed)
+        failure = failure or stalled  # the collector's first: rows stop when it dies
+        if failure is not None:
+            self._fail_locked(failure)
+            raise failure
 
     def _owed(self, slot: int, rows_there: bool, now: int) -> bool:
         """Whether the collector's silence counts against the request in ``slot``: at
