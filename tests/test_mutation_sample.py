@@ -36,9 +36,9 @@ SAMPLE: dict[str, Mutant] = {
         ("tests/test_core_table.py::"
          "test_every_guard_name_of_the_table_resolves_to_one_core_predicate",)),
     # pipeline: the watchdog's verdict ignored (INV-LIVE); ticks() prefetching past stop.
-    "replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_30": Mutant(
+    "replay_fsm.runtime.pipeline.xǁPipelineǁ_judge_locked__mutmut_23": Mutant(
         "replay_fsm/runtime/pipeline.py",
-        "failure = self._watchdog.verdict(tick, slot, state, (now - started) / 1e9, owed)",
+        "failure = self._watchdog.verdict(tick, slot, state, waited_s, owed)",
         "failure = None",
         ("tests/test_liveness.py::test_a_copy_that_never_completes_raises_transfer_failed",)),
     "replay_fsm.runtime.pipeline.xǁPipelineǁticks__mutmut_17": Mutant(

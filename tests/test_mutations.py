@@ -12,7 +12,8 @@ a timeout is inconclusive and fails the check instead of counting as a kill
 
 Mutants the tool does express were moved out: "copy without waiting for release"
 is ``replay_fsm.core.xǁCoreǁpacked__mutmut_17`` and "skip the liveness check" is
-``replay_fsm.runtime.pipeline.xǁPipelineǁ_wait_locked__mutmut_30``; both are killed in
+``replay_fsm.runtime.pipeline.xǁPipelineǁ_judge_locked__mutmut_23`` (the verdict moved
+there from ``_wait_locked``, mutant 30 before); both are killed in
 the full run and sit in the CI sample (``tests/test_mutation_sample.py``).
 """
 
