@@ -433,7 +433,8 @@ def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int)
         crcs.append(crc)
     table = struct.pack(f"<{n_chunks}I", *crcs)
     table_offset, file_bytes = _extent(size, writer.row_bytes, n_chunks)
-    tail = table + struct.pack("<I", zlib.crc32(table)) + END_MAGIC
+    table_crc = zlib.crc32(table)
+    tail = table + struct.pack("<I", table_crc) + END_MAGIC
     assert len(tail) == file_bytes - table_offset, (len(tail), n_chunks)
     meta = {
         "library": "replay_fsm", "capacity": rb.capacity, "obs_dim": rb.obs_dim,
@@ -444,7 +445,7 @@ def _write_tail(rb: ReplayBuffer, fd: int, writer: _Writer, ptr: int, size: int)
         "table_offset": table_offset, "file_bytes": file_bytes,
         # Binds the header to these rows: a header put before another save's rows
         # and table (a copy that stopped after its first block) is refused.
-        "table_crc": zlib.crc32(table),
+        "table_crc": table_crc,
     }
     text = json.dumps(meta, sort_keys=True).encode()
     header = bytearray(HEADER_BYTES)
