@@ -176,6 +176,10 @@ class _Writer:
         self.writes, self.region_rows = rb.region_writes(), rb.region_rows
         self.seen: dict[int, np.ndarray] = {}  # chunk -> its regions' counters before
 
+    def _rows(self, k: int, size: int) -> tuple[int, int]:
+        """The rows [lo, hi) chunk ``k`` holds of a buffer of ``size`` rows."""
+        return k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
+
     def _regions(self, lo: int, hi: int) -> slice:
         return slice(lo // self.region_rows, (hi - 1) // self.region_rows + 1)
 
@@ -184,7 +188,7 @@ class _Writer:
             self.write_chunk(k, size)
 
     def write_chunk(self, k: int, size: int) -> None:
-        lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
+        lo, hi = self._rows(k, size)
         data = self.rows[lo:hi].data.cast("B")
         self.seen[k] = self.writes[self._regions(lo, hi)].copy()
         # Checksummed while written. Should an add change these rows meanwhile, the
@@ -198,7 +202,7 @@ class _Writer:
         yet, written shorter, or holding a row written since (its regions' counters
         moved), by an add counted in ``ptr`` or by one a Ctrl-C cut short."""
         for k in range(-(-size // self.chunk_rows)):
-            lo, hi = k * self.chunk_rows, min((k + 1) * self.chunk_rows, size)
+            lo, hi = self._rows(k, size)
             written = self.crcs.get(k)
             if (written is None or written[0] != hi - lo
                     or not np.array_equal(self.seen[k], self.writes[self._regions(lo, hi)])):
