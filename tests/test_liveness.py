@@ -128,37 +128,21 @@ def test_an_external_collector_silent_while_it_makes_the_rows_is_not_declared_de
         ) -> None:
     """An external collector calls Packer.service between its environment steps: while
     a step makes the rows a tick waits for (min_snapshot_ptr), it beats nothing, for
-    longer than liveness_timeout. That wait is bounded by stall_timeout alone; once
-    the rows came and the collector stays silent, the heartbeat bound applies again."""
-    from replay_fsm.data.packer import Packer
-
-    rb = buffer()
-    with Pipeline(rb, sample_count=8, collector="external", liveness_timeout=0.2,
-                  learner_packs=False) as pipe:
-        packer = Packer.attach(pipe.packer_handle(), rb)
-        assert packer.service(timeout=0) == 0  # one beat, then a long step
-        pipe.start_prepare(0, 8, min_snapshot_ptr=rb.ptr + 16)
-        assert pipe.wait_until_ready(0, 8, timeout=1.0) is False  # no CollectorDied
-        rb.add_packed(torch.randn(16, rb.width))  # the step's rows; no service after
-        with pytest.raises(CollectorDied, match="no heartbeat from the collector"):
-            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
-
-
-def test_an_external_collector_is_judged_from_when_the_learner_saw_its_rows() -> None:
-    """The rows came while no wait ran (the learner was busy), long after the
-    collector's last beat: the next wait does not count that silence at once (its
-    timeout, shorter than the bound, ends it first: the verdict runs only before the
-    deadline), and a later one counts it from then."""
+    longer than liveness_timeout. That wait is bounded by stall_timeout alone. The
+    rows then come while no wait runs (the learner is busy), long after the last
+    beat: the next wait does not count that silence at once (its timeout, shorter
+    than the bound, ends it first: the verdict runs only before the deadline), and a
+    later one, the collector still silent, counts it from then."""
     from replay_fsm.data.packer import Packer
 
     rb = buffer()
     with Pipeline(rb, sample_count=8, collector="external", liveness_timeout=0.5,
                   learner_packs=False) as pipe:
         packer = Packer.attach(pipe.packer_handle(), rb)
-        assert packer.service(timeout=0) == 0  # its last beat for a while
+        assert packer.service(timeout=0) == 0  # one beat, then a long step
         pipe.start_prepare(0, 8, min_snapshot_ptr=rb.ptr + 16)
-        assert pipe.wait_until_ready(0, 8, timeout=1.0) is False  # the beat is old now
-        rb.add_packed(torch.randn(16, rb.width))
+        assert pipe.wait_until_ready(0, 8, timeout=1.0) is False  # no CollectorDied
+        rb.add_packed(torch.randn(16, rb.width))  # the step's rows; no service after
         assert pipe.wait_until_ready(0, 8, timeout=0.1) is False  # polled
         with pytest.raises(CollectorDied, match="no heartbeat from the collector"):
             pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
