@@ -17,6 +17,7 @@ from replay_fsm import CollectorDied, DataStalled, Pipeline, PipelineFailed, Rep
 from replay_fsm.errors import TransferFailed
 from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.runtime.liveness import RowWatch
+from replay_fsm.spec import SlotState
 from replay_fsm.transfer.emulated import EmulatedBackend
 
 from .support import MARGIN_S, finishes_within
@@ -37,6 +38,52 @@ def test_a_copy_that_never_completes_raises_transfer_failed() -> None:
         assert time.monotonic() - t0 < MARGIN_S
         with pytest.raises(TransferFailed):  # sticky
             pipe.sample_large_batch(0, 8)
+
+
+@pytest.mark.parametrize("poll", ["batch_ready", "short waits"])
+def test_a_learner_that_polls_learns_of_a_copy_that_never_completes(poll: str) -> None:
+    """INV-LIVE for a learner that never waits long: a copy's bound counts from when
+    the learner first found it pending, over every poll and wait (each poll answered
+    False, and each wait shorter than liveness_timeout ran out, for ever)."""
+    with Pipeline(buffer(), sample_count=8, backend="manual", liveness_timeout=0.3) as pipe:
+        pipe.start_prepare(0, 8)
+        slot = pipe.slot_of(0)
+        assert slot is not None and pipe.backend.wait_submitted(slot, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        t0 = time.monotonic()
+        with pytest.raises(TransferFailed, match="copy into slot 0 did not complete"):
+            while time.monotonic() - t0 < MARGIN_S:
+                if poll == "batch_ready":
+                    assert not pipe.batch_ready(0, 8)
+                else:
+                    assert not pipe.wait_until_ready(0, 8, timeout=0.05)
+        with pytest.raises(TransferFailed):  # sticky
+            pipe.batch_ready(0, 8)
+
+
+def test_a_copy_is_late_from_when_the_learner_first_found_it_pending() -> None:
+    """Pipeline._judge_locked on a set clock: the copy's bound counts from the first
+    look that found it SUBMITTED (the bound inclusive), not from a wait's start, and
+    anew for the slot's next request."""
+    s = 10**9
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, backend="manual", liveness_timeout=1.0) as pipe:
+        backend = pipe.backend
+        pipe.start_prepare(0, 8)
+        assert backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        with pipe._lock:
+            pipe._judge_locked(0, 0, SlotState.SUBMITTED, 5 * s, None)  # first seen
+            pipe._judge_locked(0, 0, SlotState.SUBMITTED, 6 * s, None)  # exactly the bound
+        backend.complete(0)  # type: ignore[attr-defined]
+        pipe.sample_large_batch(0, 8)
+        pipe.after_tick()
+        pipe.start_prepare(1, 8)
+        pipe.start_prepare(2, 8)  # slot 0 again: its copy's count starts anew
+        assert pipe.slot_of(2) == 0 and backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        with pipe._lock:
+            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 50 * s, None)
+            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 51 * s, None)
+            with pytest.raises(TransferFailed, match="slot 0 did not complete within 1 s"):
+                pipe._judge_locked(2, 0, SlotState.SUBMITTED, 51 * s + 1, None)
 
 
 def test_a_copy_engine_that_raises_fails_the_learner_chained() -> None:

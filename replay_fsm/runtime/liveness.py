@@ -1,10 +1,12 @@
 """The watchdog: INV-LIVE for every state a learner can wait on.
 
-While the learner waits on a slot, each slice of the wait asks:
+While the learner waits on a slot, each slice of the wait (and each poll of a tick
+not ready) asks:
 - REQUESTED: is the collector alive and serving (the link's answer), and is the
   transfer worker there to take its pack-done message?
 - SUBMITTED: can the backend's copy engine still complete copies, and has the copy
-  completed within ``timeout`` of the start of this wait?
+  completed within ``timeout`` of when the learner first found it pending, in a wait
+  or a poll (``Pipeline._judge_locked``)?
 The first "no" becomes the pipeline's failure: ``CollectorDied`` for the collector
 side, ``TransferFailed`` for the copy side. A REQUESTED tick whose rows are not in the
 replay buffer yet (``min_snapshot_ptr``) has nothing to do with either: its wait asks

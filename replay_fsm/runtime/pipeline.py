@@ -66,7 +66,8 @@ class Pipeline:
             default the one ``device`` calls for. ``backend_options`` go to the
             constructor of a backend built by name.
         liveness_timeout: seconds a wait may go without the other side showing life
-            (a packer heartbeat, a copy completing) before the learner raises. An
+            (a packer heartbeat, a copy completing) before the learner raises. A copy
+            counts from when the learner first found it pending (a wait or a poll). An
             external collector's silence counts only once the request's rows are there
             (from when the learner saw them, the request at the earliest): it must
             call ``Packer.service`` more often than this.
@@ -198,6 +199,10 @@ class Pipeline:
         # link whose collector does not beat while rows come, its silence counts from
         # then (never earlier than the request); None while they are missing.
         self._owed_ns: list[int | None] = [None] * self.ring_depth
+        # Since when (ns) the learner has seen the slot's copy pending (SUBMITTED), in a
+        # wait or a poll: the copy's bound counts from then, over every wait and poll;
+        # None until the learner first finds it pending.
+        self._late_ns: list[int | None] = [None] * self.ring_depth
         self._packs: list[PackDone | None] = [None] * self.ring_depth
         self._copy_submit_ns = [0] * self.ring_depth
         self._checker: Checker | None = None
@@ -292,6 +297,7 @@ class Pipeline:
             self._rows_needed[request.slot] = request.min_snapshot_ptr
             self._owed_ns[request.slot] = (time.monotonic_ns()
                                            if ptr >= request.min_snapshot_ptr else None)
+            self._late_ns[request.slot] = None
             if self.learner_packs:
                 self._requests[request.slot] = request
             hot = self._core.hot_slot
@@ -331,7 +337,7 @@ class Pipeline:
             if state in AVAILABLE:
                 return True
             # Not ready: a learner that only polls learns of a dead collector too.
-            self._judge_locked(tick_id, slot, state, time.monotonic_ns(), 0.0, None)
+            self._judge_locked(tick_id, slot, state, time.monotonic_ns(), None)
             return False
 
     def wait_until_ready(self, tick_id: int, sample_count: int,
@@ -595,7 +601,7 @@ class Pipeline:
                 continue  # packed here; its pack-done message goes to the worker
             if state is SlotState.REQUESTED:
                 rows = rows or RowWatch(self.stall_timeout)
-            self._judge_locked(tick, slot, state, now, (now - started) / 1e9, rows)
+            self._judge_locked(tick, slot, state, now, rows)
             if deadline is not None and now / 1e9 >= deadline:
                 break  # a wait past its deadline at once (timeout 0) is judged once too
             wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S,
@@ -607,11 +613,17 @@ class Pipeline:
         return slot if self._core.state(slot) in AVAILABLE else None
 
     def _judge_locked(self, tick: int, slot: int, state: SlotState, now: int,
-                      waited_s: float, rows: RowWatch | None) -> None:
+                      rows: RowWatch | None) -> None:
         """Raise (failing the pipeline) when the watchdog, or ``rows`` for a tick that
-        waits for its rows, says the wait for ``tick`` in ``slot`` cannot end."""
-        stalled, owed = None, True
-        if state is SlotState.REQUESTED:
+        waits for its rows, says the wait for ``tick`` in ``slot`` cannot end. A copy
+        is late from when the learner first found it pending, in a wait or a poll."""
+        stalled, owed, waited_s = None, True, 0.0
+        if state is SlotState.SUBMITTED:
+            since = self._late_ns[slot]
+            if since is None:
+                since = self._late_ns[slot] = now
+            waited_s = (now - since) / 1e9
+        elif state is SlotState.REQUESTED:
             ptr, needed = self.replay_buffer.ptr, self._rows_needed[slot]
             if rows is not None:
                 stalled = rows.verdict(tick, needed, ptr, now)
