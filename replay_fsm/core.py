@@ -219,6 +219,34 @@ def as_count(name: str, value: object, low: int = 0) -> int:
     return number
 
 
+def as_seed(value: object, name: str = "base_seed") -> int:
+    """``value`` as a base seed: an int in [0, 2**63) (see ``as_count``).
+
+    Raises:
+        TypeError: not an integer.
+        ValueError: negative, or past the 63-bit range.
+    """
+    seed = as_count(name, value)
+    if seed > MAX_SEED:
+        raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
+    return seed
+
+
+def as_seconds(name: str, value: object, *, none_ok: bool = False) -> float | None:
+    """``value`` as a finite number of seconds > 0 (None too where ``none_ok``).
+
+    Raises:
+        ValueError: anything else, a bool included (the message names ``name``).
+    """
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            0 < value < float("inf")):
+        raise ValueError(f"{name} must be a finite number of seconds > 0"
+                         f"{' or None' if none_ok else ''}, got {value!r}")
+    return float(value)
+
+
 def as_tick(tick: object) -> int:
     """``tick`` as an int >= 0 (see ``as_count``)."""
     if type(tick) is int and tick >= 0:  # as as_count's first line, one call fewer
@@ -249,9 +277,7 @@ class Core:
     def __init__(self, ring_depth: int, *, base_seed: int = 0, sample_count: int = 1,
                  observer: Observer | None = None) -> None:
         self.ring_depth = as_ring_depth(ring_depth)
-        self.base_seed = as_count("base_seed", base_seed)
-        if self.base_seed > MAX_SEED:
-            raise ValueError(f"base_seed must be an int in [0, 2**63), got {base_seed!r}")
+        self.base_seed = as_seed(base_seed)
         self.sample_count = int(sample_count)
         self.observer = observer
         self._slots = [_Slot(i) for i in range(self.ring_depth)]

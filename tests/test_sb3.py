@@ -159,10 +159,52 @@ def test_pickles_for_save_replay_buffer_keeping_the_oldest_row_first() -> None:
      "optimize_memory_usage"),
     ({"ring_depth": 1}, "ring_depth must be an int >= 2, got 1"),
     ({"ring_depth": 100}, "ring_depth must be <= 64, got 100"),
+    ({"base_seed": -1}, "base_seed must be an int >= 0, got -1"),
+    ({"base_seed": 2**63}, r"base_seed must be an int in \[0, 2\*\*63\)"),
+    ({"liveness_timeout": 0}, "liveness_timeout must be a finite number of seconds > 0"),
+    ({"liveness_timeout": float("inf")}, "liveness_timeout must be a finite number"),
 ])
 def test_unsupported_options_are_refused(kwargs: dict[str, Any], message: str) -> None:
+    """In the constructor, not at the first sample after learning_starts steps."""
     with pytest.raises(ValueError, match=message):
         PipelineReplayBuffer(10, OBS, ACT, **kwargs)
+
+
+@pytest.mark.parametrize("base_seed", [1.5, "7", True])
+def test_a_base_seed_that_is_not_an_integer_is_refused(base_seed: Any) -> None:
+    """It was truncated (1.5 drew step k's batch with seed 1 + k) or failed in int()."""
+    with pytest.raises(TypeError, match="base_seed must be an int"):
+        PipelineReplayBuffer(10, OBS, ACT, base_seed=base_seed)
+
+
+@pytest.mark.parametrize("norm_obs", [False, True])
+def test_observations_through_vec_normalize_come_back_as_sb3s(norm_obs: bool) -> None:
+    """With a VecNormalize that leaves observations alone, in the space's dtype (they
+    came back float32); normalised, as SB3 normalises them (float32)."""
+    from stable_baselines3.common.env_util import make_vec_env
+    from stable_baselines3.common.vec_env import VecNormalize
+
+    env = VecNormalize(make_vec_env("CartPole-v1", n_envs=1), norm_obs=norm_obs)
+    space = spaces.Box(0, 255, (4,), np.uint8)
+    ours = PipelineReplayBuffer(16, space, spaces.Discrete(2), "cpu", 1, base_seed=0)
+    theirs = SB3ReplayBuffer(16, space, spaces.Discrete(2), "cpu", 1)
+    rng = np.random.default_rng(3)
+    for _ in range(8):
+        obs, nxt = (rng.integers(0, 256, (1, 4), dtype=np.uint8) for _ in range(2))
+        args = (obs, nxt, np.array([1]), np.array([0.5], np.float32), np.array([False]),
+                [{}])
+        ours.add(*args)
+        theirs.add(*args)
+    try:
+        mine = ours.sample(8, env=env)
+    finally:
+        ours.close()
+        env.close()
+    reference = theirs.sample(8, env=env)
+    for field in ("observations", "next_observations"):
+        got, sb3 = getattr(mine, field), getattr(reference, field)
+        assert got.dtype == sb3.dtype and got.shape == sb3.shape, field
+    assert (mine.observations.dtype == torch.uint8) is not norm_obs
 
 
 def test_td3_trains_with_it() -> None:

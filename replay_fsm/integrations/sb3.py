@@ -38,7 +38,7 @@ from stable_baselines3.common.type_aliases import ReplayBufferSamples
 from stable_baselines3.common.vec_env import VecNormalize
 
 import replay_fsm
-from replay_fsm.core import as_ring_depth
+from replay_fsm.core import as_ring_depth, as_seconds, as_seed
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
@@ -60,11 +60,14 @@ class PipelineReplayBuffer(ReplayBuffer):
         liveness_timeout: seconds a silent packer may keep ``sample`` waiting.
 
     Observations are stored as float32 rows (image observations take four times the
-    memory SB3's uint8 arrays do) and come back in the observation space's dtype.
+    memory SB3's uint8 arrays do) and come back in the observation space's dtype
+    (normalised by a ``VecNormalize``: as SB3 normalises them).
 
     Raises:
         ValueError: ``optimize_memory_usage`` (rows hold next_obs explicitly), a Dict
-            observation space (use SB3's ``DictReplayBuffer``), or a bad ring depth.
+            observation space (use SB3's ``DictReplayBuffer``), a bad ring depth,
+            ``base_seed`` or ``liveness_timeout``.
+        TypeError: a ring depth or ``base_seed`` that is not an integer.
     """
 
     def __init__(self, buffer_size: int, observation_space: spaces.Space,
@@ -81,13 +84,16 @@ class PipelineReplayBuffer(ReplayBuffer):
         if isinstance(observation_space, spaces.Dict):
             raise ValueError("Dict observation spaces are not supported; use SB3's "
                              "DictReplayBuffer")
-        ring_depth = as_ring_depth(ring_depth)  # here, not at the first sample
+        # Here, not at the first sample (after learning_starts steps), as the pipeline would.
+        ring_depth = as_ring_depth(ring_depth)
+        base_seed = None if base_seed is None else as_seed(base_seed)
+        as_seconds("liveness_timeout", liveness_timeout)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
         self.ring_depth = ring_depth
         self.base_seed = (int(np.random.randint(0, 2**31 - 1)) if base_seed is None
-                          else int(base_seed))
+                          else base_seed)
         self.liveness_timeout = liveness_timeout
         self.obs_dim = int(np.prod(self.obs_shape))
         self.obs_dtype = _torch_dtype(observation_space.dtype)
@@ -253,10 +259,11 @@ class PipelineReplayBuffer(ReplayBuffer):
             obs = batch["obs"].reshape(shape).to(self.obs_dtype, copy=True)
             next_obs = batch["next_obs"].reshape(shape).to(self.obs_dtype, copy=True)
             rewards = rewards.clone()
-        else:  # VecNormalize's statistics move: normalise when sampled, as SB3 does
+        else:  # VecNormalize's statistics move: normalise when sampled, as SB3 does,
+            # from the space's dtype, as SB3 stores them (norm_obs=False keeps it)
             obs, next_obs = (
                 self.to_torch(np.asarray(self._normalize_obs(
-                    batch[key].reshape(shape).cpu().numpy(), env)))
+                    batch[key].reshape(shape).to(self.obs_dtype).cpu().numpy(), env)))
                 for key in ("obs", "next_obs"))
             rewards = self.to_torch(self._normalize_reward(rewards.cpu().numpy(), env))
         return ReplayBufferSamples(

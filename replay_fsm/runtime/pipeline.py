@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..core import Core, as_count, as_tick
+from ..core import Core, as_count, as_seconds, as_tick
 from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -106,14 +106,9 @@ class Pipeline:
                  trace: bool = False, trace_capacity: int = 1 << 16,
                  packer_threads: int | None = None, learner_packs: bool = True) -> None:
         sample_count = as_count("sample_count", sample_count, 1)
-        for name, value in (("liveness_timeout", liveness_timeout),
-                            ("attach_timeout", attach_timeout),
-                            ("stall_timeout", 1.0 if stall_timeout is None else stall_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-                    0 < value < float("inf")):
-                raise ValueError(f"{name} must be a finite number of seconds > 0"
-                                 f"{' or None' if name == 'stall_timeout' else ''}, got "
-                                 f"{value!r}")
+        as_seconds("liveness_timeout", liveness_timeout)
+        as_seconds("attach_timeout", attach_timeout)
+        as_seconds("stall_timeout", stall_timeout, none_ok=True)
         missing = [a for a in ("layout", "width", "ptr", "size", "gather")
                    if not hasattr(replay_buffer, a)]
         if missing:
