@@ -67,6 +67,10 @@ def test_snapshot_schedule() -> None:
     ({"sampling": "sometimes"}, "sampling"),
     ({"batch_size": 0}, "batch_size"),
     ({"sampling": "sync", "capacity": 100}, "must not wrap"),
+    ({"seed": -1}, r"seed must be an int in \[0, 2\*\*63 - ticks\] .*got -1"),
+    ({"seed": 2**63 - 40 + 1}, "seed must be an int in"),  # tick 39's seed: 2**63
+    ({"sampling": "sync", "seed": 2**63 - 40 + 1}, "seed must be an int in"),
+    ({"seed": 1.5}, "seed must be an int in"),
 ])
 def test_bad_options_are_refused_early(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -106,6 +110,44 @@ def test_a_collector_that_fails_stops_the_learner_with_collector_died(
     with pytest.raises(CollectorDied) as info:
         train(replace(SMALL, sampling=sampling, collector="thread"))
     assert "the simulator crashed" in repr(info.value) + repr(info.value.__cause__)
+    # The ticks done are not lost with it (they were: nothing was returned or written).
+    result = info.value.result  # type: ignore[attr-defined]
+    assert 0 < result["ticks"] < SMALL.ticks and result["interrupted"]
+    assert result["error"].startswith("CollectorDied: ")
+    assert result["updates"] == result["ticks"] * SMALL.updates_per_tick
+
+
+def test_the_cli_writes_a_run_an_error_stopped_and_exits_2(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """The collector fails mid-run: the summary, sac.json and sac.png of the ticks
+    done are written, with the error, and the command fails with it (the folder was
+    removed and every tick lost)."""
+    pytest.importorskip("matplotlib")
+    from replay_fsm.cli import main
+    from replay_fsm.trainers import collector
+
+    real_step = collector._Collector.step
+    calls = {"n": 0}
+
+    def step(self: collector._Collector, action: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 50:
+            raise RuntimeError("the simulator crashed")
+        real_step(self, action)
+
+    monkeypatch.setattr(collector._Collector, "step", step)
+    code = main(["sac", "--env", "Pendulum-v1", "--num-envs", "2", "--batch-size", "32",
+                 "--updates-per-tick", "2", "--ticks", "40", "--warmup-steps", "64",
+                 "--capacity", "4096", "--hidden", "32", "--collector", "thread",
+                 "--out", str(tmp_path / "out"), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "(stopped by an error)" in out
+    assert err.startswith("replay-fsm sac: error: the SAC collector thread failed")
+    result = json.loads((tmp_path / "out" / "sac.json").read_text())
+    assert result["interrupted"] and 0 < result["ticks"] < 40
+    assert "the simulator crashed" in result["error"]
+    assert (tmp_path / "out" / "sac.png").is_file()
 
 
 def _interrupt_at_update(monkeypatch: pytest.MonkeyPatch, n: int, signum: int) -> None:
@@ -281,3 +323,51 @@ def test_a_trainer_never_closed_does_not_hang_the_interpreters_exit(sampling: st
     collector = int(out.split()[-1])
     with pytest.raises(ProcessLookupError):
         os.kill(collector, 0)  # ended and reaped before its learner exited
+
+
+class _Rows:
+    """What ``wait_rows`` reads of a replay buffer: ``ptr``."""
+
+    def __init__(self, ptr: int) -> None:
+        self.ptr = ptr
+
+
+class _Alive:
+    exitcode = None
+
+    def is_alive(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("rows_per_step, fails", [(1, False), (0, True)])
+def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
+        rows_per_step: int, fails: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a set clock (each poll 0.4 s): a warm-up longer than the bound, its rows
+    coming all along, is waited for (it raised CollectorDied at 1 s); a collector that
+    adds no row for the bound is reported, with what it has written."""
+    from replay_fsm import CollectorDied
+    from replay_fsm.trainers import collector
+
+    rb = _Rows(10)
+
+    class Clock:
+        now = 0.0
+
+        def monotonic(self) -> float:
+            return self.now
+
+        def sleep(self, seconds: float) -> None:
+            self.now += 0.4
+            rb.ptr += rows_per_step
+
+    clock = Clock()
+    monkeypatch.setattr(collector, "time", clock)
+    if fails:
+        with pytest.raises(CollectorDied, match=r"^the SAC collector added no row for 1 s "
+                                                r"while the learner waited for 30 rows "
+                                                r"\(it has written 10\)$"):
+            collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
+        assert clock.now == pytest.approx(1.2)  # the first poll past the bound
+    else:
+        collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
+        assert rb.ptr == 30 and clock.now == pytest.approx(8.0)

@@ -41,11 +41,18 @@ def test_wait_returns_once_published_and_times_out_otherwise() -> None:
     assert ring.wait(1, timeout=0.0)
 
 
-def test_episode_log_keeps_order_and_drops_beyond_capacity() -> None:
+def test_episode_log_keeps_order_and_the_newest_beyond_capacity() -> None:
+    """Past capacity the oldest episodes go, counted (a long run's final return and
+    plot described its first 65536 episodes, silently); indices count every episode."""
     log = EpisodeLog(capacity=3)
     log.record(10, [1.5, -2.0], [5, 5])
-    log.record(20, [3.0, 4.0], [7, 7])
-    rows = log.rows()
-    assert len(log) == 3
-    assert [(s, r, n) for s, _, r, n in rows] == [(10, 1.5, 5), (10, -2.0, 5), (20, 3.0, 7)]
-    assert log.rows(2)[0][2] == 3.0
+    log.record(20, [3.0], [7])
+    assert log.dropped == 0 and [r for _, _, r, _ in log.rows()] == [1.5, -2.0, 3.0]
+    log.record(30, [4.0, 5.0], [9, 9])
+    assert len(log) == 5 and log.dropped == 2
+    assert [(s, r, n) for s, _, r, n in log.rows()] == [(20, 3.0, 7), (30, 4.0, 9),
+                                                        (30, 5.0, 9)]
+    assert [r for _, _, r, _ in log.rows(4)] == [5.0]
+    assert log.rows(5) == []
+    log.record(40, [6.0] * 7, [1] * 7)  # more than it holds in one call
+    assert log.dropped == 9 and [r for _, _, r, _ in log.rows()] == [6.0] * 3

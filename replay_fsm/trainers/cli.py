@@ -56,16 +56,22 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed, learner_threads=args.learner_threads or None,
         progress=not args.no_progress)
     output_path(args.out)  # an --out that cannot be written fails now, not after the run
-    code = 0
+    code, error = 0, None
     try:
         result = compare(config) if args.sampling == "both" else train(config)
     except RunInterrupted as exc:  # Ctrl-C or SIGTERM: what was done is still written
         result, code = exc.result, exit_code(exc)
+    except Exception as exc:  # an error after some ticks: written too, then raised
+        if not isinstance(getattr(exc, "result", None), dict):
+            raise
+        result, error = exc.result, exc  # type: ignore[attr-defined]
     runs = result["runs"] if "runs" in result else {config.sampling: result}
     print(summary(result))  # first: the numbers are on the screen whatever follows
     path = write(result, args.out)
     png = plot(runs, path.with_suffix(".png"), title=f"SAC on {config.env}")
     print(f"wrote {path} and {png}")
+    if error is not None:
+        raise error  # the command's one-line error, exit code 2
     return code
 
 
@@ -79,7 +85,11 @@ def summary(result: dict) -> str:
         lines.append(f"{name:8s} {run['updates']} updates in {run['loop_s']:.1f} s "
                      f"({rate:.0f}/s, tick {'n/a' if tick is None else f'{tick:.2f} ms'} "
                      f"mean), final return {'n/a' if final is None else f'{final:.1f}'}"
-                     + (" (interrupted)" if run.get("interrupted") else ""))
+                     + (" (stopped by an error)" if run.get("error") or result.get("error")
+                        else " (interrupted)" if run.get("interrupted") else ""))
+        if run.get("episodes_dropped"):
+            lines.append(f"{'':8s} its {run['episodes_dropped']} oldest episodes were not "
+                         "kept, past the episode log's capacity")
     if "speedup_vs_sync" in result:
         lines.append(f"speed-up over synchronous sampling: {result['speedup_vs_sync']:.3f}x; "
                      f"learners bit-identical: {result['bit_identical']}")

@@ -278,16 +278,21 @@ def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes
 
 
 def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
-    """The synchronous trainer's wait for the collector to have written ``ptr`` rows.
+    """The synchronous trainer's wait for the collector to have written ``ptr`` rows:
+    as long as rows keep coming (a long warm-up, a slow environment), as the
+    pipeline's wait for rows does.
 
     Raises:
-        CollectorDied: the collector exited, or the rows did not come within ``timeout`` s.
+        CollectorDied: the collector exited, or added no row for ``timeout`` s.
     """
-    deadline = time.monotonic() + timeout
-    while rb.ptr < ptr:
+    seen, deadline = rb.ptr, time.monotonic() + timeout
+    while seen < ptr:
         if not worker.is_alive():
             raise CollectorDied(f"the SAC collector exited with {worker.exitcode} while "
                                 f"the learner waited for {ptr} rows")
         if time.monotonic() > deadline:
-            raise CollectorDied(f"no {ptr} rows after {timeout} s (ptr {rb.ptr})")
+            raise CollectorDied(f"the SAC collector added no row for {timeout:g} s while "
+                                f"the learner waited for {ptr} rows (it has written {seen})")
         time.sleep(0.0005)  # rows usually exist already; this runs only on a stall
+        if rb.ptr != seen:
+            seen, deadline = rb.ptr, time.monotonic() + timeout

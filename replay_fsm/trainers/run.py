@@ -53,6 +53,7 @@ import torch
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
+from replay_fsm.wire import MAX_SEED
 
 from .collector import COLLECTOR_JOIN_S, end_collector, env_dims, start_collector, wait_rows
 from .sac import SAC
@@ -116,6 +117,10 @@ class SACConfig:
         if not 2 <= self.ring_depth <= MAX_RING_DEPTH:
             raise ValueError(f"ring_depth must be between 2 and {MAX_RING_DEPTH}, got "
                              f"{self.ring_depth}")
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
+                0 <= self.seed <= MAX_SEED - (self.ticks - 1)):
+            raise ValueError(f"seed must be an int in [0, 2**63 - ticks] (tick t's batch "
+                             f"is drawn with seed + t), got {self.seed!r}")
         if self.learner_threads is not None and self.learner_threads < 1:
             raise ValueError(f"learner_threads must be None or >= 1, got "
                              f"{self.learner_threads}")
@@ -278,13 +283,32 @@ def train(config: SACConfig) -> dict[str, Any]:
         CollectorDied: the collector died or fell silent.
         RunInterrupted: Ctrl-C or SIGTERM, after everything is stopped and joined;
             its ``result`` is the run so far.
+        Any error after the first tick carries the run so far as its ``result``
+        (``interrupted`` true, ``error`` naming it): see ``keep_result``.
     """
     with Trainer(config) as trainer:
         try:
             trainer.run(config.ticks)
         except KeyboardInterrupt as exc:
             raise RunInterrupted(signum_of(exc), trainer.result(interrupted=True)) from exc
+        except Exception as exc:
+            if trainer.tick:
+                keep_result(exc, lambda: trainer.result(interrupted=True))
+            raise
         return trainer.result()
+
+
+def keep_result(error: Exception, result: Callable[[], dict[str, Any]]) -> None:
+    """Give ``error``, which stopped a run after some ticks (the collector died, say),
+    that run so far as ``error.result``, with ``"error"`` naming it, so that hours of
+    training are not lost with it: the CLI writes it as an interrupted run's. Where
+    ``result()`` itself fails, ``error`` goes on without one."""
+    try:
+        kept = result()
+    except Exception:  # noqa: BLE001 - the error that stopped the run is the one to see
+        return
+    kept["error"] = f"{type(error).__name__}: {error}"
+    error.result = kept  # type: ignore[attr-defined]
 
 
 def _progress(config: SACConfig, position: int) -> Any:
@@ -292,9 +316,9 @@ def _progress(config: SACConfig, position: int) -> Any:
         return None
     try:
         from tqdm import tqdm
-    except ImportError as exc:  # tqdm is the demo extra, not a library dependency
-        raise ImportError("progress bars need tqdm: pip install 'replay-fsm[demo]', or "
-                          "pass progress=False") from exc
+    except ImportError as exc:  # a dependency of replay-fsm's, removed since
+        raise ImportError("progress bars need tqdm: pip install tqdm, or pass "
+                          "progress=False") from exc
     return tqdm(total=config.ticks, unit="tick", dynamic_ncols=True, position=position,
                 desc=f"SAC {config.env} ({config.sampling:8s})")
 
@@ -333,6 +357,7 @@ def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
         "updates_per_s": len(tick_s) * config.updates_per_tick / loop_s if loop_s else None,
         "final_return": float(np.mean(final)) if final else None,
         "metrics": trainer.sac.metrics(), "digest": trainer.sac.digest(), "episodes": eps,
+        "episodes_dropped": trainer.episodes.dropped,  # the oldest, past the log's capacity
     }
     if stats is not None:
         result["pipeline"] = {"stalls": stats.stalls, "learner_wait_s": stats.learner_wait_s,
@@ -357,10 +382,18 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
     Raises:
         RunInterrupted: Ctrl-C or SIGTERM; its ``result`` holds both runs so far and
             the rounds done, with no speed-up (the runs may stand at different ticks).
+        Any error after the first tick carries the same as its ``result``, with
+        ``error`` (``keep_result``).
     """
     with Trainer(replace(config, sampling="pipeline"), 0) as pipe, \
             Trainer(replace(config, sampling="sync"), 1) as sync:
         rounds: list[float] = []
+
+        def so_far() -> dict[str, Any]:
+            runs = {"pipeline": pipe.result(interrupted=True),
+                    "sync": sync.result(interrupted=True)}
+            return {"runs": runs, "interrupted": True, "block_ticks": block,
+                    "round_ratios": rounds}
         try:
             for i, _ in enumerate(range(0, config.ticks, block)):
                 order = (pipe, sync) if i % 2 == 0 else (sync, pipe)  # ABBA: no order bias
@@ -371,11 +404,11 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
                     took[trainer.config.sampling] = trainer.own_s - before
                 rounds.append(took["sync"] / took["pipeline"])
         except KeyboardInterrupt as exc:
-            runs = {"pipeline": pipe.result(interrupted=True),
-                    "sync": sync.result(interrupted=True)}
-            raise RunInterrupted(signum_of(exc), {
-                "runs": runs, "interrupted": True, "block_ticks": block,
-                "round_ratios": rounds}) from exc
+            raise RunInterrupted(signum_of(exc), so_far()) from exc
+        except Exception as exc:
+            if pipe.tick or sync.tick:
+                keep_result(exc, so_far)
+            raise
         runs = {"pipeline": pipe.result(), "sync": sync.result()}
     p, s = runs["pipeline"], runs["sync"]
     return {"runs": runs, "bit_identical": p["digest"] == s["digest"], "block_ticks": block,

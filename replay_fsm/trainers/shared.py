@@ -78,29 +78,46 @@ class WeightRing:
 
 
 class EpisodeLog:
-    """Finished episodes as rows (env steps so far, monotonic time, return, length)."""
+    """Finished episodes as rows (env steps so far, monotonic time, return, length):
+    the newest ``capacity`` of them, in a ring (a long run's final return is of its
+    last episodes); ``dropped`` counts the older ones no longer held."""
 
     def __init__(self, capacity: int = 1 << 16) -> None:
-        self._rows = torch.zeros(capacity, 4, dtype=torch.float64).share_memory_()
-        # Invariant: _count[0] rows are complete; later ones are being written or unused.
+        self.capacity = capacity
+        # One row more than it holds: the collector writes the next episode there.
+        self._rows = torch.zeros(capacity + 1, 4, dtype=torch.float64).share_memory_()
+        # Invariant: episodes [0, _count[0]) are complete, episode i in row i % rows;
+        # episode _count[0] may be being written over episode _count[0] - rows.
         self._count = torch.zeros(1, dtype=torch.int64).share_memory_()
 
     def record(self, env_steps: int, returns: list[float], lengths: list[int]) -> None:
-        """Append finished episodes (the collector's call); beyond capacity, drop them."""
-        n = int(self._count[0])
+        """Append finished episodes (the collector's call), over the oldest when full."""
+        n, rows = int(self._count[0]), self._rows.shape[0]
         now = time.monotonic()  # system-wide clock: comparable across processes
         for ret, length in zip(returns, lengths, strict=True):
-            if n >= self._rows.shape[0]:
-                break
-            self._rows[n] = torch.tensor([env_steps, now, ret, length], dtype=torch.float64)
+            self._rows[n % rows] = torch.tensor([env_steps, now, ret, length],
+                                               dtype=torch.float64)
             n += 1
-        self._count[0] = n
+            self._count[0] = n  # one row at a time: a reader loses at most the oldest
 
     def rows(self, start: int = 0) -> list[tuple[int, float, float, int]]:
-        """Episodes from ``start`` on: (env_steps, monotonic_s, return, length)."""
+        """Episodes from the ``start``-th on (counting every episode recorded), of those
+        still held: (env_steps, monotonic_s, return, length)."""
+        rows = self._rows.shape[0]
         n = int(self._count[0])
+        held = self._rows.clone()
+        # Keep the episodes the collector cannot have written over while they were
+        # copied: it writes episode _count[0] (read after the copy) over the one
+        # ``rows`` before, so the newest ``capacity`` as counted then are whole.
+        first = max(start, int(self._count[0]) - self.capacity, 0)
         return [(int(r[0]), float(r[1]), float(r[2]), int(r[3]))
-                for r in self._rows[start:n].tolist()]
+                for r in (held[i % rows].tolist() for i in range(first, n))]
+
+    @property
+    def dropped(self) -> int:
+        """Episodes recorded beyond capacity, the oldest, no longer held."""
+        return max(0, int(self._count[0]) - self.capacity)
 
     def __len__(self) -> int:
+        """Every episode recorded, those dropped included."""
         return int(self._count[0])
