@@ -444,7 +444,11 @@ def output_path(out: str | Path) -> Path:
 
 
 def write(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``result`` as JSON to ``output_path(out)``; returns that path."""
+    """Write ``result`` as JSON to ``output_path(out)``; returns that path. Written
+    beside it first, then renamed over it: a run stopped while it writes leaves the
+    file there before whole."""
     path = output_path(out)
-    path.write_text(json.dumps(result, indent=2) + "\n")
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(result, indent=2) + "\n")
+    os.replace(part, path)
     return path
