@@ -223,6 +223,31 @@ def test_a_pipeline_closed_before_its_packer_process_attached_leaves_no_tracebac
     assert "Traceback" not in capfd.readouterr().err
 
 
+def test_a_packer_process_that_never_attaches_is_judged_by_the_attach_deadline(
+        process_link: links.ProcessCollector, clock: Clock) -> None:
+    """Alive but stopped, or blocked in its start, before it attached: it never beats,
+    so the heartbeat bound never applied and a wait lasted for ever. The attach
+    deadline counts from the first request, to the nanosecond; once attached, the
+    heartbeat judges it."""
+    process_link.process = FakeProcess()
+    process_link.attach_timeout = 10.0
+    clock.advance(100)  # no request yet: nothing owed
+    assert process_link.liveness(waiting=True, timeout=5.0) is None
+    send(process_link)  # type: ignore[arg-type]
+    clock.advance(10)
+    assert process_link.liveness(waiting=True, timeout=5.0) is None  # at the bound
+    clock.advance(ns=1)
+    gone = process_link.liveness(waiting=True, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        "the packer process (pid 4242) has not attached within 10 s of the first request "
+        "(attach_timeout; 10.0 s): stopped, or blocked while starting (in code of "
+        "__main__ it re-imports?)")
+    state = process_link.handle.packer_state
+    state[0], state[1] = 4242, clock.ns  # it attaches: from now on, its heartbeat
+    assert process_link.liveness(waiting=True, timeout=5.0) is None
+    process_link.process = None
+
+
 def test_the_heartbeat_bound_is_exact_to_the_nanosecond(
         process_link: links.ProcessCollector, clock: Clock) -> None:
     process_link.process = FakeProcess()

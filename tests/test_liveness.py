@@ -162,6 +162,38 @@ def test_an_external_collector_that_never_attaches_raises() -> None:
             pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
 
 
+def test_a_packer_process_that_never_attaches_raises() -> None:
+    """A packer process alive but stopped or blocked in its start never beats: the
+    wait lasted for ever (learner packs off, or past the request backlog they allow)."""
+    from replay_fsm.runtime.links import ProcessCollector
+
+    class Alive:  # the packer process, never attaching
+        pid, exitcode = 4242, None
+
+        def is_alive(self) -> bool:
+            return True
+
+        def join(self, timeout: float | None = None) -> None:
+            pass
+
+        def terminate(self) -> None:
+            pass
+
+        kill = terminate
+
+    class NeverAttaches(ProcessCollector):
+        def start(self, fail: object) -> None:
+            self.process = Alive()
+
+    rb = buffer()
+    with Pipeline(rb, sample_count=8, collector=NeverAttaches(rb, 2, 8, attach_timeout=0.3),
+                  liveness_timeout=60, learner_packs=False) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(CollectorDied, match=r"^tick 0: the packer process \(pid 4242\) "
+                                                r"has not attached within 0.3 s"):
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
+
+
 def test_a_slow_collector_that_still_beats_is_not_declared_dead() -> None:
     """Waiting for data (min_snapshot_ptr) is not death: the packer keeps beating, so
     the wait runs to its own timeout and returns False."""

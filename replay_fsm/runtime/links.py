@@ -131,9 +131,12 @@ class ChannelLink(CollectorLink):
     """Shared-memory channels and host slots in a ``PackerHandle``; the packer
     beats a heartbeat into the handle at every ``service`` call."""
 
-    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int
-                 ) -> None:
+    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
+                 attach_timeout: float = 60.0) -> None:
         super().__init__()
+        # Until a packer attaches, a request may wait at most this long from the first.
+        self.attach_timeout = attach_timeout
+        self._first_request_ns: int | None = None
         self._handle: PackerHandle | None = PackerHandle.create(
             ring_depth, sample_count, replay_buffer.width,
             getattr(replay_buffer, "buffer_id", 0))
@@ -156,6 +159,8 @@ class ChannelLink(CollectorLink):
 
     def send(self, request: PackRequest, *, snapshot: tuple[int, int],
              hot_slot: int) -> None:
+        if self._first_request_ns is None:
+            self._first_request_ns = time.monotonic_ns()
         # The ring has ring_depth places and at most ring_depth requests are pending:
         # a full channel means the packer stopped taking requests.
         if not self.handle.requests.put(encode(request)[0], timeout=10.0):
@@ -198,6 +203,15 @@ class ChannelLink(CollectorLink):
                 return Gone(f"no heartbeat from {who} for {silent:.1f} s (alive but not "
                             "serving: hung inside a pack?)")
         return None
+
+    def _attach_overdue(self) -> float | None:
+        """Seconds since the first request, once past ``attach_timeout`` with no packer
+        attached (heartbeats count only from its attach); else None."""
+        since = self._first_request_ns
+        if since is None or self._handle is None or self._handle.packer_pid:
+            return None
+        waited = (time.monotonic_ns() - since) / 1e9
+        return waited if waited > self.attach_timeout else None
 
     def stop(self, timeout: float) -> list[str]:
         if self._handle is not None:
@@ -257,8 +271,8 @@ class ProcessCollector(ChannelLink):
     kind = "process"
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
-                 threads: int | None = None) -> None:
-        super().__init__(replay_buffer, ring_depth, sample_count)
+                 threads: int | None = None, attach_timeout: float = 60.0) -> None:
+        super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout)
         self.process: Any = mp.get_context("spawn").Process(
             target=serve_forever, args=(self.handle, replay_buffer, WAIT_SLICE_S, threads),
             name="replay_fsm-packer", daemon=True)
@@ -271,8 +285,16 @@ class ProcessCollector(ChannelLink):
         if not proc.is_alive():
             return Gone(f"the packer process (pid {proc.pid}) exited with code "
                         f"{proc.exitcode}")
-        return super().liveness(waiting, timeout) or self._silence(
+        gone = super().liveness(waiting, timeout) or self._silence(
             f"the packer process (pid {proc.pid})", waiting, timeout)
+        if gone is None and self._handle is not None and not self._handle.done.backlog:
+            waited = self._attach_overdue()
+            if waited is not None:  # alive, never started serving: it never beats
+                gone = Gone(f"the packer process (pid {proc.pid}) has not attached "
+                            f"within {self.attach_timeout:g} s of the first request "
+                            f"(attach_timeout; {waited:.1f} s): stopped, or blocked "
+                            "while starting (in code of __main__ it re-imports?)")
+        return gone
 
     def stop(self, timeout: float) -> list[str]:
         proc, forced = self.process, []
@@ -309,16 +331,8 @@ class ExternalCollector(ChannelLink):
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
                  attach_timeout: float) -> None:
-        super().__init__(replay_buffer, ring_depth, sample_count)
-        self.attach_timeout = attach_timeout
-        self._first_request_ns: int | None = None
+        super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout)
         self._unattached: PackerHandle | None = None  # kept by stop (see there)
-
-    def send(self, request: PackRequest, *, snapshot: tuple[int, int],
-             hot_slot: int) -> None:
-        if self._first_request_ns is None:
-            self._first_request_ns = time.monotonic_ns()
-        super().send(request, snapshot=snapshot, hot_slot=hot_slot)
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         gone = super().liveness(waiting, timeout)
@@ -329,13 +343,10 @@ class ExternalCollector(ChannelLink):
         pid = self._handle.packer_pid
         if not pid:
             # Never attached: not silence, absence (rows still missing or not).
-            since = self._first_request_ns
-            if since is not None:
-                waited = (time.monotonic_ns() - since) / 1e9
-                if waited > self.attach_timeout:
-                    return Gone(f"no collector called Packer.attach(pipe.packer_handle(), "
-                                f"rb) within {self.attach_timeout:.0f} s of the first "
-                                "request")
+            if self._attach_overdue() is not None:
+                return Gone(f"no collector called Packer.attach(pipe.packer_handle(), "
+                            f"rb) within {self.attach_timeout:.0f} s of the first "
+                            "request")
             return None
         if pid != os.getpid() and not process_alive(pid):
             return Gone(f"the collector process (pid {pid}) is gone")
@@ -363,7 +374,8 @@ def make_link(kind: str, replay_buffer: ReplayBuffer, ring_depth: int, sample_co
     if kind == "thread":
         return ThreadCollector(replay_buffer, ring_depth, sample_count)
     if kind == "process":
-        return ProcessCollector(replay_buffer, ring_depth, sample_count, packer_threads)
+        return ProcessCollector(replay_buffer, ring_depth, sample_count, packer_threads,
+                                attach_timeout)
     if kind == "external":
         return ExternalCollector(replay_buffer, ring_depth, sample_count, attach_timeout)
     raise ValueError(f"unknown collector {kind!r}; supported: thread, process, external, "

@@ -71,8 +71,10 @@ class Pipeline:
             external collector's silence counts only once the request's rows are there
             (from when the learner saw them, the request at the earliest): it must
             call ``Packer.service`` more often than this.
-        attach_timeout: collector="external": seconds from the first request within
-            which a collector must call ``Packer.attach``.
+        attach_timeout: seconds from the first request within which the packer must
+            attach: an external collector's ``Packer.attach``, the spawned packer
+            process's start (collector="process"; one stopped or blocked in its start,
+            say in code of ``__main__`` it re-imports, never beats).
         stall_timeout: seconds a wait for a tick whose rows are not there yet
             (``min_snapshot_ptr``) may go with no row added to the replay buffer
             before the learner raises ``DataStalled``: whatever writes the rows
