@@ -183,3 +183,69 @@ def test_the_learner_exits_after_close_when_a_collector_died_mid_put() -> None:
     out = subprocess.run([sys.executable, "-c", COMPAT_EXIT], cwd=ROOT, text=True,
                          capture_output=True, timeout=MARGIN_S)
     assert out.returncode == 0 and "closed 3" in out.stdout, out.stderr
+
+
+UNCLOSED = """
+import torch
+from replay_fsm import Pipeline, ReplayBuffer
+rb = ReplayBuffer(200_000, 64, 8)
+rb.add_packed(torch.randn(200_000, rb.width))
+pipe = Pipeline(rb, sample_count=16384, ring_depth=3)  # no with-block, no close()
+pipe.start_prepare(0, 16384)
+pipe.sample_large_batch(0, 16384)
+pipe.start_prepare(1, 16384)
+pipe.start_prepare(2, 16384)  # the packer thread gathers as the interpreter exits
+raise RuntimeError("a bug in the trainer")
+"""
+
+
+def test_a_pipeline_left_unclosed_is_closed_at_exit_not_aborted() -> None:
+    """A trainer that raises with prefetches in flight and never closed its pipeline:
+    the daemon packer thread was inside a torch gather while the interpreter
+    finalised, and the process aborted (SIGABRT, "terminate called without an active
+    exception") instead of exiting 1 with the traceback. An exit hook closes it."""
+    for _ in range(3):
+        out = subprocess.run([sys.executable, "-c", UNCLOSED], cwd=ROOT, text=True,
+                             capture_output=True, timeout=MARGIN_S)
+        assert out.returncode == 1, out.stderr[-2000:]
+        assert out.stderr.rstrip().endswith("RuntimeError: a bug in the trainer")
+
+
+FORKED = """
+import os, sys, torch
+from replay_fsm import Pipeline, ReplayBuffer
+rb = ReplayBuffer(4096, 4, 2)
+rb.add_packed(torch.randn(4096, rb.width))
+pipe = Pipeline(rb, sample_count=256, collector=sys.argv[1], learner_packs=False)
+pipe.start_prepare(0, 256); pipe.sample_large_batch(0, 256); pipe.after_tick()
+pid = os.fork()
+if pid == 0:
+    if sys.argv[2] == "close":  # a with-block or a finally the child unwinds
+        pipe.close()
+        print("child closed", pipe.closed, pipe.forced, flush=True)
+        os._exit(0)
+    sys.exit(0)  # a helper that exits normally: the exit hooks run
+os.waitpid(pid, 0)
+for tick in (1, 2):
+    pipe.start_prepare(tick, 256); pipe.sample_large_batch(tick, 256); pipe.after_tick()
+print("parent served", pipe.statistics().ticks, flush=True)
+pipe.close()
+print("forced", pipe.forced)
+"""
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+@pytest.mark.parametrize("child", ["close", "exit"])
+def test_a_forked_child_leaves_its_parents_pipeline_alone(collector: str, child: str
+                                                          ) -> None:
+    """An os.fork child that closes its copy of the pipeline closed the parent's
+    channel (CollectorDied in the parent); one that exits normally had multiprocessing
+    SIGTERM the parent's packer process. Neither touches the parent's now."""
+    out = subprocess.run([sys.executable, "-c", FORKED, collector, child], cwd=ROOT,
+                         text=True, capture_output=True, timeout=MARGIN_S)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    assert lines[-2:] == ["parent served 3", "forced []"]
+    if child == "close":
+        assert lines[0] == "child closed True []"
+    assert "Traceback" not in out.stderr

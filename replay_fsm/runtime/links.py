@@ -21,6 +21,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -34,6 +35,19 @@ from ..wire import PackDone, PackRequest, decode, encode
 
 WAIT_SLICE_S = 0.05
 Fail = Callable[[BaseException], None]
+
+# Packer processes started here: an os.fork child inherits multiprocessing's set of
+# this process's children, and at its exit multiprocessing would SIGTERM the daemon
+# ones, this process's packers among them. The child forgets them.
+_PACKERS: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _forget_packers() -> None:
+    for process in list(_PACKERS):
+        mp.process._children.discard(process)  # type: ignore[attr-defined]
+
+
+os.register_at_fork(after_in_child=_forget_packers)
 
 
 @dataclass(frozen=True)
@@ -279,6 +293,7 @@ class ProcessCollector(ChannelLink):
 
     def start(self, fail: Fail) -> None:
         start_ignoring(self.process)  # the learner decides what Ctrl-C means
+        _PACKERS.add(self.process)
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         proc = self.process

@@ -10,10 +10,13 @@ longer finish (INV-LIVE); statistics and traces observe transitions and spans.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from types import FrameType
 from typing import Any
@@ -46,6 +49,19 @@ from .worker import TransferWorker
 
 # close() waits at most about this long for each side to stop on its own, then forces.
 STOP_TIMEOUT_S = 4.0
+
+# Pipelines started and not closed, closed at the interpreter's exit: a daemon packer
+# thread still inside a torch call while the interpreter finalises aborts the process
+# (SIGABRT, "terminate called without an active exception"). Registered after
+# multiprocessing's exit hook, so it runs first: packer processes leave on their own.
+_OPEN: weakref.WeakSet[Pipeline] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_pipelines() -> None:
+    for pipe in list(_OPEN):
+        with contextlib.suppress(Exception):
+            pipe.close()
 
 
 class Pipeline:
@@ -134,6 +150,7 @@ class Pipeline:
         self._lock = threading.RLock()
         self._cv = threading.Condition(self._lock)
         self._closed = False
+        self._pid = os.getpid()  # the process whose threads and packer these are
         self._stopped = False  # close() finished: link, worker and backend stopped
         # What an observer raised at close, raised by the close that finishes (a
         # Ctrl-C may cut the first one short after the core closed)
@@ -225,6 +242,7 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 self.close()
             raise
+        _OPEN.add(self)
 
     # -- collector side -------------------------------------------------------
 
@@ -496,8 +514,14 @@ class Pipeline:
     def close(self) -> None:
         """Stop everything: stop the collector link and the transfer worker, drain
         copies, unregister page-locked memory. Idempotent (INV-CLOSE). Nothing else
-        does it: a pipeline dropped unclosed is held by its own running threads, and
-        they, its packer process and its slots stay until the interpreter exits."""
+        does it before the interpreter's exit: a pipeline dropped unclosed is held by
+        its own running threads, and they, its packer process and its slots stay until
+        then (an exit hook closes it). In a child forked (``os.fork``) from the process
+        that made it, it only makes the pipeline unusable there: its threads, packer
+        and channels are the parent's."""
+        if os.getpid() != self._pid:
+            self._closed = True
+            return
         try:
             with self._lock:
                 if self._stopped:
@@ -511,6 +535,7 @@ class Pipeline:
             self.backend.close()
             self._views = []  # drop our views of device memory so it is freed now
             self._stopped = True
+            _OPEN.discard(self)
             if self._close_error is not None:
                 raise self._close_error
         finally:
