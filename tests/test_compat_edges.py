@@ -157,6 +157,24 @@ def test_after_tick_never_raises_with_nothing_hot_or_after_close() -> None:
         assert not h.pipe.batch_ready(1, N)
 
 
+def test_a_ctrl_c_that_closed_the_pipeline_underneath_gives_the_answers_after_close(
+        ) -> None:
+    """A Ctrl-C in a learner call closes the Pipeline underneath (as here, directly):
+    the seed's answers after close apply at once, not only after close() (after_tick
+    raised PipelineClosed, batch_ready and start_prepare our own message)."""
+    with Hand() as h:
+        h.sample(0)
+        h.pipe.pipeline.close()  # what the Ctrl-C does underneath
+        h.pipe.after_tick()  # hot, and never raises
+        assert h.pipe.batch_ready(1, N) is False
+        with pytest.raises(errors.PipelineClosed, match=r"^Cannot prepare replay batch after "
+                           r"pipeline\.close\(\)$"):
+            h.pipe.start_prepare(1, N)
+        with pytest.raises(errors.PipelineClosed, match=r"^Cannot sample a replay batch after "
+                           r"pipeline\.close\(\)$"):
+            h.pipe.sample_large_batch(1, N)
+
+
 def test_verbose_writes_its_file_into_an_existing_directory(tmp_path: Path) -> None:
     (tmp_path / "verbose").mkdir()
     (tmp_path / "verbose" / "pack_fields.csv").write_text("old\n")

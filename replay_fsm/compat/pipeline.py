@@ -123,7 +123,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
         self._hot, self._cold = 0, 1
         self._has_hot_batch = False
         self.last_incremental_h2d_time_s = 0.0
-        self._closed = False
+        self._close_called = False
         self._requests = 0  # request numbers handed out: the pipeline's ticks
         # Invariant: at most one request outstanding, as (tick id, request number).
         self._pending: tuple[int, int] | None = None
@@ -177,6 +177,12 @@ class CPUPinnedDoubleBufferReplayPipeline:
     @property
     def _direct_pinned_shared(self) -> bool:
         return self._host_pinned
+
+    @property
+    def _closed(self) -> bool:
+        """``close()`` was called, or a Ctrl-C in a learner call closed the pipeline
+        underneath: either way the seed's answers after close apply."""
+        return self._close_called or self._pipe.closed
 
     def _packed_h2d_source(self, slot: int) -> torch.Tensor:
         return self._collector_pack_shared_slots[slot]
@@ -318,7 +324,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
 
     def close(self) -> None:
         """Stop the transfer worker, drain copies, unpin the slots. Idempotent."""
-        self._closed = True
+        self._close_called = True
         self._pipe.close()
         records = self._verbose_pack_records
         if self._verbose and self._verbose_output_dir and records:
