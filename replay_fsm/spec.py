@@ -178,7 +178,7 @@ INVARIANTS: dict[str, str] = {
     "INV-STICKY": "After a failure every call raises an error chained to the cause; an "
                   "illegal call raises and leaves every state unchanged.",
     "INV-CLOSE": "close() joins every thread, drains in-flight copies, unregisters "
-                 "page-locked memory and is idempotent.",
+                 "page-locked memory, lets go of the slots and is idempotent.",
 }
 
 

@@ -257,6 +257,33 @@ def test_nothing_left_after_close() -> None:
         assert len(ours) == 10 and ours.isdisjoint(os.listdir("/dev/shm"))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "emulated"])
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_close_lets_go_of_the_slots_at_once(collector: str, backend: str) -> None:
+    """INV-CLOSE: the host slots (shared memory, counted against /dev/shm) and the
+    device slots are freed when close returns, the closed pipeline still bound and
+    no garbage collection run; they stayed until one found the pipeline's cycles
+    (five pipelines of a retry loop held five rings)."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        with Pipeline(buffer(), sample_count=16, collector=collector, backend=backend,
+                      liveness_timeout=60) as pipe:
+            slots = [*pipe.host_slots, *(pipe.backend.device_slot(i) for i in range(2))]
+            kept = [weakref.ref(s) for s in slots]
+            del slots
+            for _, batch in pipe.ticks(0, 3):
+                assert batch["obs"].shape[0] == 16
+            del batch  # the learner's last view of a slot
+            assert all(ref() is not None for ref in kept)  # in use until close
+        assert [ref() for ref in kept] == [None] * len(kept)
+        assert pipe.closed
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("collector,where", [
     ("thread", "ThreadCollector"), ("process", "ProcessCollector"),
     ("thread", "threading.Thread")])

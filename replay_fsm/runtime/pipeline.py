@@ -533,7 +533,11 @@ class Pipeline:
             self.forced = (self._link.stop(STOP_TIMEOUT_S)
                            + self._worker.stop(STOP_TIMEOUT_S))
             self.backend.close()
-            self._views = []  # drop our views of device memory so it is freed now
+            # Let go of the slots so their memory is freed now (the learner's batches
+            # keep theirs): the closed pipeline may live on, in reference cycles too.
+            self._views = []
+            self.host_slots = self._link.host_slots = []
+            self.backend.release_slots()
             self._stopped = True
             _OPEN.discard(self)
             if self._close_error is not None:

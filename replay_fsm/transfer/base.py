@@ -129,5 +129,13 @@ class TransferBackend(abc.ABC):
         (its thread died). Asked while a slot is SUBMITTED (INV-LIVE)."""
         return None
 
+    def release_slots(self) -> None:
+        """After ``close``: let go of the host and device slots, so that their memory
+        (shared memory for the host's, which counts against /dev/shm) is freed when
+        the learner holds no batch of them, not when a garbage collection finds the
+        closed pipeline."""
+        self.host = []
+        self.device_slots = []
+
     def close(self) -> None:
         """Drain in-flight copies and free what setup took. Idempotent."""
