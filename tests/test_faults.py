@@ -203,12 +203,36 @@ def test_a_pipeline_left_unclosed_is_closed_at_exit_not_aborted() -> None:
     """A trainer that raises with prefetches in flight and never closed its pipeline:
     the daemon packer thread was inside a torch gather while the interpreter
     finalised, and the process aborted (SIGABRT, "terminate called without an active
-    exception") instead of exiting 1 with the traceback. An exit hook closes it."""
+    exception") instead of exiting 1 with the traceback. An exit hook stops it."""
     for _ in range(3):
         out = subprocess.run([sys.executable, "-c", UNCLOSED], cwd=ROOT, text=True,
                              capture_output=True, timeout=MARGIN_S)
         assert out.returncode == 1, out.stderr[-2000:]
         assert out.stderr.rstrip().endswith("RuntimeError: a bug in the trainer")
+
+
+STUCK_COPY = """
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.transfer.emulated import EmulatedBackend
+rb = ReplayBuffer(1024, 4, 2)
+rb.add_packed(__import__("torch").randn(1024, rb.width))
+pipe = Pipeline(rb, sample_count=8, backend=EmulatedBackend(copy_delay=3600.0),
+                liveness_timeout=0.5)
+pipe.start_prepare(0, 8)
+try:
+    pipe.sample_large_batch(0, 8)
+except Exception as exc:
+    print(type(exc).__name__, flush=True)
+"""
+
+
+def test_the_exit_hook_does_not_wait_for_a_copy_that_never_completes() -> None:
+    """The hook stops what it can within its bounds, not the backend's drain: a
+    copy that never completes (a hung device), already reported, would keep the
+    process from exiting for ever."""
+    out = subprocess.run([sys.executable, "-c", STUCK_COPY], cwd=ROOT, text=True,
+                         capture_output=True, timeout=MARGIN_S)
+    assert out.returncode == 0 and out.stdout == "TransferFailed\n", out.stderr[-2000:]
 
 
 FORKED = """

@@ -34,6 +34,8 @@ ALLOWED_PRIVATE = {
     ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",
     ("runtime/pipeline.py", "_getframe"): "the learner call's frame, to know whether an "
     "interrupt behind an error came during the call (read only when one raises)",
+    ("runtime/pipeline.py", "_stop_at_exit"): "the module's exit hook stops each open "
+    "pipeline of its own module's class",
     ("runtime/links.py", "_children"): "multiprocessing's set of this process's "
     "children, which an os.fork child inherits and would SIGTERM at its exit",
     ("data/shared.py", "_new_shared"): "the shared-memory object share_memory_ makes, "

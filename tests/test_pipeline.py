@@ -284,6 +284,34 @@ def test_close_lets_go_of_the_slots_at_once(collector: str, backend: str) -> Non
         gc.enable()
 
 
+def test_a_ctrl_c_at_the_end_of_the_constructor_leaves_nothing_running() -> None:
+    """A Ctrl-C at each of the constructor's last points, where its threads start
+    and it registers with the exit hook: it raises, and nothing keeps running (one
+    landing in the registration, once placed after the clean-up's reach, left a
+    packer and a transfer thread that nothing would stop). A pipeline the interrupt
+    missed is registered, and closed here."""
+    import functools
+
+    from replay_fsm.runtime import pipeline as module
+
+    from .support import interrupted_at, threads_running_on
+    from .tiers import tier_runs
+
+    make = functools.partial(Pipeline, buffer(), sample_count=16, liveness_timeout=60)
+    make().close()  # first-call work (imports, caches) out of the count
+    registered = set(module._OPEN)
+    built = interrupted_at(None, make)[0]
+    for pipe in set(module._OPEN) - registered:
+        pipe.close()
+    for k in range(max(1, built - (80 if tier_runs("slow") else 25)), built + 2):
+        before = {t.ident for t in threading.enumerate()}
+        registered = set(module._OPEN)
+        interrupted_at(k, make)
+        for pipe in set(module._OPEN) - registered:
+            pipe.close()
+        assert not threads_running_on("replay_fsm-", before), k
+
+
 @pytest.mark.parametrize("collector,where", [
     ("thread", "ThreadCollector"), ("process", "ProcessCollector"),
     ("thread", "threading.Thread")])

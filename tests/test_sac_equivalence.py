@@ -77,6 +77,12 @@ def test_bad_options_are_refused_early(change: dict[str, Any], message: str) -> 
         train(replace(SMALL, **change))
 
 
+def test_a_numpy_integer_seed_is_a_seed() -> None:
+    import numpy as np
+
+    replace(SMALL, seed=np.int64(7)).validate()  # a seed from a numpy generator
+
+
 def test_compare_interleaves_both_trainers_and_times_each_on_its_own_clock() -> None:
     from replay_fsm.trainers.run import compare
 

@@ -184,6 +184,10 @@ class CPUPinnedDoubleBufferReplayPipeline:
         underneath: either way the seed's answers after close apply."""
         return self._close_called or self._pipe.closed
 
+    @_closed.setter
+    def _closed(self, value: bool) -> None:  # the seed's attribute, written by some code
+        self._close_called = value
+
     def _packed_h2d_source(self, slot: int) -> torch.Tensor:
         return self._collector_pack_shared_slots[slot]
 

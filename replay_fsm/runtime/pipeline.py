@@ -50,7 +50,7 @@ from .worker import TransferWorker
 # close() waits at most about this long for each side to stop on its own, then forces.
 STOP_TIMEOUT_S = 4.0
 
-# Pipelines started and not closed, closed at the interpreter's exit: a daemon packer
+# Pipelines started and not closed, stopped at the interpreter's exit: a daemon packer
 # thread still inside a torch call while the interpreter finalises aborts the process
 # (SIGABRT, "terminate called without an active exception"). Registered after
 # multiprocessing's exit hook, so it runs first: packer processes leave on their own.
@@ -58,10 +58,19 @@ _OPEN: weakref.WeakSet[Pipeline] = weakref.WeakSet()
 
 
 @atexit.register
-def _close_open_pipelines() -> None:
+def _stop_open_pipelines() -> None:
+    """Stop every pipeline left open, each within its bounded stops (a Ctrl-C in one
+    does not spare the others; the first is raised at the end)."""
+    interrupted: BaseException | None = None
     for pipe in list(_OPEN):
-        with contextlib.suppress(Exception):
-            pipe.close()
+        try:
+            pipe._stop_at_exit()
+        except Exception:  # noqa: BLE001 - the process is ending: what can stop, stops
+            continue
+        except BaseException as exc:  # noqa: BLE001 - raised once every pipeline stopped
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
 
 
 class Pipeline:
@@ -234,6 +243,7 @@ class Pipeline:
             # thread at once, with no wait for the transfer worker's thread to wake.
             self._link.deliver_here(self._worker.handle)
         try:
+            _OPEN.add(self)  # first: a Ctrl-C in it, too, is cleaned up below
             self._worker.start()
             self._link.start(self._on_packer_error)
         except BaseException:
@@ -242,7 +252,6 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 self.close()
             raise
-        _OPEN.add(self)
 
     # -- collector side -------------------------------------------------------
 
@@ -545,6 +554,19 @@ class Pipeline:
         finally:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
+
+    def _stop_at_exit(self) -> None:
+        """The interpreter's exit: stop the collector link and the transfer worker, each
+        bounded (STOP_TIMEOUT_S), not the backend, whose drain has no bound (a copy
+        that never completes, a hung device) and is moot as the process ends."""
+        if os.getpid() != self._pid or self._stopped:
+            return
+        with self._lock:
+            if not self._closed:
+                self._close_core()
+            self._cv.notify_all()
+        self._link.stop(STOP_TIMEOUT_S)
+        self._worker.stop(STOP_TIMEOUT_S)
 
     @step
     def _close_core(self) -> BaseException | None:

@@ -51,6 +51,7 @@ import numpy as np
 import torch
 
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
+from replay_fsm.core import as_seed
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
 from replay_fsm.wire import MAX_SEED
@@ -117,8 +118,11 @@ class SACConfig:
         if not 2 <= self.ring_depth <= MAX_RING_DEPTH:
             raise ValueError(f"ring_depth must be between 2 and {MAX_RING_DEPTH}, got "
                              f"{self.ring_depth}")
-        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not (
-                0 <= self.seed <= MAX_SEED - (self.ticks - 1)):
+        try:
+            seed = as_seed(self.seed, "seed")  # ints and numpy integers
+        except (TypeError, ValueError):
+            seed = -1  # refused below, with the bound the run's ticks set
+        if not 0 <= seed <= MAX_SEED - (self.ticks - 1):
             raise ValueError(f"seed must be an int in [0, 2**63 - ticks] (tick t's batch "
                              f"is drawn with seed + t), got {self.seed!r}")
         if self.learner_threads is not None and self.learner_threads < 1:

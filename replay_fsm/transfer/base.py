@@ -132,8 +132,9 @@ class TransferBackend(abc.ABC):
     def release_slots(self) -> None:
         """After ``close``: let go of the host and device slots, so that their memory
         (shared memory for the host's, which counts against /dev/shm) is freed when
-        the learner holds no batch of them, not when a garbage collection finds the
-        closed pipeline."""
+        nothing else holds them (the learner's batches; an external collector's
+        process maps the host slots until it exits), not when a garbage collection
+        finds the closed pipeline."""
         self.host = []
         self.device_slots = []
 
