@@ -31,6 +31,7 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType, FrameType
@@ -193,6 +194,22 @@ def start_ignoring(process: Any, signums: tuple[int, ...] = (signal.SIGINT,)) ->
     """
     with handling(signums, signal.SIG_IGN):
         process.start()
+
+
+def join_started(thread: threading.Thread, timeout: float) -> None:
+    """``thread.join(timeout)`` for a thread whose ``start()`` a Ctrl-C may have cut
+    short. One the system never started (no ident yet) is not waited for: if it runs
+    later, it finds its stop flag. One it did start sets its own started flag an
+    instant later, and ``join`` raises until then; it is waited for."""
+    deadline = time.monotonic() + timeout
+    while thread.ident is not None:
+        try:
+            thread.join(max(0.0, deadline - time.monotonic()))
+            return
+        except RuntimeError:  # "cannot join thread before it is started": not yet
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.001)
 
 
 def end_worker(worker: Any, join_s: float) -> None:

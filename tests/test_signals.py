@@ -222,3 +222,34 @@ def test_keeping_handlers_puts_back_what_code_inside_installed_over_them() -> No
         assert signal.getsignal(signal.SIGHUP) is before  # nothing installed
         signal.signal(signal.SIGHUP, theirs)
     assert signal.getsignal(signal.SIGHUP) is before
+
+
+class _Starting:
+    """A thread the system started whose ``start()`` a Ctrl-C cut short: ``join``
+    raises until the thread has set its own started flag (here, at the third)."""
+
+    def __init__(self, ident: int | None, raises: int) -> None:
+        self.ident, self.raises, self.joins = ident, raises, 0
+
+    def join(self, timeout: float | None = None) -> None:
+        self.joins += 1
+        if self.joins <= self.raises:
+            raise RuntimeError("cannot join thread before it is started")
+
+
+@pytest.mark.parametrize("ident, raises, joins", [(7, 2, 3), (7, 0, 1), (None, 9, 0)])
+def test_join_started_waits_for_a_thread_whose_start_was_cut_short(
+        ident: int | None, raises: int, joins: int) -> None:
+    """The pipeline's close joined such a thread with ``Thread.join``, which raised
+    "cannot join thread before it is started": close failed half done, the thread
+    left running (CI's sweep of Ctrl-Cs in the constructor). One the system never
+    started is not waited for."""
+    thread = _Starting(ident, raises)
+    signals.join_started(thread, 60.0)  # type: ignore[arg-type]
+    assert thread.joins == joins
+
+
+def test_join_started_gives_up_at_its_timeout() -> None:
+    thread = _Starting(7, 10**9)
+    signals.join_started(thread, 0.01)  # type: ignore[arg-type]
+    assert 1 <= thread.joins < 10**9

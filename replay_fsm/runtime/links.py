@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
-from ..signals import start_ignoring
+from ..signals import join_started, start_ignoring
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
 
@@ -271,8 +271,8 @@ class ThreadCollector(ChannelLink):
     def stop(self, timeout: float) -> list[str]:
         super().stop(timeout)
         self._packer = None
-        if self._thread is not None and self._thread.ident is not None:  # started
-            self._thread.join(timeout)
+        if self._thread is not None:
+            join_started(self._thread, timeout)
             if self._thread.is_alive():
                 return [f"the packer thread did not stop within {timeout:.0f} s (hung "
                         "inside a pack); it is a daemon thread and is left behind"]

@@ -11,6 +11,7 @@ import threading
 from collections.abc import Callable
 
 from ..data.channel import ChannelClosed
+from ..signals import join_started
 from ..wire import CopyOrder, PackDone
 
 POLL_S = 0.1
@@ -35,8 +36,8 @@ class TransferWorker:
     def stop(self, timeout: float) -> list[str]:
         """Stop and join within ``timeout``; returns what was left running."""
         self._stop.set()
-        if self._thread is not threading.current_thread() and self._thread.ident:
-            self._thread.join(timeout)
+        if self._thread is not threading.current_thread():
+            join_started(self._thread, timeout)
             if self._thread.is_alive():
                 return [f"the transfer worker did not stop within {timeout:.0f} s (a "
                         "backend submit that never returns); it is a daemon thread and "
