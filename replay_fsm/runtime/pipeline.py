@@ -525,7 +525,7 @@ class Pipeline:
         copies, unregister page-locked memory. Idempotent (INV-CLOSE). Nothing else
         does it before the interpreter's exit: a pipeline dropped unclosed is held by
         its own running threads, and they, its packer process and its slots stay until
-        then (an exit hook closes it). In a child forked (``os.fork``) from the process
+        then (an exit hook stops it). In a child forked (``os.fork``) from the process
         that made it, it only makes the pipeline unusable there: its threads, packer
         and channels are the parent's."""
         if os.getpid() != self._pid:
