@@ -149,12 +149,15 @@ def test_an_external_collector_has_sixty_seconds_to_attach_by_default() -> None:
 def test_the_packer_process_is_given_the_thread_count_asked_for(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``packer_threads`` reaches ``serve_forever`` in the spawned packer process (the
-    process is not started here). Kills xǁPipelineǁ__init__ mutant 124."""
+    process is not started here); 1 by default, None for torch's own. Kills
+    xǁPipelineǁ__init__ mutant 124."""
     monkeypatch.setattr(links.ProcessCollector, "start", lambda self, fail: None)
-    with Pipeline(buffer(), sample_count=N, collector="process", backend="manual",
-                  packer_threads=3) as pipe:
-        # serve_forever(handle, replay_buffer, poll_s, threads)
-        assert pipe.collector_process._args[3] == 3
+    for asked, given in ((3, 3), (None, None), ("default", 1)):
+        kwargs = {} if asked == "default" else {"packer_threads": asked}
+        with Pipeline(buffer(), sample_count=N, collector="process", backend="manual",
+                      **kwargs) as pipe:  # type: ignore[arg-type]
+            # serve_forever(handle, replay_buffer, poll_s, threads)
+            assert pipe.collector_process._args[3] == given, asked
 
 
 def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
