@@ -73,6 +73,16 @@ def _stop_open_pipelines() -> None:
         raise interrupted
 
 
+def _seen_for(first_seen: list[int | None], slot: int, now: int) -> float:
+    """Seconds from ``first_seen[slot]`` (ns) to ``now``; a first sighting records
+    ``now``. The per-slot clocks of the watchdog's verdicts (``_owed_ns``, ``_late_ns``)
+    run over every wait and poll this way."""
+    since = first_seen[slot]
+    if since is None:
+        since = first_seen[slot] = now
+    return (now - since) / 1e9
+
+
 class Pipeline:
     """Packs and copies tick t+1.. while the learner trains on tick t.
 
@@ -537,12 +547,7 @@ class Pipeline:
             with self._lock:
                 if self._stopped:
                     return
-                # A close that a Ctrl-C cut short is finished by the next one.
-                if not self._closed:
-                    self._close_error = self._close_core()
-                self._cv.notify_all()
-            self.forced = (self._link.stop(STOP_TIMEOUT_S)
-                           + self._worker.stop(STOP_TIMEOUT_S))
+            self.forced = self._stop_sides()
             self.backend.close()
             # Let go of the slots so their memory is freed now (the learner's batches
             # keep theirs): the closed pipeline may live on, in reference cycles too.
@@ -563,12 +568,18 @@ class Pipeline:
         that never completes, a hung device) and is moot as the process ends."""
         if os.getpid() != self._pid or self._stopped:
             return
+        self._stop_sides()
+
+    def _stop_sides(self) -> list[str]:
+        """Close the core (once: a close that a Ctrl-C cut short is finished by the
+        next one) and stop the collector link and the transfer worker, each within
+        STOP_TIMEOUT_S; returns what had to be forced. The part of ``close`` the exit
+        hook runs too."""
         with self._lock:
             if not self._closed:
-                self._close_core()
+                self._close_error = self._close_core()
             self._cv.notify_all()
-        self._link.stop(STOP_TIMEOUT_S)
-        self._worker.stop(STOP_TIMEOUT_S)
+        return self._link.stop(STOP_TIMEOUT_S) + self._worker.stop(STOP_TIMEOUT_S)
 
     @step
     def _close_core(self) -> BaseException | None:
@@ -669,10 +680,7 @@ class Pipeline:
         is late from when the learner first found it pending, in a wait or a poll."""
         stalled, owed, waited_s = None, True, 0.0
         if state is SlotState.SUBMITTED:
-            since = self._late_ns[slot]
-            if since is None:
-                since = self._late_ns[slot] = now
-            waited_s = (now - since) / 1e9
+            waited_s = _seen_for(self._late_ns, slot, now)
         elif state is SlotState.REQUESTED:
             ptr, needed = self.replay_buffer.ptr, self._rows_needed[slot]
             if rows is not None:
@@ -693,10 +701,7 @@ class Pipeline:
             return True
         if not rows_there:
             return False
-        since = self._owed_ns[slot]
-        if since is None:
-            since = self._owed_ns[slot] = now
-        return (now - since) / 1e9 > self.liveness_timeout
+        return _seen_for(self._owed_ns, slot, now) > self.liveness_timeout
 
     def _take_locked(self, tick: int, slot: int) -> bool:
         """Pack the chunks of ``tick`` the packer has not claimed, on this thread, if
