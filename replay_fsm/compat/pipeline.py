@@ -26,6 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from .. import errors
+from ..core import as_seconds
 from ..runtime.observers import Observer
 from ..runtime.pipeline import Pipeline
 from ..spec import Actor
@@ -81,11 +82,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
                  collector_pack_shared_slots: torch.Tensor | Sequence[torch.Tensor] | None
                  = None, liveness_timeout: float = 5.0,
                  stall_timeout: float | None = 60.0) -> None:
-        if stall_timeout is not None and (
-                isinstance(stall_timeout, bool) or not isinstance(stall_timeout, (int, float))
-                or not 0 < stall_timeout < float("inf")):
-            raise ValueError(f"stall_timeout must be None or a finite number of seconds > 0, "
-                             f"got {stall_timeout!r}")
+        as_seconds("stall_timeout", stall_timeout, none_ok=True)
         self._replay_buffer = replay_buffer
         self._device = torch.device(device)
         self._device_type = self._device.type
