@@ -166,13 +166,7 @@ def test_a_ctrl_c_that_closed_the_pipeline_underneath_gives_the_answers_after_cl
         h.sample(0)
         h.pipe.pipeline.close()  # what the Ctrl-C does underneath
         h.pipe.after_tick()  # hot, and never raises
-        assert h.pipe.batch_ready(1, N) is False
-        with pytest.raises(errors.PipelineClosed, match=r"^Cannot prepare replay batch after "
-                           r"pipeline\.close\(\)$"):
-            h.pipe.start_prepare(1, N)
-        with pytest.raises(errors.PipelineClosed, match=r"^Cannot sample a replay batch after "
-                           r"pipeline\.close\(\)$"):
-            h.pipe.sample_large_batch(1, N)
+        answers_after_close(h.pipe, 1)
 
 
 def test_verbose_writes_its_file_into_an_existing_directory(tmp_path: Path) -> None:
@@ -185,15 +179,25 @@ def test_verbose_writes_its_file_into_an_existing_directory(tmp_path: Path) -> N
         "tick_id,slot,field,rows,cols,bytes,dur_ns", f"3,0,obs,{N},5,{N * 20},99"]
 
 
+def answers_after_close(pipe: CPUPinnedDoubleBufferReplayPipeline, tick: int) -> None:
+    """The seed's answers after close: batch_ready False, the seed's messages from the
+    calls that request or sample, after_tick quiet."""
+    assert pipe.batch_ready(tick, N) is False
+    prepare = r"^Cannot prepare replay batch after pipeline\.close\(\)$"
+    with pytest.raises(errors.PipelineClosed, match=prepare):
+        pipe.start_prepare(tick, N)
+    with pytest.raises(errors.PipelineClosed, match=prepare):
+        pipe.wait_until_ready(tick, N)
+    with pytest.raises(errors.PipelineClosed, match=r"^Cannot sample a replay batch after "
+                       r"pipeline\.close\(\)$"):
+        pipe.sample_large_batch(tick, N)
+    pipe.after_tick()
+
+
 def test_calls_after_close_raise_the_seeds_messages() -> None:
     with Hand() as h:
         h.pipe.close()
-        with pytest.raises(errors.PipelineClosed, match=r"^Cannot sample a replay batch after "
-                           r"pipeline\.close\(\)$"):
-            h.pipe.sample_large_batch(0, N)
-        with pytest.raises(errors.PipelineClosed, match=r"^Cannot prepare replay batch after "
-                           r"pipeline\.close\(\)$"):
-            h.pipe.wait_until_ready(0, N)
+        answers_after_close(h.pipe, 0)
 
 
 # -- a call that names a tick other than the one requested ----------------------------
