@@ -762,3 +762,36 @@ def test_serve_due_returns_on_an_empty_or_closed_channel() -> None:
     h.requests.put(request(0, 0, 32, min_ptr=100))
     h.close()
     assert packer.serve_due() == 0
+
+
+def test_the_packer_beats_at_every_chunk_it_writes_and_the_learner_at_none(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pack longer than ``liveness_timeout`` is not silence as long as its chunks
+    come; the learner's own chunks must not beat, or they would hide a hung packer."""
+    import replay_fsm.data.packer as packer_module
+    from replay_fsm.data.packer import chunk_count
+
+    clock = iter(range(1, 10**6))
+    monkeypatch.setattr(packer_module.time, "monotonic_ns", lambda: next(clock))
+    rb = ReplayBuffer(8192, 4, 2, region_rows=1024)
+    rb.add_packed(constant_rows(rb, 1, 8192))
+    n = 4096
+    assert chunk_count(n) == 4
+    h = PackerHandle.create(2, n, rb.width)
+    beats: list[int] = []
+    gather = rb.gather
+
+    def gather_and_read_the_beat(*args: object, **kwargs: object) -> object:
+        beats.append(h.heartbeat_ns)
+        return gather(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(rb, "gather", gather_and_read_the_beat)
+    packer = Packer(h, rb)
+    h.requests.put(request(0, 0, n))
+    assert packer.service(timeout=0.0)
+    assert len(beats) == 4 and beats == sorted(set(beats))  # a new beat per chunk
+    learner = Packer(h, rb)
+    beats.clear()
+    h.requests.put(request(1, 1, n))
+    assert learner.take(decode(PackRequest, request(1, 1, n)), 1.0) == 4
+    assert len(set(beats)) == 1  # the learner's chunks left the packer's beat alone

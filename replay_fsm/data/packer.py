@@ -259,7 +259,7 @@ class Packer:
         self._drawn: tuple[int, int] | None = None  # (seed, size) of _next_indices
         self._last_seed: int | None = None
         self.drawn_ahead = 0  # packs whose indices were drawn while the packer idled
-        self._beat = handle.packer_state[1:2].numpy()  # heartbeat cell, written per call
+        self._beat = handle.packer_state[1:2].numpy()  # heartbeat cell: per call, chunk
         self._learner_pid = handle.learner_pid
         # A packer the learner spawned is orphaned the moment the learner exits, even
         # while the learner lingers as a zombie nobody has reaped yet.
@@ -437,6 +437,10 @@ class Packer:
                 error = traceback.format_exc()
                 break
             written += 1
+            if not local:
+                # A beat per chunk: a long pack is not silence. The learner's own
+                # chunks never beat, or they would hide a hung packer.
+                self._beat[0] = time.monotonic_ns()
             chunk, last = self._advance(request, local, give_up)
         if error is not None:
             handle.abandon(request.slot, request.generation, LEARNER_CHECK_S)

@@ -143,7 +143,8 @@ class CollectorLink(abc.ABC):
 
 class ChannelLink(CollectorLink):
     """Shared-memory channels and host slots in a ``PackerHandle``; the packer
-    beats a heartbeat into the handle at every ``service`` call."""
+    beats a heartbeat into the handle at every ``service`` call and every chunk it
+    writes."""
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
                  attach_timeout: float = 60.0) -> None:
