@@ -213,3 +213,12 @@ def test_an_unknown_argument_before_the_command_gets_the_top_level_usage(
     err = capsys.readouterr().err
     assert err.startswith("usage: replay-fsm [-h] [--version]"), err
     assert err.splitlines()[-1] == "replay-fsm: error: unrecognized arguments: --bogus", err
+
+
+def test_an_out_ending_in_json_in_any_case_names_the_file(tmp_path: Path) -> None:
+    from replay_fsm.trainers.run import output_path
+
+    for name in ("res.json", "res.JSON", "res.Json"):
+        assert output_path(tmp_path / name) == tmp_path / name
+    assert output_path(tmp_path / "res") == tmp_path / "res" / "sac.json"
+    assert not (tmp_path / "res.JSON").exists()  # not made as a folder

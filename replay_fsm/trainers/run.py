@@ -425,7 +425,7 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
 
 def output_path(out: str | Path) -> Path:
     """Where ``write`` puts a result for ``out``: ``out`` itself when it ends in
-    .json, else ``out/sac.json``. Makes its folder and checks that a file can be
+    .json (any case), else ``out/sac.json``. Makes its folder and checks that a file can be
     written there, so a run finds out before it trains, not after.
 
     Raises:
@@ -434,7 +434,7 @@ def output_path(out: str | Path) -> Path:
         NotADirectoryError: the folder is a file.
     """
     path = Path(out)
-    if path.suffix != ".json":
+    if path.suffix.lower() != ".json":  # res.JSON is a file too, not a folder
         path = path / "sac.json"
     if path.parent.exists() and not path.parent.is_dir():
         raise NotADirectoryError(f"{path.parent} is a file, not a folder; --out names a "
