@@ -160,7 +160,11 @@ def main(argv: list[str] | None = None) -> int:
         _remove_if_empty(made)
         if os.environ.get("REPLAY_FSM_DEBUG"):
             raise
-        print(f"replay-fsm {args.command}: error: {exc}".splitlines()[0], file=sys.stderr)
+        # its first line that says something (torch's errors begin with a newline
+        # and a rule of "="s)
+        text = next((line for line in str(exc).splitlines()
+                     if any(c.isalnum() for c in line)), type(exc).__name__)
+        print(f"replay-fsm {args.command}: error: {text}", file=sys.stderr)
         return 2
 
 

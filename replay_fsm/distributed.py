@@ -31,8 +31,11 @@ from typing import Any
 
 import torch
 
+from .core import as_count, as_seed
 from .demo.config import DemoConfig
+from .errors import ReplayFSMError
 from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
+from .wire import MAX_SEED
 
 RANK_SEED_STRIDE = 1 << 24
 MAX_RANKS = (1 << 32) // RANK_SEED_STRIDE  # rank 256 would draw rank 0's batches
@@ -42,18 +45,49 @@ RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
+class RankFailed(ReplayFSMError):
+    """A rank of ``launch`` failed, and the launcher stopped the others: the first
+    rank to fail, its exit code (negative: the signal that killed it) and its error
+    in one line. ``__cause__`` is torch's ``ChildFailedError``, with every rank's
+    failure."""
+
+    def __init__(self, rank: int, exitcode: int, reason: str) -> None:
+        super().__init__(f"rank {rank} failed ({describe_exit(exitcode)}): {reason}")
+        self.rank, self.exitcode, self.reason = rank, exitcode, reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.rank, self.exitcode, self.reason), vars(self)
+
+
+def describe_exit(exitcode: int) -> str:
+    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"
+
+
 def rank_seed(base_seed: int, rank: int) -> int:
     """The base seed of ``rank``'s pipeline (documented formula above).
 
     Raises:
+        TypeError: ``base_seed`` or ``rank`` is not an integer (a bool, a float).
         ValueError: ``rank`` is negative or ``MAX_RANKS`` (256) or more: torch keeps
-            32 bits of a seed, so such a rank would draw a lower rank's batches.
+            32 bits of a seed, so such a rank would draw a lower rank's batches;
+            ``base_seed`` is negative, or the rank's seed is past 2**63.
     """
-    if not 0 <= rank < MAX_RANKS:
+    rank = as_count("rank", rank)
+    if rank >= MAX_RANKS:
         raise ValueError(f"rank must be in [0, {MAX_RANKS}), got {rank}: ranks are "
                          f"{RANK_SEED_STRIDE} seeds apart within torch's 32-bit seeds, so "
                          f"rank {MAX_RANKS} would draw rank 0's batches")
-    return int(base_seed) + int(rank) * RANK_SEED_STRIDE
+    seed = as_seed(base_seed) + rank * RANK_SEED_STRIDE
+    if seed > MAX_SEED:
+        raise ValueError(f"base_seed {base_seed} is too large for rank {rank}: its seed "
+                         f"base_seed + rank * 2**24 = {seed} is past 2**63")
+    return seed
 
 
 def local_device(local_rank: int, device: str = "auto") -> torch.device:
@@ -126,7 +160,6 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     import torch.distributed as dist
 
     from .demo import run
-    from .errors import ReplayFSMError
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     device = local_device(local_rank, config.device)
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -181,15 +214,20 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C
-            or SIGTERM (``signum`` says which); every rank stopped at the same step
-            and wrote its summary and trace (``AgreedInterrupt``), and the traces
-            are merged.
+            or SIGTERM (``signum`` says which), or for either sent to a rank alone;
+            every rank stopped at the same step and wrote its summary and trace
+            (``AgreedInterrupt``), and the traces are merged.
+        RankFailed: a rank failed (its error, its collector's death, a signal that
+            killed it); the launcher stopped the others.
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    if nproc < 1:
-        raise ValueError(f"nproc must be >= 1, got {nproc}")
+    if not 1 <= nproc <= MAX_RANKS:
+        raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
+    rank_seed(config.seed, nproc - 1)  # before any rank starts, not in the last one
+    local_device(0, config.device)  # "cuda" without CUDA, the same
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
@@ -209,9 +247,43 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         # Ctrl-C or SIGTERM: the launcher forwarded it, the ranks stopped together
         # and wrote their files (AgreedInterrupt); to the caller it is an interrupt.
         raise Interrupted(exc.sigval) from exc
+    except ChildFailedError as exc:
+        rank, failure = exc.get_first_failure()
+        stopped = [s for s in STOP_SIGNALS if failure.exitcode == 128 + s]
+        if stopped:
+            # rank_main's exit for a stop signal sent to that rank alone: every rank
+            # stopped at the same step and wrote its files, as for the launcher's.
+            raise Interrupted(stopped[0]) from exc
+        raise RankFailed(rank, failure.exitcode, failure_reason(failure)) from exc
     finally:
         merge_traces(out, nproc)
     return dict(results)
+
+
+def failure_reason(failure: Any) -> str:
+    """The one-line error of a rank's ``ProcessFailure``: the exception its error file
+    holds (``Type: message``, recorded by torch's launcher for an exception that ended
+    the rank), else that none was (an exit or a signal)."""
+    message = failure.message
+    if isinstance(message, dict):  # what torch's error handler records
+        lines = [line.strip() for line in str(message.get("message", "")).splitlines()
+                 if line.strip()]
+        if lines:
+            return lines[0]
+    return f"no error recorded (pid {failure.pid})"
+
+
+def env_int(name: str) -> int:
+    """The environment variable ``name`` (set by torchrun) as an int >= 0.
+
+    Raises:
+        ValueError: it is not one.
+    """
+    value = os.environ[name]
+    try:
+        return as_count(name, int(value))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -227,9 +299,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"{', '.join(missing)} not set: this is one rank of a run that torchrun "
                  "starts (torchrun --nproc-per-node N -m replay_fsm.distributed ...); "
                  "on one node, replay-fsm demo --nproc N starts the ranks itself")
-    summary = rank_main(DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
-                                   sample_count=args.sample_count, capacity=50_000,
-                                   envs=64))
+    try:  # what would fail in rank_main, before its rendezvous: a usage error here
+        config = DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
+                            sample_count=args.sample_count, capacity=50_000, envs=64)
+        rank, local_rank, world = (env_int(name) for name in RANK_ENV[:3])
+        if not 0 <= rank < world:
+            raise ValueError(f"RANK {rank} is not in [0, WORLD_SIZE {world})")
+        rank_seed(config.seed, rank)
+        local_device(local_rank, config.device)
+    except (TypeError, ValueError) as exc:
+        ap.error(str(exc))
+    summary = rank_main(config)
     # Another rank's stop signal (this rank's own exits in rank_main): Ctrl-C's code,
     # whichever signal it was (the ranks agree on a flag, not on the signal).
     return 130 if summary["interrupted"] else 0

@@ -222,3 +222,20 @@ def test_an_out_ending_in_json_in_any_case_names_the_file(tmp_path: Path) -> Non
         assert output_path(tmp_path / name) == tmp_path / name
     assert output_path(tmp_path / "res") == tmp_path / "res" / "sac.json"
     assert not (tmp_path / "res.JSON").exists()  # not made as a folder
+
+
+@pytest.mark.parametrize("text, shown", [
+    ("\n=====\nthe banner's title\n-----", "the banner's title"),  # torch's errors
+    ("", "RuntimeError"),
+])
+def test_an_error_is_shown_by_its_first_line_that_says_something(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        text: str, shown: str) -> None:
+    from replay_fsm.verify import explore
+
+    def fails(*args: object, **kwargs: object) -> None:
+        raise RuntimeError(text)
+
+    monkeypatch.setattr(explore, "explore", fails)
+    err = one_line_error(capsys, main(["explore", "--ticks", "1"]))
+    assert err == f"replay-fsm explore: error: {shown}\n"

@@ -10,6 +10,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -18,6 +19,7 @@ from replay_fsm.distributed import (
     MAX_RANKS,
     RANK_ENV,
     RANK_SEED_STRIDE,
+    RankFailed,
     launch,
     local_device,
     main,
@@ -33,6 +35,17 @@ def test_rank_seed_formula_and_device_choice() -> None:
     assert rank_seed(0, MAX_RANKS - 1) == (MAX_RANKS - 1) * RANK_SEED_STRIDE < 2**32
     with pytest.raises(ValueError, match="rank 256 would draw rank 0's batches"):
         rank_seed(0, MAX_RANKS)  # its seed is rank 0's modulo 2**32
+    with pytest.raises(ValueError, match="rank must be an int >= 0, got -1"):
+        rank_seed(0, -1)
+    for rank in (1.7, True, "3"):  # 1.7 and True drew rank 1's seed before
+        with pytest.raises(TypeError, match="rank must be an int"):
+            rank_seed(0, rank)  # type: ignore[arg-type]
+    assert rank_seed(0, np.int64(2)) == 2 * RANK_SEED_STRIDE
+    with pytest.raises(ValueError, match="base_seed must be an int"):
+        rank_seed(-5, 3)  # was 50331643, while rank 0's -5 is refused by Pipeline
+    assert rank_seed(2**63 - 1 - RANK_SEED_STRIDE, 1) == 2**63 - 1
+    with pytest.raises(ValueError, match="too large for rank 1: .* past 2..63"):
+        rank_seed(2**63 - RANK_SEED_STRIDE, 1)
     if not torch.cuda.is_available():
         assert local_device(1) == torch.device("cpu")
         with pytest.raises(ValueError, match="CUDA"):
@@ -61,6 +74,47 @@ def test_a_rank_started_without_torchrun_says_so(
     err = capsys.readouterr().err
     assert "RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT not set: this is one " \
         "rank of a run that torchrun starts" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("env, argv, message", [
+    ({}, ["--ticks", "-3"], "ticks must be an int >= 1, got -3"),
+    ({"RANK": "x"}, [], "RANK must be an int >= 0, got 'x'"),
+    ({"RANK": "1", "WORLD_SIZE": "1"}, [], "RANK 1 is not in [0, WORLD_SIZE 1)"),  # hung
+    ({"RANK": "256", "WORLD_SIZE": "300"}, [], "rank must be in [0, 256), got 256"),
+    ({}, ["--sample-count", "0"], "sample_count"),
+] + ([] if torch.cuda.is_available() else [
+    ({}, ["--device", "cuda"], "device 'cuda' requested but CUDA is not available")]))
+def test_a_rank_with_wrong_input_says_so_in_one_line_before_its_rendezvous(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        env: dict[str, str], argv: list[str], message: str) -> None:
+    """Each of these was a traceback (or, for a rank past the world, a rendezvous that
+    waited for ever); a usage error names the input and exits 2."""
+    given = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
+             "MASTER_PORT": "1", **env}
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+
+
+def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.launcher import api
+
+    def never(*args: object) -> None:
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(api, "elastic_launch", never)
+    with pytest.raises(ValueError, match=r"nproc must be in \[1, 256\], got 300"):
+        launch(300, options(tmp_path))  # 300 ranks started before ranks 256+ failed
+    with pytest.raises(ValueError, match="too large for rank 1"):
+        launch(2, options(tmp_path, seed=2**63 - 2))
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="CUDA is not available"):
+            launch(2, options(tmp_path, device="cuda"))
 
 
 def options(out: Path, **extra: object) -> DemoConfig:
@@ -95,10 +149,13 @@ def test_two_ranks_draw_different_reproducible_batches(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
     t0 = time.monotonic()
-    with pytest.raises(Exception) as info:
+    with pytest.raises(RankFailed) as info:
         launch(2, options(tmp_path, ticks=40, kill_collector_at=3, verify_data=False),
                kill_rank=1)
-    assert "ChildFailedError" in type(info.value).__name__
+    assert (info.value.rank, info.value.exitcode) == (1, 1)
+    assert str(info.value).startswith("rank 1 failed (exit code 1): CollectorDied: "), \
+        str(info.value)
+    assert "ChildFailedError" in type(info.value.__cause__).__name__
     assert time.monotonic() - t0 < 120  # the other rank did not hang
     failed = json.loads((tmp_path / "summary-rank1.json").read_text())
     assert failed["rank"] == 1 and failed["error"].startswith("CollectorDied")
@@ -181,3 +238,77 @@ def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
     monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGHUP))
     with pytest.raises(SignalException):
         launch(2, options(tmp_path))
+
+
+def failing_launcher(tmp_path: Path, exitcode: int, recorded: str | None):  # type: ignore[no-untyped-def]
+    """An ``elastic_launch`` whose rank 1 failed with ``exitcode``, its error file
+    holding ``recorded`` as torch's error handler writes it (None: no file)."""
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ProcessFailure,
+    )
+    error_file = tmp_path / "error.json"
+    error_file.unlink(missing_ok=True)
+    if recorded is not None:
+        error_file.write_text(json.dumps({"message": {
+            "message": recorded, "extraInfo": {"py_callstack": "", "timestamp": "1"}}}))
+
+    def elastic_launch(config, entrypoint):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
+            failure = ProcessFailure(local_rank=1, pid=4242, exitcode=exitcode,
+                                     error_file=str(error_file))
+            raise ChildFailedError("rank_main", {1: failure})
+        return run
+    return elastic_launch
+
+
+@pytest.mark.parametrize("exitcode, recorded, expected", [
+    (1, "CollectorDied: tick 9: the collector exited with code -9",
+     "rank 1 failed (exit code 1): CollectorDied: tick 9: the collector exited with code -9"),
+    (1, "\nValueError: a text that begins on its second line",
+     "rank 1 failed (exit code 1): ValueError: a text that begins on its second line"),
+    (-9, None, "rank 1 failed (killed by SIGKILL): no error recorded (pid 4242)"),
+    (3, None, "rank 1 failed (exit code 3): no error recorded (pid 4242)"),
+])
+def test_a_failed_rank_is_named_with_its_exit_and_its_error_in_one_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], exitcode: int, recorded: str | None,
+        expected: str) -> None:
+    """torch's ChildFailedError begins with a newline and a banner: launch() raises
+    RankFailed naming the first rank to fail, and the CLI prints that line (it
+    printed an empty error before)."""
+    from torch.distributed.launcher import api
+
+    from replay_fsm.cli import main as cli_main
+
+    monkeypatch.setattr(api, "elastic_launch", failing_launcher(tmp_path, exitcode, recorded))
+    with pytest.raises(RankFailed) as info:
+        launch(2, options(tmp_path / "out"))
+    assert str(info.value) == expected
+    assert (info.value.rank, info.value.exitcode) == (1, exitcode)
+    capsys.readouterr()
+    code = cli_main(["demo", "--nproc", "2", "--ticks", "8", "--out",
+                     str(tmp_path / "cli"), "--no-progress"])
+    assert code == 2
+    assert capsys.readouterr().err == f"replay-fsm demo: error: {expected}\n"
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_sent_to_one_rank_alone_is_an_interrupt(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str], signum: int) -> None:
+    """A rank that got Ctrl-C or SIGTERM itself stops every rank at the same step and
+    exits with the shell's code for it (rank_main); the launcher reports that as a
+    failed rank. launch() raises the interrupt it is, the CLI exits 130 or 143."""
+    from torch.distributed.launcher import api
+
+    from replay_fsm.cli import main as cli_main
+
+    monkeypatch.setattr(api, "elastic_launch", failing_launcher(tmp_path, 128 + signum, None))
+    with pytest.raises(Interrupted) as info:
+        launch(2, options(tmp_path / "out"))
+    assert info.value.signum == signum
+    code = cli_main(["demo", "--nproc", "2", "--ticks", "8", "--out",
+                     str(tmp_path / "cli"), "--no-progress"])
+    assert code == 128 + signum
+    assert capsys.readouterr().out.startswith("interrupted; per-rank summaries")
