@@ -60,6 +60,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -664,6 +665,15 @@ def test_chunk_bytes_must_be_a_positive_int(tmp_path: Path, bad: object) -> None
     with pytest.raises(ValueError, match=f"chunk_bytes must be a positive int, got {bad!r}"):
         filled(8, 5).save(tmp_path / "b.ckpt", chunk_bytes=bad)  # type: ignore[arg-type]
     assert not os.listdir(tmp_path)
+
+
+def test_chunk_bytes_may_be_a_numpy_integer(tmp_path: Path) -> None:
+    """As the buffer's own sizes may; it was refused."""
+    rb = filled(8, 5)
+    by_numpy = rb.save(tmp_path / "a.ckpt", chunk_bytes=np.int64(2 * rb.width * 4))
+    by_int = rb.save(tmp_path / "b.ckpt", chunk_bytes=2 * rb.width * 4)
+    assert by_numpy.file_bytes == by_int.file_bytes  # the same chunks (a CRC each)
+    assert torch.equal(ReplayBuffer.load(tmp_path / "a.ckpt").storage[:5], rb.storage[:5])
 
 
 def test_chunks_smaller_than_a_row_are_one_row_and_locate_damage_to_it(

@@ -46,6 +46,7 @@ from __future__ import annotations
 import errno
 import functools
 import json
+import numbers
 import os
 import queue
 import secrets
@@ -339,8 +340,10 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
             fails (EIO, say) does ``path`` already hold the new checkpoint; the
             message says so.
     """
-    if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 1:
+    if (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, numbers.Integral)
+            or chunk_bytes < 1):  # a numpy integer is one, as for the buffer's sizes
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
+    chunk_bytes = int(chunk_bytes)
     path = os.fspath(path)
     target = _target(path)
     directory = os.path.dirname(target)
