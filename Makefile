@@ -39,8 +39,8 @@ demo: install
 	$(VENV)/bin/replay-fsm demo
 
 # The checks of the deep tier, which CI's time does not fit, with the model checks and
-# the bounded mutation checks CI runs: every SPIN claim, witness and broken model at
-# ring depths 2 and 3, the refinement check against the real core, the hand-written
+# the bounded mutation checks CI runs: every SPIN claim and witness at ring depths 2
+# and 3, every broken model at depth 2, the refinement check against the real core, the hand-written
 # and sampled mutants, the benchmarks' quick runs; then the mutation figures:
 # those of the local mutmut run when mutants/ holds one, else the recorded ones.
 verify: install sysdeps

@@ -163,8 +163,9 @@ INVARIANTS: dict[str, str] = {
     "INV-HOT": "At most one slot is HOT.",
     "INV-ORDER": "Ticks are requested consecutively, assigned to slots in ring order, "
                  "and acquired in request order, each exactly once.",
-    "INV-HOST-WAR": "The packer writes H[i] only while slot i is REQUESTED, never while "
-                    "a copy from H[i] may be in flight.",
+    "INV-HOST-WAR": "H[i] is written (by the packer, or by the learner packing in its "
+                    "place) only while slot i is REQUESTED, never while a copy from H[i] "
+                    "may be in flight, every chunk of a request by one writer.",
     "INV-DEVICE-WAR": "A copy into G[i] starts only after every learner read of G[i] from "
                       "its previous HOT period has finished.",
     "INV-RAW": "The learner reads G[i] only while HOT and only after the copy into it "
@@ -172,9 +173,12 @@ INVARIANTS: dict[str, str] = {
     "INV-DATA": "The batch for tick t is exactly storage[randint(0, snapshot_size, (n,), "
                 "seed=base_seed + t)], bit for bit, on every backend and ring depth.",
     "INV-ROW": "Every packed row equals one transition as written by add, even while "
-               "add runs concurrently.",
+               "add runs concurrently; rows a writer killed inside its add left half "
+               "written raise WriterDied instead of being handed out.",
     "INV-LIVE": "With a live packer and enough data every requested tick becomes READY; "
-                "a dead or failed packer makes the learner raise within a bounded time.",
+                "a dead or failed packer makes the learner raise within a bounded time, "
+                "and so do rows that stop coming while a tick waits for them "
+                "(DataStalled).",
     "INV-STICKY": "After a failure every call raises an error chained to the cause; an "
                   "illegal call raises and leaves every state unchanged.",
     "INV-CLOSE": "close() joins every thread, drains in-flight copies, unregisters "

@@ -137,7 +137,7 @@ byte busy = NONE;       /* the slot whose submit blocks the transfer thread */
 #define ACQ_GUARD (LIVE && hot == NONE && next_acq < next_req && st[acq_slot] == READY)
 #define REL_GUARD (LIVE && hot != NONE)
 #define WAITING (LIVE && hot == NONE && next_acq < next_req && st[acq_slot] != READY)
-/* Pipeline._check_liveness: a dead packer, or no heartbeat while a request waits. */
+/* Pipeline._judge_locked (Watchdog.verdict): a dead packer, or no heartbeat while a request waits. */
 #define PACKER_GONE (packer_dead || (packer_silent && ANY(IS_REQUESTED)))
 /* Pipeline._take_locked: the learner waits for the oldest requested tick, which has
    chunks no one claimed. ChannelLink.take lets it start one only while at most D

@@ -37,7 +37,8 @@ def test_dot_has_every_row() -> None:
 
 
 def test_committed_diagrams_match_the_table() -> None:
-    """Regenerate with: replay-fsm diagram --out specs/diagrams/slot.mmd (and svg)."""
+    """Regenerate with: replay-fsm diagram --out specs/diagrams/slot.mmd, --format svg
+    --out specs/diagrams/slot.svg and --format sequence --out specs/diagrams/tick.mmd."""
     assert (ROOT / "specs/diagrams/slot.mmd").read_text() == diagram.mermaid()
     assert (ROOT / "specs/diagrams/tick.mmd").read_text() == diagram.sequence()
     svg = (ROOT / "specs/diagrams/slot.svg").read_text()
