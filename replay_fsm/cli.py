@@ -13,6 +13,7 @@ from .spec import SlotState
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
+    args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
                         sample_count=args.sample_count, progress=not args.no_progress,

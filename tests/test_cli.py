@@ -31,7 +31,10 @@ def test_check_trace_of_a_file_that_is_not_json(capsys: pytest.CaptureFixture[st
                                                tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text("this is not json\n")
-    assert "not JSON lines" in one_line_error(capsys, main(["check-trace", str(bad)]))
+    assert "not JSON lines: line 1:" in one_line_error(capsys, main(["check-trace", str(bad)]))
+    # the line of the file, not of the record (each record is read alone)
+    bad.write_text('{"kind": "transition"}\n\n{"kind": "transition"}\n{"kind": \n')
+    assert "not JSON lines: line 4:" in one_line_error(capsys, main(["check-trace", str(bad)]))
 
 
 def test_check_trace_of_a_chrome_trace_points_to_the_log(
@@ -239,3 +242,15 @@ def test_an_error_is_shown_by_its_first_line_that_says_something(
     monkeypatch.setattr(explore, "explore", fails)
     err = one_line_error(capsys, main(["explore", "--ticks", "1"]))
     assert err == f"replay-fsm explore: error: {shown}\n"
+
+
+def test_a_demo_with_an_empty_out_writes_here_and_says_so(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It printed "/trace.json", a path in the root folder."""
+    monkeypatch.chdir(tmp_path)
+    assert main(["demo", "--ticks", "3", "--collector", "thread", "--sample-count", "64",
+                 "--no-progress", "--out", ""]) == 0
+    out = capsys.readouterr().out
+    assert "./trace.json" in out and " /trace.json" not in out, out
+    assert (tmp_path / "trace.json").is_file() and (tmp_path / "summary.json").is_file()

@@ -82,6 +82,7 @@ def test_a_rank_started_without_torchrun_says_so(
     ({"RANK": "1", "WORLD_SIZE": "1"}, [], "RANK 1 is not in [0, WORLD_SIZE 1)"),  # hung
     ({"RANK": "256", "WORLD_SIZE": "300"}, [], "rank must be in [0, 256), got 256"),
     ({}, ["--sample-count", "0"], "sample_count"),
+    ({}, ["--device", "bogus"], "bogus"),
 ] + ([] if torch.cuda.is_available() else [
     ({}, ["--device", "cuda"], "device 'cuda' requested but CUDA is not available")]))
 def test_a_rank_with_wrong_input_says_so_in_one_line_before_its_rendezvous(

@@ -74,14 +74,19 @@ def load(path: str | Path) -> list[dict[str, Any]]:
         raise TraceFileError(f"{path} is not text (JSON lines): byte {exc.start} is not "
                              f"{exc.encoding}") from exc
     stripped = text.lstrip()
+    number = 0  # the file's line being read (json's own lineno counts in that line)
     try:
         if stripped.startswith("["):
             records = json.loads(text)
         else:
-            records = [json.loads(line) for line in text.splitlines() if line.strip()]
+            records = []
+            for at, line in enumerate(text.splitlines(), 1):
+                number = at
+                if line.strip():
+                    records.append(json.loads(line))
     except json.JSONDecodeError as exc:
-        raise TraceFileError(f"{path} is not JSON lines: line {exc.lineno}: {exc.msg}"
-                             ) from exc
+        raise TraceFileError(f"{path} is not JSON lines: line {number or exc.lineno}: "
+                             f"{exc.msg}") from exc
     if len(records) == 1 and isinstance(records[0], dict) and "traceEvents" in records[0]:
         raise TraceFileError(f"{path} is a Chrome trace (trace.json); check-trace reads the "
                              "transition log (transitions.jsonl)")
