@@ -33,7 +33,7 @@ import torch
 
 from .core import as_count, as_seed
 from .demo.config import DemoConfig
-from .errors import ReplayFSMError
+from .errors import RankFailed, ReplayFSMError
 from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
 from .wire import MAX_SEED
 
@@ -45,30 +45,6 @@ RANK_ENV = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 LAUNCHER_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
 
-class RankFailed(ReplayFSMError):
-    """A rank of ``launch`` failed, and the launcher stopped the others: the first
-    rank to fail, its exit code (negative: the signal that killed it) and its error
-    in one line. ``__cause__`` is torch's ``ChildFailedError``, with every rank's
-    failure."""
-
-    def __init__(self, rank: int, exitcode: int, reason: str) -> None:
-        super().__init__(f"rank {rank} failed ({describe_exit(exitcode)}): {reason}")
-        self.rank, self.exitcode, self.reason = rank, exitcode, reason
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.rank, self.exitcode, self.reason), vars(self)
-
-
-def describe_exit(exitcode: int) -> str:
-    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
-    if exitcode >= 0:
-        return f"exit code {exitcode}"
-    try:
-        return f"killed by {signal.Signals(-exitcode).name}"
-    except ValueError:
-        return f"killed by signal {-exitcode}"
-
-
 def rank_seed(base_seed: int, rank: int) -> int:
     """The base seed of ``rank``'s pipeline (documented formula above).
 
@@ -76,7 +52,7 @@ def rank_seed(base_seed: int, rank: int) -> int:
         TypeError: ``base_seed`` or ``rank`` is not an integer (a bool, a float).
         ValueError: ``rank`` is negative or ``MAX_RANKS`` (256) or more: torch keeps
             32 bits of a seed, so such a rank would draw a lower rank's batches;
-            ``base_seed`` is negative, or the rank's seed is past 2**63.
+            ``base_seed`` is negative, or the rank's seed is 2**63 or more.
     """
     rank = as_count("rank", rank)
     if rank >= MAX_RANKS:
@@ -86,7 +62,7 @@ def rank_seed(base_seed: int, rank: int) -> int:
     seed = as_seed(base_seed) + rank * RANK_SEED_STRIDE
     if seed > MAX_SEED:
         raise ValueError(f"base_seed {base_seed} is too large for rank {rank}: its seed "
-                         f"base_seed + rank * 2**24 = {seed} is past 2**63")
+                         f"base_seed + rank * 2**24 = {seed} is 2**63 or more")
     return seed
 
 
@@ -98,7 +74,10 @@ def local_device(local_rank: int, device: str = "auto") -> torch.device:
         if device == "cuda":
             raise ValueError("device 'cuda' requested but CUDA is not available")
         return torch.device("cpu")
-    return torch.device(device)
+    chosen = torch.device(device)
+    if chosen.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    return chosen
 
 
 class AgreedInterrupt:
@@ -224,7 +203,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-    if not 1 <= nproc <= MAX_RANKS:
+    nproc = as_count("nproc", nproc, 1)
+    if nproc > MAX_RANKS:
         raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
     rank_seed(config.seed, nproc - 1)  # before any rank starts, not in the last one
     local_device(0, config.device)  # "cuda" without CUDA, the same
@@ -248,12 +228,14 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         # and wrote their files (AgreedInterrupt); to the caller it is an interrupt.
         raise Interrupted(exc.sigval) from exc
     except ChildFailedError as exc:
-        rank, failure = exc.get_first_failure()
-        stopped = [s for s in STOP_SIGNALS if failure.exitcode == 128 + s]
-        if stopped:
+        stops = {128 + s: s for s in STOP_SIGNALS}
+        if all(f.exitcode in stops for f in exc.failures.values()):
             # rank_main's exit for a stop signal sent to that rank alone: every rank
             # stopped at the same step and wrote its files, as for the launcher's.
-            raise Interrupted(stopped[0]) from exc
+            raise Interrupted(stops[exc.get_first_failure()[1].exitcode]) from exc
+        # the first failure that is not a stop (torch stamps failures to the second)
+        rank, failure = min(((r, f) for r, f in exc.failures.items()
+                             if f.exitcode not in stops), key=lambda rf: rf[1].timestamp)
         raise RankFailed(rank, failure.exitcode, failure_reason(failure)) from exc
     finally:
         merge_traces(out, nproc)

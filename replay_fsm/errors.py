@@ -3,6 +3,7 @@ PipelineFailed chained to its cause."""
 
 from __future__ import annotations
 
+import signal
 from typing import Any
 
 
@@ -65,3 +66,27 @@ class PackerError(ReplayFSMError):
         # Rebuilt from what the constructor takes (args holds the message), so it
         # crosses a process boundary: a pool's worker, a spawned collector.
         return type(self), (self.tick, self.traceback_text), vars(self)
+
+
+class RankFailed(ReplayFSMError):
+    """A rank of ``replay_fsm.distributed.launch`` failed, and the launcher stopped
+    the others: the first rank to fail (a stop signal's exit aside), its exit code
+    (negative: the signal that killed it) and its error in one line. ``__cause__``
+    is torch's ``ChildFailedError``, with every rank's failure."""
+
+    def __init__(self, rank: int, exitcode: int, reason: str) -> None:
+        super().__init__(f"rank {rank} failed ({describe_exit(exitcode)}): {reason}")
+        self.rank, self.exitcode, self.reason = rank, exitcode, reason
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), (self.rank, self.exitcode, self.reason), vars(self)
+
+
+def describe_exit(exitcode: int) -> str:
+    """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        return f"killed by {signal.Signals(-exitcode).name}"
+    except ValueError:
+        return f"killed by signal {-exitcode}"

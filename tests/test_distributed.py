@@ -44,7 +44,7 @@ def test_rank_seed_formula_and_device_choice() -> None:
     with pytest.raises(ValueError, match="base_seed must be an int"):
         rank_seed(-5, 3)  # was 50331643, while rank 0's -5 is refused by Pipeline
     assert rank_seed(2**63 - 1 - RANK_SEED_STRIDE, 1) == 2**63 - 1
-    with pytest.raises(ValueError, match="too large for rank 1: .* past 2..63"):
+    with pytest.raises(ValueError, match="too large for rank 1: .* is 2..63 or more"):
         rank_seed(2**63 - RANK_SEED_STRIDE, 1)
     if not torch.cuda.is_available():
         assert local_device(1) == torch.device("cpu")
@@ -113,9 +113,13 @@ def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
         launch(300, options(tmp_path))  # 300 ranks started before ranks 256+ failed
     with pytest.raises(ValueError, match="too large for rank 1"):
         launch(2, options(tmp_path, seed=2**63 - 2))
+    for nproc in (True, 2.5, "2"):  # True started one rank; 2.5 named a rank of 1.5
+        with pytest.raises(TypeError, match="nproc must be an int"):
+            launch(nproc, options(tmp_path))  # type: ignore[arg-type]
     if not torch.cuda.is_available():
-        with pytest.raises(ValueError, match="CUDA is not available"):
-            launch(2, options(tmp_path, device="cuda"))
+        for device in ("cuda", "cuda:0", "cuda:1"):  # cuda:0 started the ranks
+            with pytest.raises(ValueError, match="CUDA is not available"):
+                launch(2, options(tmp_path, device=device))
 
 
 def options(out: Path, **extra: object) -> DemoConfig:
@@ -313,3 +317,34 @@ def test_a_stop_signal_sent_to_one_rank_alone_is_an_interrupt(
                      str(tmp_path / "cli"), "--no-progress"])
     assert code == 128 + signum
     assert capsys.readouterr().out.startswith("interrupted; per-rank summaries")
+
+
+def test_a_rank_that_failed_is_not_hidden_by_another_ranks_stop_signal(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch stamps failures to the second, lowest rank first on a tie: rank 0's exit
+    for a stop signal and rank 1's real error in the same second were reported as
+    an interrupt, and the error was lost."""
+    from torch.distributed.elastic.multiprocessing.errors import (
+        ChildFailedError,
+        ProcessFailure,
+    )
+    from torch.distributed.launcher import api
+
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": {
+        "message": "CollectorDied: gone", "extraInfo": {"py_callstack": "",
+                                                         "timestamp": "0"}}}))
+
+    def elastic_launch(config, entrypoint):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
+            stopped = ProcessFailure(local_rank=0, pid=1, exitcode=143,
+                                     error_file=str(tmp_path / "none.json"))
+            failed = ProcessFailure(local_rank=1, pid=2, exitcode=1,
+                                    error_file=str(error_file))
+            stopped.timestamp = failed.timestamp = 7  # the same second
+            raise ChildFailedError("rank_main", {0: stopped, 1: failed})
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+    with pytest.raises(RankFailed, match=r"rank 1 failed \(exit code 1\): CollectorDied: gone"):
+        launch(2, options(tmp_path / "out"))

@@ -80,7 +80,7 @@ def load(path: str | Path) -> list[dict[str, Any]]:
             records = json.loads(text)
         else:
             records = []
-            for at, line in enumerate(text.splitlines(), 1):
+            for at, line in enumerate(text.split("\n"), 1):  # not \x0c, U+2028...
                 number = at
                 if line.strip():
                     records.append(json.loads(line))
