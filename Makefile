@@ -40,9 +40,9 @@ demo: install
 
 # The checks of the deep tier, which CI's time does not fit, with the model checks and
 # the bounded mutation checks CI runs: every SPIN claim and witness at ring depths 2
-# and 3, every broken model at depth 2, the refinement check against the real core, the hand-written
-# and sampled mutants, the benchmarks' quick runs; then the mutation figures:
-# those of the local mutmut run when mutants/ holds one, else the recorded ones.
+# and 3, every broken model at depth 2, the refinement check against the real core,
+# the hand-written and sampled mutants, the benchmarks' quick runs; then the mutation
+# figures: those of the local mutmut run when mutants/ holds one, else the recorded ones.
 verify: install sysdeps
 	REPLAY_FSM_SLOW=1 REPLAY_FSM_DEEP=1 $(PY) -m pytest tests/test_spin.py \
 	  tests/test_spin_broken.py tests/test_refinement.py tests/test_mutation_sample.py \

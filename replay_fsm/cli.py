@@ -7,6 +7,7 @@ import os
 import sys
 from pathlib import Path
 
+from .errors import first_line
 from .signals import exit_code, sigterm_as_interrupt
 from .spec import SlotState
 
@@ -161,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         _remove_if_empty(made)
         if os.environ.get("REPLAY_FSM_DEBUG"):
             raise
-        # its first line that says something (torch's errors begin with a newline
-        # and a rule of "="s)
-        text = next((line for line in str(exc).splitlines()
-                     if any(c.isalnum() for c in line)), type(exc).__name__)
+        text = first_line(str(exc)) or type(exc).__name__
         print(f"replay-fsm {args.command}: error: {text}", file=sys.stderr)
         return 2
 

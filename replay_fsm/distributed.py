@@ -33,7 +33,7 @@ import torch
 
 from .core import as_count, as_seed
 from .demo.config import DemoConfig
-from .errors import RankFailed, ReplayFSMError
+from .errors import RankFailed, ReplayFSMError, first_line
 from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
 from .wire import MAX_SEED
 
@@ -243,15 +243,17 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
 
 
 def failure_reason(failure: Any) -> str:
-    """The one-line error of a rank's ``ProcessFailure``: the exception its error file
-    holds (``Type: message``, recorded by torch's launcher for an exception that ended
-    the rank), else that none was (an exit or a signal)."""
-    message = failure.message
-    if isinstance(message, dict):  # what torch's error handler records
-        lines = [line.strip() for line in str(message.get("message", "")).splitlines()
-                 if line.strip()]
-        if lines:
-            return lines[0]
+    """The one-line error of a rank's ``ProcessFailure``: the message its error file
+    holds (``Type: message``, recorded by torch's error handler for an exception that
+    ended the rank; a plain string written by other code), else that none was (an exit
+    or a signal: torch makes up a message of its own for those, not from the file)."""
+    recorded = getattr(failure, "error_file_data", {}).get("message")
+    if isinstance(recorded, dict):  # what torch's error handler records
+        recorded = recorded.get("message")
+    if isinstance(recorded, str) and recorded != "<NONE>":  # torch's mark for no file
+        line = first_line(recorded)
+        if line:
+            return line
     return f"no error recorded (pid {failure.pid})"
 
 

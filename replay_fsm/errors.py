@@ -82,6 +82,13 @@ class RankFailed(ReplayFSMError):
         return type(self), (self.rank, self.exitcode, self.reason), vars(self)
 
 
+def first_line(text: str) -> str:
+    """The first line of ``text`` that says something (a letter or a digit in it),
+    stripped; "" for none. torch's errors begin with a newline and a rule of "="s."""
+    return next((line.strip() for line in text.splitlines()
+                 if any(c.isalnum() for c in line)), "")
+
+
 def describe_exit(exitcode: int) -> str:
     """``exit code 1``, or ``killed by SIGKILL`` for a negative (signal) code."""
     if exitcode >= 0:

@@ -668,11 +668,13 @@ def test_chunk_bytes_must_be_a_positive_int(tmp_path: Path, bad: object) -> None
 
 
 def test_chunk_bytes_may_be_a_numpy_integer(tmp_path: Path) -> None:
-    """As the buffer's own sizes may; it was refused."""
+    """As the buffer's own sizes may (``core.as_count``); a numpy integer, then a
+    0-d integer array, were refused."""
     rb = filled(8, 5)
     by_numpy = rb.save(tmp_path / "a.ckpt", chunk_bytes=np.int64(2 * rb.width * 4))
+    by_array = rb.save(tmp_path / "c.ckpt", chunk_bytes=np.array(2 * rb.width * 4))
     by_int = rb.save(tmp_path / "b.ckpt", chunk_bytes=2 * rb.width * 4)
-    assert by_numpy.file_bytes == by_int.file_bytes  # the same chunks (a CRC each)
+    assert by_numpy.file_bytes == by_array.file_bytes == by_int.file_bytes  # a CRC a chunk
     assert torch.equal(ReplayBuffer.load(tmp_path / "a.ckpt").storage[:5], rb.storage[:5])
 
 

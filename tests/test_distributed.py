@@ -245,16 +245,20 @@ def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
         launch(2, options(tmp_path))
 
 
-def failing_launcher(tmp_path: Path, exitcode: int, recorded: str | None):  # type: ignore[no-untyped-def]
+def failing_launcher(tmp_path: Path, exitcode: int, recorded: str | None,  # type: ignore[no-untyped-def]
+                     plain: bool = False):
     """An ``elastic_launch`` whose rank 1 failed with ``exitcode``, its error file
-    holding ``recorded`` as torch's error handler writes it (None: no file)."""
+    holding ``recorded`` as torch's error handler writes it (None: no file), or as a
+    plain string message (``plain``), which torch's ``ProcessFailure`` also reads."""
     from torch.distributed.elastic.multiprocessing.errors import (
         ChildFailedError,
         ProcessFailure,
     )
     error_file = tmp_path / "error.json"
     error_file.unlink(missing_ok=True)
-    if recorded is not None:
+    if recorded is not None and plain:
+        error_file.write_text(json.dumps({"message": recorded, "timestamp": 1}))
+    elif recorded is not None:
         error_file.write_text(json.dumps({"message": {
             "message": recorded, "extraInfo": {"py_callstack": "", "timestamp": "1"}}}))
 
@@ -267,26 +271,30 @@ def failing_launcher(tmp_path: Path, exitcode: int, recorded: str | None):  # ty
     return elastic_launch
 
 
-@pytest.mark.parametrize("exitcode, recorded, expected", [
-    (1, "CollectorDied: tick 9: the collector exited with code -9",
+@pytest.mark.parametrize("exitcode, recorded, plain, expected", [
+    (1, "CollectorDied: tick 9: the collector exited with code -9", False,
      "rank 1 failed (exit code 1): CollectorDied: tick 9: the collector exited with code -9"),
-    (1, "\nValueError: a text that begins on its second line",
+    (1, "\nValueError: a text that begins on its second line", False,
      "rank 1 failed (exit code 1): ValueError: a text that begins on its second line"),
-    (-9, None, "rank 1 failed (killed by SIGKILL): no error recorded (pid 4242)"),
-    (3, None, "rank 1 failed (exit code 3): no error recorded (pid 4242)"),
+    (1, "\n  out of cheese\n", True, "rank 1 failed (exit code 1): out of cheese"),
+    (1, "", True, "rank 1 failed (exit code 1): no error recorded (pid 4242)"),
+    (-9, None, False, "rank 1 failed (killed by SIGKILL): no error recorded (pid 4242)"),
+    (3, None, False, "rank 1 failed (exit code 3): no error recorded (pid 4242)"),
 ])
 def test_a_failed_rank_is_named_with_its_exit_and_its_error_in_one_line(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str], exitcode: int, recorded: str | None,
-        expected: str) -> None:
+        plain: bool, expected: str) -> None:
     """torch's ChildFailedError begins with a newline and a banner: launch() raises
     RankFailed naming the first rank to fail, and the CLI prints that line (it
-    printed an empty error before)."""
+    printed an empty error before). An error file whose message is a plain string
+    (written by code other than torch's handler) was read as none."""
     from torch.distributed.launcher import api
 
     from replay_fsm.cli import main as cli_main
 
-    monkeypatch.setattr(api, "elastic_launch", failing_launcher(tmp_path, exitcode, recorded))
+    monkeypatch.setattr(api, "elastic_launch",
+                        failing_launcher(tmp_path, exitcode, recorded, plain))
     with pytest.raises(RankFailed) as info:
         launch(2, options(tmp_path / "out"))
     assert str(info.value) == expected

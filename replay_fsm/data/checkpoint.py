@@ -46,7 +46,6 @@ from __future__ import annotations
 import errno
 import functools
 import json
-import numbers
 import os
 import queue
 import secrets
@@ -340,10 +339,11 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
             fails (EIO, say) does ``path`` already hold the new checkpoint; the
             message says so.
     """
-    if (isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, numbers.Integral)
-            or chunk_bytes < 1):  # a numpy integer is one, as for the buffer's sizes
-        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}")
-    chunk_bytes = int(chunk_bytes)
+    try:  # the library's rule for sizes: a numpy integer is one, a bool is not
+        chunk_bytes = as_count("chunk_bytes", chunk_bytes, low=1)
+    except (TypeError, ValueError):
+        raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}") \
+            from None
     path = os.fspath(path)
     target = _target(path)
     directory = os.path.dirname(target)
