@@ -164,8 +164,9 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
             # another asked (on another node, say) returns its summary as usual.
             raise SystemExit(128 + interrupt.signum)
     except ReplayFSMError as exc:
-        (out / f"summary-rank{rank}.json").write_text(json.dumps(
-            {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
+        if getattr(exc, "summary", None) is None:  # else run() wrote the run so far
+            (out / f"summary-rank{rank}.json").write_text(json.dumps(
+                {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
         raise
     finally:
         if dist.is_initialized():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -159,6 +160,68 @@ def test_sigterm_under_the_clis_handler_stops_as_ctrl_c_does(tmp_path: Path) -> 
     assert taken == [signal.SIGTERM]
     assert summary["interrupted"] and 4 <= summary["ticks"] < 50
     assert summary["trace_conforms"] and (tmp_path / "summary.json").exists()
+
+
+def test_a_run_stopped_by_an_error_writes_its_files_and_names_the_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An error at tick 3 (the collector died, a CUDA error): the trace, the log and
+    a summary naming the error are written, over an earlier run's, and the error
+    is raised. Before, nothing was written, and the earlier run's summary.json
+    stayed, looking current."""
+    from replay_fsm.demo.learner import Learner
+    from replay_fsm.errors import CollectorDied
+
+    (tmp_path / "summary.json").write_text('{"ticks": 300, "interrupted": false}\n')
+    calls = [0]
+    step = Learner.step
+
+    def failing(self: Learner, *args: object) -> float:
+        calls[0] += 1
+        if calls[0] == 4:
+            raise CollectorDied("tick 3: injected")
+        return step(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Learner, "step", failing)
+    with pytest.raises(CollectorDied, match="injected") as info:
+        run(DemoConfig(ticks=20, collector="thread", out=tmp_path, sample_count=256,
+                       capacity=10_000, envs=32, progress=False))
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert info.value.summary == summary  # type: ignore[attr-defined]
+    assert summary["error"] == "CollectorDied: tick 3: injected"
+    assert summary["interrupted"] and summary["interrupted_in"] is None
+    assert summary["ticks"] == 3 and summary["compare"] == {}
+    assert summary["trace_conforms"]  # the failure's transitions follow the table
+    assert (tmp_path / "transitions.jsonl").stat().st_size > 0
+    assert (tmp_path / "trace.json").exists()
+
+
+def test_a_stop_signal_while_the_pipeline_is_made_still_writes_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C or SIGTERM (under the CLI's handlers) while run() makes its buffer and
+    pipeline waits for them, then stops the run at its first instruction: the files
+    are written, as the README says. Before, the interrupt left run() with none."""
+    from replay_fsm.demo import runner
+    from replay_fsm.signals import sigterm_as_interrupt
+
+    made = runner.Pipeline
+
+    def signalled(*args: object, **kwargs: object) -> object:
+        os.kill(os.getpid(), signal.SIGTERM)  # lands inside the constructor
+        return made(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "Pipeline", signalled)
+    try:
+        with sigterm_as_interrupt() as terms:
+            summary = run(DemoConfig(ticks=5, collector="thread", out=tmp_path,
+                                     sample_count=256, capacity=10_000, envs=32,
+                                     progress=False))
+    except KeyboardInterrupt as exc:  # not on to pytest, which would stop the session
+        pytest.fail(f"the stop left run() before it wrote its files: {exc!r}")
+    assert terms == [signal.SIGTERM]
+    assert summary["interrupted_in"] == "run" and summary["ticks"] == 0
+    assert summary["error"] is None and summary["trace_conforms"]
+    for name in ("trace.json", "transitions.jsonl", "summary.json"):
+        assert (tmp_path / name).exists(), name
 
 
 @pytest.mark.slow

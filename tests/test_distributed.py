@@ -164,6 +164,9 @@ def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
     assert time.monotonic() - t0 < 120  # the other rank did not hang
     failed = json.loads((tmp_path / "summary-rank1.json").read_text())
     assert failed["rank"] == 1 and failed["error"].startswith("CollectorDied")
+    # the failed rank's run so far, as a single-process run that failed writes it
+    assert failed["interrupted"] and failed["trace_conforms"] and failed["ticks"] >= 3
+    assert (tmp_path / "transitions-rank1.jsonl").stat().st_size > 0
 
 
 LAUNCH_AND_REPORT = """

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
 from ..runtime.pipeline import Pipeline
-from ..signals import STOP_SIGNALS, end_worker, start_ignoring
+from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
 from ..spec import INVARIANTS
 from ..verify import diagram
 from ..verify.conformance import check, truncated
@@ -42,6 +42,11 @@ def run(config: DemoConfig | None = None,
     ``summary-rank<k>.json`` for a rank of a multi-rank run). ``all_reduce``
     averages gradients across ranks.
 
+    A run stopped by Ctrl-C or SIGTERM (under the CLI's handlers, ``sigterm_as_
+    interrupt``), or by an error once its pipeline is made, still writes its files:
+    its summary has ``interrupted`` true, and ``error`` names an error, which is then
+    raised with that summary as its ``summary``.
+
     Raises:
         CollectorDied, PipelineFailed: the collector or the pipeline failed.
         ValueError: ``interrupt_at`` with a signal this process has no handler for.
@@ -53,19 +58,6 @@ def run(config: DemoConfig | None = None,
                          "would kill this process outright: it has no handler for it (run "
                          "the demo inside replay_fsm.signals.sigterm_as_interrupt(), as the "
                          "CLI does)")
-    if config.learner_threads is not None:
-        torch.set_num_threads(config.learner_threads)
-    out_dir = Path(config.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")
-    out_dir.mkdir(parents=True, exist_ok=True)
-    dev = torch.device(config.device)
-    rb = ReplayBuffer(config.capacity, OBS, ACT)
-    pipe = Pipeline(rb, device=dev, sample_count=config.sample_count,
-                    base_seed=config.batch_seed,
-                    ring_depth=config.ring_depth, collector="external",
-                    checked=config.checked, trace=True, liveness_timeout=30.0,
-                    trace_capacity=trace_capacity(config.ticks))
     stop = threading.Event()
     worker: Any = None
     fingerprint: list[int] = []
@@ -74,10 +66,14 @@ def run(config: DemoConfig | None = None,
     compare: dict[str, float] = {}
     done_ticks = 0
     interrupted: str | None = None  # where a stop signal ended it: "run", "comparison"
-    t_start = time.perf_counter()
+    error: Exception | None = None  # what ended it otherwise; raised once it is written
     bar = tqdm(total=config.ticks, disable=True)  # the real one once the loop starts
+    out_dir, rb, pipe = _build(config)  # a stop taken inside waits for it: see below
+    dev = pipe.device
+    t_start = time.perf_counter()
     try:
         try:  # start-up too (the learner's first import takes seconds): Ctrl-C writes
+            raise_deferred()  # a stop taken while _build ran: the files are written
             worker = _make_collector(config, rb, pipe, stop)
             _start_collector(pipe, worker)
             learner = Learner.create(dev, config.seed)
@@ -115,18 +111,63 @@ def run(config: DemoConfig | None = None,
                 bar.update(1)
         except KeyboardInterrupt:
             interrupted = "run"
+        except Exception as exc:  # noqa: BLE001 - raised below, once the files are written
+            error = exc
         finally:  # the run's figures end with its ticks: the comparison after them
             # runs ticks of its own (and synchronous ones) and reports them apart
             bar.close()
             elapsed, stats = time.perf_counter() - t_start, pipe.statistics()
-        if not interrupted:
+        if not interrupted and error is None:
             try:
                 compare = _compare(pipe, rb, learner, config, dev, config.ticks, warm,
                                    all_reduce)
             except KeyboardInterrupt:
                 interrupted = "comparison"
+            except Exception as exc:  # noqa: BLE001 - as above
+                error = exc
     finally:
         _stop_collector(pipe, stop, worker)
+    try:
+        summary = _write_files(config, out_dir, pipe, {
+            "ticks": done_ticks, "interrupted": interrupted is not None or error is not None,
+            "interrupted_in": interrupted,
+            "error": None if error is None else f"{type(error).__name__}: {error}",
+            "fingerprint": fingerprint, "tick_times": tick_times, "elapsed": elapsed,
+            "stats": stats, "compare": compare, "losses": losses})
+    except Exception:
+        if error is None:
+            raise
+        raise error from None  # the error that stopped the run is the one to see
+    if error is not None:
+        error.summary = summary  # type: ignore[attr-defined] # written, as sac's result
+        raise error
+    return summary
+
+
+@step
+def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
+    """The output folder, the replay buffer and the pipeline. A step
+    (``replay_fsm.signals``): a stop signal taken while they are made waits for them,
+    and ``run`` raises it inside the run, which then writes its files."""
+    if config.learner_threads is not None:
+        torch.set_num_threads(config.learner_threads)
+    out_dir = Path(config.out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    rb = ReplayBuffer(config.capacity, OBS, ACT)
+    pipe = Pipeline(rb, device=torch.device(config.device),
+                    sample_count=config.sample_count, base_seed=config.batch_seed,
+                    ring_depth=config.ring_depth, collector="external",
+                    checked=config.checked, trace=True, liveness_timeout=30.0,
+                    trace_capacity=trace_capacity(config.ticks))
+    return out_dir, rb, pipe
+
+
+def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
+                 run: dict[str, Any]) -> dict[str, Any]:
+    """Write the trace, the transition log, the diagram and the summary of a run
+    (``run``: what ``run`` measured); returns the summary."""
     assert pipe.tracer is not None
     suffix = config.suffix
     pipe.tracer.write_chrome(
@@ -141,21 +182,24 @@ def run(config: DemoConfig | None = None,
     else:
         report = check(pipe.tracer.transitions())
         conforms, conformance = report.ok, str(report)
+    stats, elapsed, losses = run["stats"], run["elapsed"], run["losses"]
+    tick_times = run["tick_times"]
     steady = tick_times[len(tick_times) // 10:]  # the first ticks wait for warm-up data
     tick_s = float(np.mean(steady)) if steady else 0.0
     summary = {
         "rank": config.rank, "base_seed": pipe.base_seed,
-        "batch_fingerprint": fingerprint[:1],
-        "data_verified_ticks": len(fingerprint) if config.verify_data else 0,
-        "ticks": done_ticks, "interrupted": interrupted is not None,
-        "interrupted_in": interrupted, "device": str(dev),
+        "batch_fingerprint": run["fingerprint"][:1],
+        "data_verified_ticks": len(run["fingerprint"]) if config.verify_data else 0,
+        "ticks": run["ticks"], "interrupted": run["interrupted"],
+        "interrupted_in": run["interrupted_in"], "error": run["error"],
+        "device": str(pipe.device),
         "learner_threads": torch.get_num_threads(),
         "ring_depth": config.ring_depth, "collector": config.collector,
         "sample_count": config.sample_count,
         "elapsed_s": elapsed, "tick_ms": tick_s * 1e3,
         "stall_pct": 100 * stats.learner_wait_s / elapsed if elapsed else 0.0,
-        "stalls": stats.stalls, "compare": compare,
-        "speedup_vs_sync": compare.get("speedup_vs_sync"),
+        "stalls": stats.stalls, "compare": run["compare"],
+        "speedup_vs_sync": run["compare"].get("speedup_vs_sync"),
         "bytes_moved": stats.bytes_moved, "final_loss": losses[-1] if losses else None,
         "checked_mode_checks": stats.checks, "trace_conformance": conformance,
         "trace_conforms": conforms, "invariants": list(INVARIANTS),
