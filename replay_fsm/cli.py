@@ -51,6 +51,9 @@ def _sac(args: argparse.Namespace) -> int:
 def _diagram(args: argparse.Namespace) -> int:
     from .verify import diagram
     highlight = SlotState[args.highlight.upper()] if args.highlight else None
+    if highlight is not None and args.format == "sequence":
+        raise ValueError("--highlight colours a state of the state diagram; the sequence "
+                         "diagram (one tick's messages) has no states to colour")
     render = {"mermaid": diagram.mermaid, "dot": diagram.dot, "svg": diagram.svg,
               "sequence": lambda h: diagram.sequence()}[args.format]
     text = render(highlight)

@@ -35,6 +35,7 @@ from .core import as_count, as_seed
 from .demo.config import DemoConfig
 from .errors import RankFailed, ReplayFSMError, first_line
 from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
+from .transfer import available_device
 from .wire import MAX_SEED
 
 RANK_SEED_STRIDE = 1 << 24
@@ -68,15 +69,11 @@ def rank_seed(base_seed: int, rank: int) -> int:
 
 def local_device(local_rank: int, device: str = "auto") -> torch.device:
     """``cuda:<local_rank>`` when CUDA is there (or asked for), else ``device``/cpu."""
-    if device in ("auto", "cuda"):
-        if torch.cuda.is_available():
-            return torch.device("cuda", local_rank % torch.cuda.device_count())
-        if device == "cuda":
-            raise ValueError("device 'cuda' requested but CUDA is not available")
-        return torch.device("cpu")
-    chosen = torch.device(device)
-    if chosen.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available")
+    if device == "auto":
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    chosen = available_device(device)  # the library's errors for one it lacks
+    if device == "cuda":
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return chosen
 
 

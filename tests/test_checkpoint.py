@@ -400,6 +400,8 @@ def rewrite_header(path: Path, version: int = checkpoint.FORMAT_VERSION,
     (2, {}, "format version 2; this library reads version 1"),
     (1, {"byteorder": "big"}, "holds big-endian float32 rows"),
     (1, {"dtype": "float64"}, "little-endian float64 rows"),
+    (1, {"dtype": None}, "header lacks its rows' type: dtype=None, byteorder="),  # "None rows"
+    (1, {"byteorder": 7}, "header lacks its rows' type: dtype='float32', byteorder=7"),
     (1, {"layout": {"obs": [0, 3]}}, "row layout"),
     (1, {"size": 22}, "ptr=23 and size=22 are inconsistent with capacity=14"),
     (1, {"n_chunks": 4}, "4 chunks cannot hold 14 rows of 3"),

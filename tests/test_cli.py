@@ -60,6 +60,35 @@ def test_demo_on_a_missing_device(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert "cuda" in err and "not" in err
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+def test_a_device_this_machine_lacks_is_named_alike_everywhere(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The demo, SAC's options and a rank's device say it in the library's words,
+    before anything starts. They said it three ways (torch's list of every device
+    type for 'bogus', "Torch not compiled with CUDA enabled" from sac, "requested but
+    CUDA is not available" from a rank)."""
+    from replay_fsm.distributed import local_device
+    from replay_fsm.trainers.run import SACConfig
+
+    for device, message in [
+            ("cuda:1", "device 'cuda:1' is not available on this machine; supported here: cpu"),
+            ("mps", "device 'mps' is not available on this machine; supported here: cpu"),
+            ("bogus", "unknown device 'bogus'; supported: cpu, cuda[:N], mps, xpu, or any "
+                      "device type torch knows")]:
+        if device == "mps" and torch.backends.mps.is_available():
+            continue
+        code = main(["demo", "--device", device, "--ticks", "2", "--out",
+                     str(tmp_path / "d"), "--no-progress"])
+        assert one_line_error(capsys, code) == f"replay-fsm demo: error: {message}\n"
+        with pytest.raises(ValueError) as info:
+            SACConfig(device=device).validate()
+        assert str(info.value) == message
+        with pytest.raises(ValueError) as info:
+            local_device(0, device)
+        assert str(info.value) == message
+    assert not (tmp_path / "d").exists()  # refused before its folder was made
+
+
 def test_demo_with_bad_numbers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     err = one_line_error(capsys, main(["demo", "--ticks", "0", "--out", str(tmp_path)]))
     assert "ticks must be an int >= 1, got 0" in err
@@ -70,6 +99,15 @@ def test_demo_with_bad_numbers(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 def test_explore_with_a_bad_depth(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ring_depth" in one_line_error(capsys, main(["explore", "--depth", "1"]))
+
+
+def test_a_highlight_the_sequence_diagram_cannot_draw_is_refused(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """It was ignored: the plain sequence diagram came out, exit 0."""
+    err = one_line_error(capsys, main(["diagram", "--format", "sequence",
+                                       "--highlight", "hot"]))
+    assert "--highlight colours a state of the state diagram" in err
+    assert main(["diagram", "--format", "sequence"]) == 0
 
 
 def test_the_console_script_runs_as_installed() -> None:

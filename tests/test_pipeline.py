@@ -726,11 +726,12 @@ def test_a_closed_request_channel_is_collector_died_chained_to_it() -> None:
 
 
 def test_packer_handle_is_refused_by_name() -> None:
-    """Kills xǁPipelineǁpacker_handle mutants 1-3 and 5-7 (the messages)."""
+    """Kills xǁPipelineǁpacker_handle mutants 1-3 and 5-7 (the messages). After
+    close() it is PipelineClosed, as every call then (it was a ValueError)."""
     rb = buffer()
     pipe = Pipeline(rb, sample_count=8, backend="manual")
     pipe.close()
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(PipelineClosed) as info:
         pipe.packer_handle()
     assert str(info.value) == "the pipeline is closed; its packer handle is gone"
     seed_like = SlotsOnlyLink(8, rb.width, kind="seed")  # no handle, as the seed's queues

@@ -555,7 +555,11 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
     with _open_regular(path) as f:
         file_bytes = os.fstat(f.fileno()).st_size
         meta = _read_header(path, f, file_bytes)
-        if meta.get("byteorder") != sys.byteorder or meta.get("dtype") != "float32":
+        dtype, byteorder = meta.get("dtype"), meta.get("byteorder")
+        if not isinstance(dtype, str) or not isinstance(byteorder, str):
+            raise CheckpointError(path, f"header lacks its rows' type: dtype={dtype!r}, "
+                                        f"byteorder={byteorder!r}")
+        if byteorder != sys.byteorder or dtype != "float32":
             raise CheckpointError(path, f"holds {meta.get('byteorder')}-endian "
                                         f"{meta.get('dtype')} rows; this machine is "
                                         f"{sys.byteorder}-endian float32")

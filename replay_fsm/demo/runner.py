@@ -28,6 +28,7 @@ from ..data.buffer import ReplayBuffer
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
 from ..spec import INVARIANTS
+from ..transfer import available_device
 from ..verify import diagram
 from ..verify.conformance import check, truncated
 from .collector import collect, collect_process
@@ -154,9 +155,10 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
     out_dir = Path(config.out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")
+    device = available_device(config.device)  # before any folder is made
     out_dir.mkdir(parents=True, exist_ok=True)
     rb = ReplayBuffer(config.capacity, OBS, ACT)
-    pipe = Pipeline(rb, device=torch.device(config.device),
+    pipe = Pipeline(rb, device=device,
                     sample_count=config.sample_count, base_seed=config.batch_seed,
                     ring_depth=config.ring_depth, collector="external",
                     checked=config.checked, trace=True, liveness_timeout=30.0,

@@ -274,10 +274,11 @@ class Pipeline:
 
         Raises:
             ValueError: this pipeline's collector is not reached through a handle
-                (the seed's queues), or the pipeline is closed.
+                (the seed's queues).
+            PipelineClosed: the pipeline is closed (as every call after ``close()``).
         """
         if self._closed:
-            raise ValueError("the pipeline is closed; its packer handle is gone")
+            raise PipelineClosed("the pipeline is closed; its packer handle is gone")
         if not isinstance(self._link, ChannelLink):
             raise ValueError(f"this pipeline's collector ({self._link.kind}) has no "
                              "packer handle")

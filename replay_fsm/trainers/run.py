@@ -54,6 +54,7 @@ from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # 
 from replay_fsm.core import as_seed
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
+from replay_fsm.transfer import available_device
 from replay_fsm.wire import MAX_SEED
 
 from .collector import COLLECTOR_JOIN_S, end_collector, env_dims, start_collector, wait_rows
@@ -125,6 +126,7 @@ class SACConfig:
         if not 0 <= seed <= MAX_SEED - (self.ticks - 1):
             raise ValueError(f"seed must be an int in [0, 2**63 - ticks] (tick t's batch "
                              f"is drawn with seed + t), got {self.seed!r}")
+        available_device(self.device)  # the library's error, before anything starts
         if self.learner_threads is not None and self.learner_threads < 1:
             raise ValueError(f"learner_threads must be None or >= 1, got "
                              f"{self.learner_threads}")

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from .base import TransferBackend
+from .base import TransferBackend, available_device, parse_device
 
 Factory = Callable[..., TransferBackend]
 
@@ -96,11 +96,7 @@ def build_backend(device: str | torch.device, backend: str | TransferBackend | N
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a registered name or a TransferBackend, got "
                         f"{type(backend).__name__}")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise ValueError(f"unknown device {device!r}; supported: cpu, cuda[:N], mps, xpu, "
-                         "or any device type torch knows") from exc
+    dev = parse_device(device)
     name = backend or default_backend(dev)
     factory = factory_of(name)
     try:
@@ -114,5 +110,6 @@ def build_backend(device: str | torch.device, backend: str | TransferBackend | N
     return factory(dev, **options)
 
 
-__all__ = ["TransferBackend", "build_backend", "default_backend", "factory_of",
-           "register_backend", "registered_backends", "unregister_backend"]
+__all__ = ["TransferBackend", "available_device", "build_backend", "default_backend",
+           "factory_of", "parse_device", "register_backend", "registered_backends",
+           "unregister_backend"]

@@ -10,7 +10,7 @@ import threading
 import torch
 
 from ..wire import CopyOrder
-from .base import TransferBackend
+from .base import TransferBackend, available_device
 
 
 def synchronize(device: torch.device) -> None:
@@ -31,11 +31,7 @@ class AcceleratorBackend(TransferBackend):
         if self.device.type == "cpu":  # torch.cpu.is_available() is True, but no copy
             raise ValueError("backend 'accel' is for accelerators (mps, xpu, ...); for "
                              "device 'cpu' use backend 'cpu' (the default there)")
-        module = getattr(torch, self.device.type, None)
-        if module is None or not getattr(module, "is_available", lambda: False)():
-            raise ValueError(f"device {str(self.device)!r} is not available on this "
-                             "machine; supported here: cpu" + (
-                                 ", cuda" if torch.cuda.is_available() else ""))
+        available_device(self.device)
         self.on_learner_thread = self.device.type == "mps"
         self._deferred: list[CopyOrder] = []
         self._lock = threading.Lock()

@@ -140,3 +140,33 @@ class TransferBackend(abc.ABC):
 
     def close(self) -> None:
         """Drain in-flight copies and free what setup took. Idempotent."""
+
+
+def parse_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device``.
+
+    Raises:
+        ValueError: not a device torch knows (torch's own error lists every type).
+    """
+    try:
+        return torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise ValueError(f"unknown device {device!r}; supported: cpu, cuda[:N], mps, xpu, "
+                         "or any device type torch knows") from exc
+
+
+def available_device(device: str | torch.device) -> torch.device:
+    """``device`` as a ``torch.device`` this machine has: what the commands check
+    before they start anything (a backend checks its own device when it is built).
+
+    Raises:
+        ValueError: an unknown device, or a device type this machine lacks.
+    """
+    dev = parse_device(device)
+    module = getattr(torch, dev.type, None)
+    if dev.type != "cpu" and (module is None
+                              or not getattr(module, "is_available", lambda: False)()):
+        raise ValueError(f"device {str(dev)!r} is not available on this machine; "
+                         "supported here: cpu" + (", cuda" if torch.cuda.is_available()
+                                                  else ""))
+    return dev

@@ -13,7 +13,14 @@ from __future__ import annotations
 import torch
 
 from ..wire import CopyOrder
-from .base import HostSlots, OnComplete, OnError, TransferBackend, allocate_like
+from .base import (
+    HostSlots,
+    OnComplete,
+    OnError,
+    TransferBackend,
+    allocate_like,
+    available_device,
+)
 
 CUDA_HOST_REGISTER_PORTABLE = 1
 
@@ -24,10 +31,7 @@ class CudaBackend(TransferBackend):
     def __init__(self, device: torch.device | str = "cuda", *, timing: bool = False) -> None:
         """``timing``: CUDA-event copy timings (``last_copy_ms``) and NVTX ranges
         around each copy submission (on when the pipeline traces)."""
-        if not torch.cuda.is_available():
-            raise ValueError("device 'cuda' is not available on this machine "
-                             "(torch.cuda.is_available() is False); supported here: cpu")
-        self.device = torch.device(device)
+        self.device = available_device(device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timing = timing
