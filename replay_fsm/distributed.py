@@ -142,7 +142,7 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     if device.type == "cuda":
         torch.cuda.set_device(device)
     dist.init_process_group(backend)
-    mine = config.for_rank(rank, rank_seed(config.seed, rank), str(device))
+    mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
     if rank != kill_rank:
         mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None)
     out = Path(mine.out)
@@ -204,7 +204,7 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     nproc = as_count("nproc", nproc, 1)
     if nproc > MAX_RANKS:
         raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
-    rank_seed(config.seed, nproc - 1)  # before any rank starts, not in the last one
+    rank_seed(config.batch_seed, nproc - 1)  # before any rank starts, not in the last one
     local_device(0, config.device)  # "cuda" without CUDA, the same
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -287,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
         rank, local_rank, world = (env_int(name) for name in RANK_ENV[:3])
         if not 0 <= rank < world:
             raise ValueError(f"RANK {rank} is not in [0, WORLD_SIZE {world})")
-        rank_seed(config.seed, rank)
+        rank_seed(config.batch_seed, rank)
         local_device(local_rank, config.device)
     except (TypeError, ValueError, RuntimeError) as exc:  # torch.device("bogus"): Runtime
         ap.error(str(exc))

@@ -115,6 +115,8 @@ def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
         launch(300, options(tmp_path))  # 300 ranks started before ranks 256+ failed
     with pytest.raises(ValueError, match="too large for rank 1"):
         launch(2, options(tmp_path, seed=2**63 - 2))
+    with pytest.raises(ValueError, match="too large for rank 1"):  # the batches' own
+        launch(2, options(tmp_path, base_seed=2**63 - 2))  # seed: it was not checked
     for nproc in (True, 2.5, "2"):  # True started one rank; 2.5 named a rank of 1.5
         with pytest.raises(TypeError, match="nproc must be an int"):
             launch(nproc, options(tmp_path))  # type: ignore[arg-type]
@@ -134,13 +136,13 @@ def options(out: Path, **extra: object) -> DemoConfig:
 def test_two_ranks_draw_different_reproducible_batches(tmp_path: Path) -> None:
     temp = Path(tempfile.gettempdir())
     before = set(temp.glob("torchelastic_*"))
-    results = launch(2, options(tmp_path))
+    results = launch(2, options(tmp_path, base_seed=1000))  # the batches' seed, not 5
     # the launcher's logs are the run's, not new folders left in the temp folder
     assert (tmp_path / "launcher-logs").is_dir()
     assert set(temp.glob("torchelastic_*")) <= before
     s0, s1 = results[0], results[1]
     assert (s0["rank"], s1["rank"]) == (0, 1)
-    assert s0["base_seed"] == rank_seed(5, 0) and s1["base_seed"] == rank_seed(5, 1)
+    assert s0["base_seed"] == rank_seed(1000, 0) and s1["base_seed"] == rank_seed(1000, 1)
     # every batch of each rank checked bit for bit against its own seed (INV-DATA)
     assert s0["data_verified_ticks"] == s1["data_verified_ticks"] == 8
     assert s0["batch_fingerprint"] != s1["batch_fingerprint"]
