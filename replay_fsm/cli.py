@@ -36,7 +36,12 @@ def _demo(args: argparse.Namespace) -> int:
         print(where)
         return 0
     from .demo import format_summary, run
-    summary = run(config)
+    try:
+        summary = run(config)
+    except Exception as exc:
+        if isinstance(getattr(exc, "summary", None), dict):  # the run so far, written
+            print(format_summary(exc.summary, args.out))  # type: ignore[attr-defined]
+        raise  # the command's one-line error, exit 2
     print(format_summary(summary, args.out))
     if summary["interrupted"]:
         return 130  # the shell's code for Ctrl-C

@@ -193,6 +193,27 @@ def test_a_run_stopped_by_an_error_writes_its_files_and_names_the_error(
     assert summary["trace_conforms"]  # the failure's transitions follow the table
     assert (tmp_path / "transitions.jsonl").stat().st_size > 0
     assert (tmp_path / "trace.json").exists()
+    assert "3 (stopped by an error)" in format_summary(summary, tmp_path)
+
+
+def test_the_cli_shows_a_failed_runs_summary_then_its_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Where its files are and what it did, on stdout; the error in one line on
+    stderr, exit 2. Before, the error alone: nothing said files were written."""
+    from replay_fsm.cli import main
+    from replay_fsm.demo.learner import Learner
+    from replay_fsm.errors import CollectorDied
+
+    def failing(self: Learner, *args: object) -> float:
+        raise CollectorDied("tick 0: injected")
+
+    monkeypatch.setattr(Learner, "step", failing)
+    code = main(["demo", "--ticks", "5", "--collector", "thread", "--sample-count", "256",
+                 "--out", str(tmp_path), "--no-progress"])
+    out, err = capsys.readouterr()
+    assert code == 2 and err == "replay-fsm demo: error: tick 0: injected\n"
+    assert "0 (stopped by an error)" in out and f"{tmp_path}/trace.json" in out
 
 
 def test_a_stop_signal_while_the_pipeline_is_made_still_writes_the_files(

@@ -324,7 +324,8 @@ def _check_batch(pipe: Pipeline, rb: ReplayBuffer, tick: int, verify: bool) -> i
 def format_summary(s: dict[str, Any], out: str | Path) -> str:
     c = s["compare"]
     rows = [
-        ("ticks", f"{s['ticks']}" + (" (interrupted)" if s.get("interrupted_in") == "run"
+        ("ticks", f"{s['ticks']}" + (" (stopped by an error)" if s.get("error")
+                                     else " (interrupted)" if s.get("interrupted_in") == "run"
                                      else "")),
         ("tick time (mean)", f"{s['tick_ms']:.2f} ms"),
         ("learner stall", f"{s['stall_pct']:.1f} % of the run ({s['stalls']} waits)"),
