@@ -171,6 +171,11 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     return summary
 
 
+# What each rank writes to the run's folder (``DemoConfig.suffix``).
+RANK_FILES = ("trace-rank{rank}.json", "transitions-rank{rank}.jsonl",
+              "summary-rank{rank}.json")
+
+
 def merge_traces(out: Path, nproc: int) -> Path:
     """One Perfetto trace with a process track per rank."""
     events: list[dict[str, Any]] = []
@@ -208,6 +213,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     local_device(0, config.device)  # "cuda" without CUDA, the same
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
+    for rank in range(nproc):  # an earlier run's, which a rank that fails early would
+        for name in RANK_FILES:  # leave looking current (and merged into trace.json)
+            (out / name.format(rank=rank)).unlink(missing_ok=True)
     launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"replay_fsm-{uuid.uuid4().hex[:8]}",
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",

@@ -334,6 +334,29 @@ def test_a_stop_signal_sent_to_one_rank_alone_is_an_interrupt(
     assert capsys.readouterr().out.startswith("interrupted; per-rank summaries")
 
 
+def test_an_earlier_runs_rank_files_are_not_taken_for_this_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank that fails before it writes anything left the files of an earlier run
+    in the same folder: its summary looked current, and its trace was merged into
+    this run's trace.json."""
+    from torch.distributed.launcher import api
+
+    out = tmp_path / "out"
+    out.mkdir()
+    stale = {"traceEvents": [{"name": "from an earlier run", "ph": "i", "ts": 0,
+                              "pid": 1, "tid": 1}]}
+    for rank in (0, 1):
+        (out / f"trace-rank{rank}.json").write_text(json.dumps(stale))
+        (out / f"summary-rank{rank}.json").write_text('{"ticks": 300}')
+        (out / f"transitions-rank{rank}.jsonl").write_text("")
+    (out / "trace-rank2.json").write_text(json.dumps(stale))  # not a rank of this run
+    monkeypatch.setattr(api, "elastic_launch", failing_launcher(tmp_path, -9, None))
+    with pytest.raises(RankFailed):
+        launch(2, options(out))
+    assert json.loads((out / "trace.json").read_text())["traceEvents"] == []
+    assert sorted(p.name for p in out.iterdir() if "rank" in p.name) == ["trace-rank2.json"]
+
+
 def test_a_rank_that_failed_is_not_hidden_by_another_ranks_stop_signal(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """torch stamps failures to the second, lowest rank first on a tie: rank 0's exit
