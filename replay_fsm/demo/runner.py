@@ -186,7 +186,7 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
         conforms, conformance = report.ok, str(report)
     stats, elapsed, losses = run["stats"], run["elapsed"], run["losses"]
     tick_times = run["tick_times"]
-    steady = tick_times[len(tick_times) // 10:]  # the first ticks wait for warm-up data
+    steady = _steady(tick_times)
     tick_s = float(np.mean(steady)) if steady else 0.0
     summary = {
         "rank": config.rank, "base_seed": pipe.base_seed,
@@ -209,6 +209,12 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
     }
     (out_dir / f"summary{suffix}.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _steady(tick_times: list[float]) -> list[float]:
+    """The ticks the mean tick is of: the first ones wait for warm-up data, so all
+    but the first tenth, and never tick 0 unless it is the only one."""
+    return tick_times[max(1, len(tick_times) // 10):] if len(tick_times) > 1 else tick_times
 
 
 def _make_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,

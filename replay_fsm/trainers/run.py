@@ -342,11 +342,18 @@ def _show(bar: Any, tick: int, trainer: Trainer) -> None:
     bar.set_postfix(post)
 
 
+def steady_ticks(tick_s: list[float]) -> list[float]:
+    """The ticks the tick figures are of: all but the first tenth, and never tick 0
+    (the collector's start-up, reported apart as ``startup_s``; it made a 3-tick
+    run's mean 50 times its steady one) unless it is the only one."""
+    return tick_s[max(1, len(tick_s) // 10):] if len(tick_s) > 1 else tick_s
+
+
 def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
     config, tick_s = trainer.config, trainer.tick_s
     eps = [{"env_steps": s, "wall_s": round(trainer.own_time(t), 4), "return": r,
             "length": n} for s, t, r, n in trainer.episodes.rows()]
-    steady = np.asarray(tick_s[len(tick_s) // 10:])  # skip warm-up waits
+    steady = np.asarray(steady_ticks(tick_s))
     final = [e["return"] for e in eps[-2 * config.num_envs:]]
     loop_s = trainer.own_s
     result: dict[str, Any] = {
@@ -432,7 +439,8 @@ def output_path(out: str | Path) -> Path:
 
     Raises:
         OSError: the folder cannot be made, or is not writable.
-        IsADirectoryError: the .json path is a folder.
+        IsADirectoryError: the .json path is a folder, or a path written beside it is
+            (``<name>.json.part``, ``<name>.png``).
         NotADirectoryError: the folder is a file.
     """
     path = Path(out)
@@ -444,6 +452,10 @@ def output_path(out: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; --out names a folder or a .json file")
+    for written, what in ((path.with_name(path.name + ".part"), "its result before the "
+                           "rename"), (path.with_suffix(".png"), "its plot")):
+        if written.is_dir():  # found after the run, the result was lost
+            raise IsADirectoryError(f"{written} is a folder, where the run writes {what}")
     with tempfile.TemporaryFile(dir=path.parent):
         pass  # writable (a read-only mount or a folder of another user raise here)
     return path
