@@ -84,10 +84,8 @@ def main(quick: bool = False) -> dict[str, float]:
         figures[f"idle_{collector}_us_p99"] = p99
         figures[f"idle_{collector}_start_prepare_us_median"] = prepare
     for collector in ("thread", "process"):
-        med, p99, share = while_gathering(collector, quick)
-        figures[f"gathering_{collector}_us_median"] = med
-        figures[f"gathering_{collector}_us_p99"] = p99
-        figures[f"gathering_{collector}_share"] = share
+        for key, value in while_gathering(collector, quick).items():
+            figures[f"gathering_{collector}_{key}"] = value
     figures.update(cold_cache(quick))
     figures["budget_us_median"] = 30.0
     figures["budget_us_p99"] = 100.0
@@ -107,8 +105,11 @@ def main(quick: bool = False) -> dict[str, float]:
     print(table("learner-visible overhead per tick, batch ready, packer gathering (us)", [
         (f"{c} collector", f"{figures[f'gathering_{c}_us_median']:.1f}",
          f"{figures[f'gathering_{c}_us_p99']:.1f}",
-         f"{100 * figures[f'gathering_{c}_share']:.0f} %") for c in ("thread", "process")
-    ], ("config", "median", "p99", "ticks timed mid-gather")))
+         f"{100 * figures[f'gathering_{c}_share']:.0f} %",
+         f"{figures[f'gathering_{c}_handoff_us_median']:.1f}",
+         f"{figures[f'gathering_{c}_over_handoff']:.1f}") for c in ("thread", "process")
+    ], ("config", "median", "p99", "ticks timed mid-gather", "bare hand-off median",
+        "x the hand-off (same ticks)")))
     print(table(f"learner-visible overhead per tick, cache evicted between the calls "
                 f"({figures['cold_evict_MB']:.0f} MB streamed where the step runs; us)", [
         (f"{c} collector", f"{figures[f'cold_{c}_us_median']:.1f}",
@@ -194,35 +195,54 @@ def cold_pipeline(collector: str, evict: torch.Tensor, ticks: int) -> list[int]:
     return samples[WARM_UP:]
 
 
-def cold_handoff(evict: torch.Tensor, ticks: int) -> list[int]:
-    """Per tick (ns): the bare double buffer's hand-off (acquire the gathered batch,
-    release the gatherer: a thread that hands the next one back at once) with the
-    caches evicted before it, where the step runs."""
-    wanted, gathered = threading.Semaphore(0), threading.Semaphore(1)
-    stopping = threading.Event()
+class Handoff:
+    """The bare double buffer's hand-off, as ``learner_loop.BareDoubleBuffer`` makes
+    it: acquire the gathered batch, release the gatherer (a thread that hands the
+    next one back at once). A context manager: the thread runs inside it."""
 
-    def gatherer() -> None:
+    def __init__(self) -> None:
+        self.wanted, self.gathered = threading.Semaphore(0), threading.Semaphore(1)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._gatherer, daemon=True)
+
+    def _gatherer(self) -> None:
         while True:
-            wanted.acquire()
-            if stopping.is_set():
+            self.wanted.acquire()
+            if self.stopping.is_set():
                 return
-            gathered.release()
-    thread = threading.Thread(target=gatherer, daemon=True)
-    thread.start()
+            self.gathered.release()
+
+    def __enter__(self) -> Handoff:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self.wanted.release()
+        self.thread.join()
+
+    def wait_ready(self) -> None:
+        """Until the next batch is handed back (not timed: as the pipeline's wait)."""
+        self.gathered.acquire()
+        self.gathered.release()
+
+    def timed(self) -> int:
+        """One hand-off of a ready batch (ns)."""
+        t0 = time.perf_counter_ns()
+        self.gathered.acquire()
+        self.wanted.release()
+        return time.perf_counter_ns() - t0
+
+
+def cold_handoff(evict: torch.Tensor, ticks: int) -> list[int]:
+    """Per tick (ns): the bare double buffer's hand-off with the caches evicted
+    before it, where the step runs."""
     samples = []
-    try:
+    with Handoff() as handoff:
         for _ in range(WARM_UP + ticks):
-            gathered.acquire()  # not timed: as the pipeline's wait above
-            gathered.release()
+            handoff.wait_ready()
             evict.add_(1.0)
-            t0 = time.perf_counter_ns()
-            gathered.acquire()
-            wanted.release()
-            samples.append(time.perf_counter_ns() - t0)
-    finally:
-        stopping.set()
-        wanted.release()
-        thread.join()
+            samples.append(handoff.timed())
     return samples[WARM_UP:]
 
 
@@ -255,34 +275,51 @@ def packer_idle(collector: str, quick: bool) -> tuple[float, float, float]:
             statistics.median(prepares[len(prepares) // 10:]) / 1e3)
 
 
-def while_gathering(collector: str, quick: bool) -> tuple[float, float, float]:
+def while_gathering(collector: str, quick: bool) -> dict[str, float]:
     """The overhead of the learner's calls on a ready batch while the packer gathers
-    the next one (ring depth 3, batches whose gather takes milliseconds). Only ticks
-    whose next batch was not ready when the calls began count. Returns median and
-    p99 in microseconds, and the share of ticks that counted."""
+    the next one (ring depth 3, batches whose gather takes milliseconds), beside the
+    bare double buffer's hand-off timed in the same ticks: the learner comes to both
+    from a wait of milliseconds for its batch, its code and data cold, which no
+    prefetcher's hand-off avoids. Only ticks whose next batch was not ready when the
+    calls began count; in even ticks the calls are timed first, in odd ones the
+    hand-off, and each contender's figures are of the ticks it went first. Returns
+    ``us_median``, ``us_p99``, ``share`` (of ticks that counted), ``handoff_us_median``
+    and ``over_handoff`` (the two medians' ratio)."""
     rows, width, n = (20_000, 128, 4096) if quick else (200_000, 500, 16_384)
     rb = ReplayBuffer(rows, (width - 5) // 2, 2)
     rb.add_packed(torch.randn(rows, rb.width))
     ticks = 30 if quick else 400
-    samples = []
+    ours, bare, counted = [], [], 0
     with Pipeline(rb, sample_count=n, ring_depth=3, collector=collector,
-                  packer_threads=1, liveness_timeout=60) as pipe:
+                  packer_threads=1, liveness_timeout=60) as pipe, Handoff() as handoff:
         pipe.start_prepare(0, n)
         pipe.start_prepare(1, n)
         for tick in range(ticks):
+            handoff.wait_ready()
             pipe.wait_until_ready(tick, n)
             gathering = not pipe.batch_ready(tick + 1, n)
+            first = handoff.timed() if tick % 2 else None
             t0 = time.perf_counter_ns()
             pipe.sample_large_batch(tick, n)
             pipe.after_tick()
             pipe.start_prepare(tick + 2, n)
             dt = time.perf_counter_ns() - t0
+            if first is None:
+                handoff.timed()  # second: not counted
             if gathering and tick >= 3:
-                samples.append(dt)
-    if not samples:
-        return float("nan"), float("nan"), 0.0
-    return (statistics.median(samples) / 1e3, quantile(samples, 0.99) / 1e3,
-            len(samples) / (ticks - 3))
+                counted += 1
+                if first is None:
+                    ours.append(dt)
+                else:
+                    bare.append(first)
+    if not ours or not bare:
+        nan = float("nan")
+        return {"us_median": nan, "us_p99": nan, "share": 0.0, "handoff_us_median": nan,
+                "over_handoff": nan}
+    median, handoff_median = statistics.median(ours), statistics.median(bare)
+    return {"us_median": median / 1e3, "us_p99": quantile(ours, 0.99) / 1e3,
+            "share": counted / (ticks - 3), "handoff_us_median": handoff_median / 1e3,
+            "over_handoff": median / handoff_median}
 
 
 if __name__ == "__main__":
