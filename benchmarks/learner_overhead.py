@@ -109,7 +109,7 @@ def main(quick: bool = False) -> dict[str, float]:
          f"{figures[f'gathering_{c}_handoff_us_median']:.1f}",
          f"{figures[f'gathering_{c}_over_handoff']:.1f}") for c in ("thread", "process")
     ], ("config", "median", "p99", "ticks timed mid-gather", "bare hand-off median",
-        "x the hand-off (same ticks)")))
+        "x the hand-off (same run)")))
     print(table(f"learner-visible overhead per tick, cache evicted between the calls "
                 f"({figures['cold_evict_MB']:.0f} MB streamed where the step runs; us)", [
         (f"{c} collector", f"{figures[f'cold_{c}_us_median']:.1f}",
@@ -278,7 +278,7 @@ def packer_idle(collector: str, quick: bool) -> tuple[float, float, float]:
 def while_gathering(collector: str, quick: bool) -> dict[str, float]:
     """The overhead of the learner's calls on a ready batch while the packer gathers
     the next one (ring depth 3, batches whose gather takes milliseconds), beside the
-    bare double buffer's hand-off timed in the same ticks: the learner comes to both
+    bare double buffer's hand-off timed in the same run: the learner comes to both
     from a wait of milliseconds for its batch, its code and data cold, which no
     prefetcher's hand-off avoids. Only ticks whose next batch was not ready when the
     calls began count; in even ticks the calls are timed first, in odd ones the

@@ -340,8 +340,9 @@ def section(suffix: str = "") -> str:
         for c in ("thread", "process"):
             if f"gathering_{c}_over_handoff" in f:
                 micro.append((f"the same while the packer gathers ({c} collector; x the "
-                              "bare double buffer's hand-off timed in the same ticks, "
-                              "after the same wait for the batch: its median)",
+                              "bare double buffer's hand-off timed in the same run, after "
+                              "the same wait for the batch, each first in alternate "
+                              "ticks: its median)",
                               f"{f[f'gathering_{c}_us_median']:.1f} us median, "
                               f"{f[f'gathering_{c}_us_p99']:.1f} p99 "
                               f"({f[f'gathering_{c}_over_handoff']:.1f} x: "

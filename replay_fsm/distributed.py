@@ -68,7 +68,11 @@ def rank_seed(base_seed: int, rank: int) -> int:
 
 
 def local_device(local_rank: int, device: str = "auto") -> torch.device:
-    """``cuda:<local_rank>`` when CUDA is there (or asked for), else ``device``/cpu."""
+    """``cuda:<local_rank>`` when CUDA is there (or asked for), else ``device``/cpu.
+
+    Raises:
+        ValueError: a device this machine lacks (``transfer.available_device``).
+    """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     chosen = available_device(device)  # the library's errors for one it lacks
@@ -192,7 +196,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
            ) -> dict[int, Any]:
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
-    others and raises.
+    others and raises. The files an earlier run left in ``config.out`` for these ranks
+    (``RANK_FILES``) are removed first.
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C
@@ -201,6 +206,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
             (``AgreedInterrupt``), and the traces are merged.
         RankFailed: a rank failed (its error, its collector's death, a signal that
             killed it); the launcher stopped the others.
+        TypeError, ValueError: ``nproc`` is not an int in [1, 256], the last rank's
+            seed is too large, or the device is one this machine lacks (before any
+            rank starts).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException

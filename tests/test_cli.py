@@ -87,6 +87,10 @@ def test_a_device_this_machine_lacks_is_named_alike_everywhere(
             local_device(0, device)
         assert str(info.value) == message
     assert not (tmp_path / "d").exists()  # refused before its folder was made
+    from replay_fsm.demo import DemoConfig, run  # the demo's own check, without the
+    with pytest.raises(ValueError, match="^device 'cuda:1' is not available"):  # CLI's
+        run(DemoConfig(device="cuda:1", out=str(tmp_path / "e"), progress=False))
+    assert not (tmp_path / "e").exists()  # clean-up of empty folders
 
 
 def test_demo_with_bad_numbers(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
@@ -274,6 +278,16 @@ def test_an_out_ending_in_json_in_any_case_names_the_file(tmp_path: Path) -> Non
         assert output_path(tmp_path / name) == tmp_path / name
     assert output_path(tmp_path / "res") == tmp_path / "res" / "sac.json"
     assert not (tmp_path / "res.JSON").exists()  # not made as a folder
+
+
+def test_a_result_is_written_when_only_its_plot_cannot_be(tmp_path: Path) -> None:
+    """The paths beside the result are checked before the run, not by write(): a
+    folder named like the plot, made during the run, must not cost the result."""
+    from replay_fsm.trainers.run import write
+
+    (tmp_path / "r.png").mkdir()
+    assert write({"ticks": 3}, tmp_path / "r.json") == tmp_path / "r.json"
+    assert json.loads((tmp_path / "r.json").read_text()) == {"ticks": 3}
 
 
 @pytest.mark.parametrize("text, shown", [

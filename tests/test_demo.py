@@ -196,6 +196,48 @@ def test_a_run_stopped_by_an_error_writes_its_files_and_names_the_error(
     assert "3 (stopped by an error)" in format_summary(summary, tmp_path)
 
 
+def test_a_failed_runs_error_keeps_its_cause_and_is_kept_by_what_follows(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's own error is raised with its cause (PipelineFailed's is the original
+    error) when its files cannot be written, the write's error as its context; a
+    second Ctrl-C while the collector is stopped keeps the run's error as its own
+    context. Before, the cause was dropped (``from None``), and the Ctrl-C lost the
+    error, which it had kept when the error was still propagating."""
+    from replay_fsm.demo import runner
+    from replay_fsm.demo.learner import Learner
+    from replay_fsm.errors import PipelineFailed
+
+    cause = ValueError("the original error")
+
+    def failing(self: Learner, *args: object) -> float:
+        raise PipelineFailed("injected") from cause
+
+    def full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Learner, "step", failing)
+    monkeypatch.setattr(runner, "_write_files", full)
+    config = DemoConfig(ticks=5, collector="thread", out=tmp_path, sample_count=256,
+                        capacity=10_000, envs=32, progress=False)
+    with pytest.raises(PipelineFailed) as info:
+        run(config)
+    assert info.value.__cause__ is cause
+    assert isinstance(info.value.__context__, OSError)
+    monkeypatch.undo()
+    monkeypatch.setattr(Learner, "step", failing)
+    stop = runner._stop_collector
+
+    def interrupted_stop(*args: object, **kwargs: object) -> None:
+        stop(*args, **kwargs)  # type: ignore[arg-type]
+        raise KeyboardInterrupt  # a second Ctrl-C, as the collector is joined
+
+    monkeypatch.setattr(runner, "_stop_collector", interrupted_stop)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        run(config)
+    assert isinstance(stopped.value.__context__, PipelineFailed)
+    assert stopped.value.__context__.__cause__ is cause
+
+
 def test_the_cli_shows_a_failed_runs_summary_then_its_error(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:

@@ -98,6 +98,35 @@ def test_bad_backend_arguments_are_named() -> None:
         Pipeline(buffer(), sample_count=8, backend=42)  # type: ignore[arg-type]
 
 
+def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:
+    """``backend="cuda"`` with ``device="cpu"``: torch's "Torch not compiled with CUDA
+    enabled" here, and a silent cuda:0 on a machine with CUDA."""
+    for device in ("cpu", "meta"):
+        with pytest.raises(ValueError, match=f"^backend 'cuda' is for cuda\\[:N\\] devices "
+                                             f"\\(ROCm's too\\), got device '{device}'$"):
+            Pipeline(buffer(), sample_count=8, device=device, backend="cuda")
+
+
+def test_a_device_index_past_the_machines_devices_is_not_available(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a machine with one CUDA device (made up here), cuda:1 is refused before
+    anything starts, and the error lists what the machine has; it was let through to
+    fail later in torch ("invalid device ordinal")."""
+    from replay_fsm.transfer import available_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert available_device("cuda:0") == torch.device("cuda", 0)
+    assert available_device("cuda") == torch.device("cuda")
+    with pytest.raises(ValueError, match=r"^device 'cuda:1' is not available on this "
+                       r"machine; supported here: cpu, cuda \(cuda:0\)"):
+        available_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    assert available_device("cuda:3") == torch.device("cuda", 3)
+    with pytest.raises(ValueError, match=r"supported here: cpu, cuda \(cuda:0 to cuda:3\)"):
+        available_device("cuda:4")
+
+
 def test_an_observer_sees_every_transition_and_span() -> None:
     class Log(Observer):
         def __init__(self) -> None:

@@ -10,13 +10,14 @@ trace, the transition log, the state diagram and ``summary.json``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,22 +128,39 @@ def run(config: DemoConfig | None = None,
             except Exception as exc:  # noqa: BLE001 - as above
                 error = exc
     finally:
-        _stop_collector(pipe, stop, worker)
-    try:
-        summary = _write_files(config, out_dir, pipe, {
-            "ticks": done_ticks, "interrupted": interrupted is not None or error is not None,
-            "interrupted_in": interrupted,
-            "error": None if error is None else f"{type(error).__name__}: {error}",
-            "fingerprint": fingerprint, "tick_times": tick_times, "elapsed": elapsed,
-            "stats": stats, "compare": compare, "losses": losses})
-    except Exception:
-        if error is None:
-            raise
-        raise error from None  # the error that stopped the run is the one to see
+        with _after(error):
+            _stop_collector(pipe, stop, worker)
+    with _after(error):
+        try:
+            summary = _write_files(config, out_dir, pipe, {
+                "ticks": done_ticks,
+                "interrupted": interrupted is not None or error is not None,
+                "interrupted_in": interrupted,
+                "error": None if error is None else f"{type(error).__name__}: {error}",
+                "fingerprint": fingerprint, "tick_times": tick_times, "elapsed": elapsed,
+                "stats": stats, "compare": compare, "losses": losses})
+        except Exception:
+            if error is None:
+                raise
+            raise error  # noqa: B904 - the run's own error, the write's its context
     if error is not None:
-        error.summary = summary  # type: ignore[attr-defined] # written, as sac's result
+        with contextlib.suppress(AttributeError, TypeError):  # a frozen exception
+            error.summary = summary  # type: ignore[attr-defined] # (sac's: .result)
         raise error
     return summary
+
+
+@contextlib.contextmanager
+def _after(error: Exception | None) -> Iterator[None]:
+    """Whatever escapes the block (a second Ctrl-C while the collector is joined or
+    the files written) keeps ``error``, the run's own, as its context: it is not
+    handled any more when the block runs, so Python would not chain it."""
+    try:
+        yield
+    except BaseException as late:
+        if error is not None and late is not error and late.__context__ is None:
+            late.__context__ = error
+        raise
 
 
 @step

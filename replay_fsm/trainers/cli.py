@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         ring_depth=args.ring_depth, collector=args.collector, hidden=args.hidden,
         seed=args.seed, learner_threads=args.learner_threads or None,
         progress=not args.no_progress)
-    output_path(args.out)  # an --out that cannot be written fails now, not after the run
+    output_path(args.out, before_run=True)  # fails now, not after the run
     code, error = 0, None
     try:
         result = compare(config) if args.sampling == "both" else train(config)

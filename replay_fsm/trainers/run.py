@@ -37,6 +37,7 @@ Why the pipelined run is bit-identical to the synchronous one (``compare``):
 from __future__ import annotations
 
 import atexit
+import contextlib
 import json
 import os
 import platform
@@ -314,7 +315,8 @@ def keep_result(error: Exception, result: Callable[[], dict[str, Any]]) -> None:
     except Exception:  # noqa: BLE001 - the error that stopped the run is the one to see
         return
     kept["error"] = f"{type(error).__name__}: {error}"
-    error.result = kept  # type: ignore[attr-defined]
+    with contextlib.suppress(AttributeError, TypeError):  # a frozen exception: none
+        error.result = kept  # type: ignore[attr-defined]
 
 
 def _progress(config: SACConfig, position: int) -> Any:
@@ -432,15 +434,17 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
             "interrupted": False}
 
 
-def output_path(out: str | Path) -> Path:
+def output_path(out: str | Path, *, before_run: bool = False) -> Path:
     """Where ``write`` puts a result for ``out``: ``out`` itself when it ends in
     .json (any case), else ``out/sac.json``. Makes its folder and checks that a file can be
-    written there, so a run finds out before it trains, not after.
+    written there, so a run finds out before it trains, not after; ``before_run`` also
+    checks the paths written beside it (``write`` itself does not: a plot that cannot
+    be drawn must not cost the result).
 
     Raises:
         OSError: the folder cannot be made, or is not writable.
-        IsADirectoryError: the .json path is a folder, or a path written beside it is
-            (``<name>.json.part``, ``<name>.png``).
+        IsADirectoryError: the .json path is a folder, or (``before_run``) a path
+            written beside it is (``<name>.json.part``, ``<name>.png``).
         NotADirectoryError: the folder is a file.
     """
     path = Path(out)
@@ -452,8 +456,9 @@ def output_path(out: str | Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; --out names a folder or a .json file")
-    for written, what in ((path.with_name(path.name + ".part"), "its result before the "
-                           "rename"), (path.with_suffix(".png"), "its plot")):
+    beside = ((path.with_name(path.name + ".part"), "its result before the rename"),
+              (path.with_suffix(".png"), "its plot")) if before_run else ()
+    for written, what in beside:
         if written.is_dir():  # found after the run, the result was lost
             raise IsADirectoryError(f"{written} is a folder, where the run writes {what}")
     with tempfile.TemporaryFile(dir=path.parent):

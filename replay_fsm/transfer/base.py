@@ -156,17 +156,37 @@ def parse_device(device: str | torch.device) -> torch.device:
 
 
 def available_device(device: str | torch.device) -> torch.device:
-    """``device`` as a ``torch.device`` this machine has: what the commands check
-    before they start anything (a backend checks its own device when it is built).
+    """``device`` as a ``torch.device`` this machine has (its index too, where it
+    names one): what the commands check before they start anything (a backend
+    checks its own device when it is built).
 
     Raises:
-        ValueError: an unknown device, or a device type this machine lacks.
+        ValueError: an unknown device, a device type this machine lacks, or an index
+            past its devices of that type.
     """
     dev = parse_device(device)
+    if dev.type == "cpu":
+        return dev
     module = getattr(torch, dev.type, None)
-    if dev.type != "cpu" and (module is None
-                              or not getattr(module, "is_available", lambda: False)()):
+    if (module is None or not getattr(module, "is_available", lambda: False)()
+            or (dev.index is not None and dev.index >= _device_count(module))):
         raise ValueError(f"device {str(dev)!r} is not available on this machine; "
-                         "supported here: cpu" + (", cuda" if torch.cuda.is_available()
-                                                  else ""))
+                         f"supported here: {', '.join(_available_devices())}")
     return dev
+
+
+def _device_count(module: object) -> int:
+    count = getattr(module, "device_count", None)
+    return int(count()) if callable(count) else 1
+
+
+def _available_devices() -> list[str]:
+    """What ``available_device`` accepts here, for its error: cpu, then each
+    accelerator type torch finds with its indices (``cuda (cuda:0 to cuda:3)``)."""
+    names = ["cpu"]
+    for kind in ("cuda", "xpu", "mps"):
+        module = getattr(torch, kind, None)
+        if module is not None and getattr(module, "is_available", lambda: False)():
+            last = _device_count(module) - 1
+            names.append(f"{kind} ({kind}:0" + (f" to {kind}:{last})" if last > 0 else ")"))
+    return names

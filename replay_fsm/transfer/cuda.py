@@ -20,6 +20,7 @@ from .base import (
     TransferBackend,
     allocate_like,
     available_device,
+    parse_device,
 )
 
 CUDA_HOST_REGISTER_PORTABLE = 1
@@ -31,7 +32,11 @@ class CudaBackend(TransferBackend):
     def __init__(self, device: torch.device | str = "cuda", *, timing: bool = False) -> None:
         """``timing``: CUDA-event copy timings (``last_copy_ms``) and NVTX ranges
         around each copy submission (on when the pipeline traces)."""
-        self.device = available_device(device)
+        self.device = parse_device(device)
+        if self.device.type != "cuda":  # "cpu" became cuda:0 here once
+            raise ValueError(f"backend 'cuda' is for cuda[:N] devices (ROCm's too), got "
+                             f"device {str(self.device)!r}")
+        available_device(self.device)
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timing = timing
