@@ -1,20 +1,26 @@
 # The two README commands: `make demo` and `make test`. Each makes .venv when
 # missing and installs what it needs. TORCH selects the torch requirement, e.g.
 #   make test TORCH=torch==2.13.0
+# and TORCH_INDEX the index torch alone comes from, e.g. PyTorch's CPU builds:
+#   make test TORCH_INDEX=https://download.pytorch.org/whl/cpu
 PYTHON ?= python3
 VENV ?= .venv
 TORCH ?=
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 APT_PACKAGES := spin gcc graphviz
 
 .PHONY: test demo verify bench bench-quick install sysdeps lint clean mutation
 
+# --clear: a .venv left without a working python (a cut venv step, a removed base
+# interpreter) is made again.
 $(PY):
-	$(PYTHON) -m venv $(VENV)
+	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
 install: $(PY)
+	$(if $(TORCH_INDEX),$(PY) -m pip install -q --index-url "$(TORCH_INDEX)" "$(or $(TORCH),torch)")
 	$(PY) -m pip install -q $(if $(TORCH),"$(TORCH)") -e ".[test,mujoco,sb3]"
 
 # System packages for the SPIN checks and SVG diagrams, installed when missing.
@@ -26,7 +32,8 @@ sysdeps:
 	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ]; then \
 	    echo "installing$$missing"; \
-	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null; \
+	    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing) >/dev/null \
+	      || echo "could not install$$missing with apt-get (SPIN tests skip without them)"; \
 	  else \
 	    echo "missing$$missing: run 'sudo apt-get install$$missing' (SPIN tests skip without them)"; \
 	  fi; \
@@ -72,4 +79,5 @@ lint: install
 	$(PY) -m mypy replay_fsm
 
 clean:
-	rm -rf $(VENV) .hypothesis .pytest_cache demo-out mutants
+	rm -rf $(VENV) .hypothesis .pytest_cache .mypy_cache .ruff_cache demo-out mutants \
+	  replay_fsm.egg-info build benchmarks/results/*-quick.*

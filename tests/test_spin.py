@@ -12,6 +12,7 @@ import re
 import shutil
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 
@@ -19,10 +20,10 @@ from replay_fsm.spec import INVARIANTS, TRANSITIONS, Event, SlotState
 from replay_fsm.verify.promela import slot_table
 from replay_fsm.verify.refinement import SPECS, Pan, PanResult
 
-from .tiers import tier_runs
+from .tiers import is_set, tier_runs
 
 HAVE = shutil.which("spin") is not None and shutil.which("gcc") is not None
-if not HAVE and os.environ.get("REPLAY_FSM_REQUIRE_SPIN"):
+if not HAVE and is_set("REPLAY_FSM_REQUIRE_SPIN"):
     raise RuntimeError("spin and gcc are required here (REPLAY_FSM_REQUIRE_SPIN is set); "
                        "make sysdeps installs them")
 needs_spin = pytest.mark.skipif(not HAVE, reason="spin or gcc not installed (make sysdeps)")
@@ -231,3 +232,12 @@ def test_regression_from_the_spin_trail_copy_waits_for_release() -> None:
         backend.complete(0)  # type: ignore[attr-defined]
         pipe.after_tick()
         assert pipe.batch_ready(2, 8)
+
+
+def test_a_model_outside_a_clone_is_named_not_left_to_spin(tmp_path: Path) -> None:
+    """From an installed package, whose SPECS points where no specs/ lies, spin failed
+    with "cc1: fatal error: pipeline.pml: No such file or directory"."""
+    with pytest.raises(FileNotFoundError, match="the models live in the repository's "
+                       "specs/ folder, which an installed package does not hold"):
+        Pan(tmp_path / "work", "pipeline.pml", 2, 3, specs=tmp_path / "site-packages")
+    assert not (tmp_path / "work").exists()  # nothing made

@@ -19,9 +19,15 @@ TIERS = {  # tier: (the variables that turn it on, where it runs without them)
 TIER_VARIABLES = tuple(var for variables, _ in TIERS.values() for var in variables)
 
 
+def is_set(var: str) -> bool:
+    """Whether the environment turns ``var`` on: set to anything but empty, 0, false,
+    no or off (some CI systems export ``CI=false``)."""
+    return os.environ.get(var, "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
 def tier_runs(tier: str) -> bool:
-    """Whether this run includes ``tier``: one of its variables is set."""
-    return any(os.environ.get(var) for var in TIERS[tier][0])
+    """Whether this run includes ``tier``: one of its variables is on (``is_set``)."""
+    return any(is_set(var) for var in TIERS[tier][0])
 
 
 def skip_reason(tier: str) -> str:

@@ -117,11 +117,18 @@ class Pan:
 
     Raises:
         RuntimeError: spin or gcc failed; the message holds their output.
+        FileNotFoundError: ``specs`` lacks ``model``: the SPIN models live in the
+            repository's ``specs/``, which an installed package does not hold.
     """
 
     def __init__(self, workdir: Path, model: str, depth: int, ticks: int,
                  defines: Iterable[str] = (), cflags: Iterable[str] = (),
                  specs: Path = SPECS) -> None:
+        if not (specs / model).is_file():  # spin's own error names a cpp step
+            raise FileNotFoundError(
+                f"the SPIN model {specs / model} is not there: the models live in the "
+                "repository's specs/ folder, which an installed package does not hold; "
+                "run this from a clone (or pass specs=<a clone's specs/>)")
         workdir.mkdir(parents=True, exist_ok=True)
         for f in specs.glob("**/*.pml"):
             (workdir / f.relative_to(specs)).parent.mkdir(parents=True, exist_ok=True)
