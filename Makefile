@@ -10,6 +10,7 @@ TORCH_INDEX ?=
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
 APT_PACKAGES := spin gcc graphviz
+WITH_EXTRAS := .[test,mujoco,sb3]
 
 .PHONY: test demo verify bench bench-quick install sysdeps lint clean mutation
 
@@ -19,9 +20,14 @@ $(PY):
 	$(PYTHON) -m venv --clear $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 
-install: $(PY)
+# torch (alone from TORCH_INDEX, when given), then the package as $(1) names it.
+define install_package
 	$(if $(TORCH_INDEX),$(PY) -m pip install -q --index-url "$(TORCH_INDEX)" "$(or $(TORCH),torch)")
-	$(PY) -m pip install -q $(if $(TORCH),"$(TORCH)") -e ".[test,mujoco,sb3]"
+	$(PY) -m pip install -q $(if $(TORCH),"$(TORCH)") -e "$(1)"
+endef
+
+install: $(PY)
+	$(call install_package,$(WITH_EXTRAS))
 
 # System packages for the SPIN checks and SVG diagrams, installed when missing.
 sysdeps:
@@ -42,7 +48,8 @@ sysdeps:
 test: install sysdeps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: install
+demo: $(PY)  # the package alone: the demo needs none of the extras
+	$(call install_package,.)
 	$(VENV)/bin/replay-fsm demo
 
 # The checks of the deep tier, which CI's time does not fit, with the model checks and
