@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import gc
 import itertools
-import os
 import signal
 import sys
 import threading
@@ -124,8 +123,12 @@ def test_two_signals_that_come_together_both_wait_for_the_step(
     def a_step() -> None:
         both = {signal.SIGINT, signal.SIGTERM}
         signal.pthread_sigmask(signal.SIG_BLOCK, both)
-        os.kill(os.getpid(), signal.SIGTERM)
-        os.kill(os.getpid(), signal.SIGINT)
+        # To this thread: pending here until it unblocks them. Sent to the process
+        # (os.kill), another thread took them while this one blocked them, and on a
+        # loaded machine its C handler could run after the loop below (helper-42).
+        me = threading.get_ident()
+        signal.pthread_kill(me, signal.SIGTERM)
+        signal.pthread_kill(me, signal.SIGINT)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, both)  # both handlers run soon
         for _ in range(10_000):
             pass
