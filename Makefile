@@ -9,7 +9,6 @@ TORCH ?=
 TORCH_INDEX ?=
 PYTEST_ARGS ?=
 PY := $(VENV)/bin/python
-APT_PACKAGES := spin gcc graphviz
 WITH_EXTRAS := .[test,mujoco,sb3]
 
 .PHONY: test demo verify bench bench-quick install sysdeps lint clean mutation

@@ -348,10 +348,6 @@ def section(suffix: str = "") -> str:
                               f"({f[f'gathering_{c}_over_handoff']:.1f} x: "
                               f"{f[f'gathering_{c}_handoff_us_median']:.1f} us)",
                               "<= 30 / 100 us"))
-            elif f"gathering_{c}_us_median" in f:
-                micro.append((f"the same while the packer gathers ({c} collector)",
-                              f"{f[f'gathering_{c}_us_median']:.1f} us median, "
-                              f"{f[f'gathering_{c}_us_p99']:.1f} p99", "<= 30 / 100 us"))
         for c in ("thread", "process"):
             if f"cold_{c}_us_median" in f:
                 micro.append((f"the same with the caches evicted where the learner's step "

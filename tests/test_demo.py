@@ -363,11 +363,9 @@ def test_the_demo_collector_process_gathers_on_one_torch_thread(
 def test_the_mean_tick_leaves_out_the_first_ticks_warm_up_even_in_a_short_run() -> None:
     """A run of fewer than 10 ticks counted tick 0 (its wait for warm-up data, or in
     SAC the collector's start-up: a 3-tick run's mean was 50 times its steady one)."""
-    from replay_fsm.demo.runner import _steady
-    from replay_fsm.trainers.run import steady_ticks
+    from replay_fsm.runtime.observers import steady_ticks
 
-    for steady in (_steady, steady_ticks):
-        assert steady([9.0, 1.0, 2.0]) == [1.0, 2.0]
-        assert steady([9.0]) == [9.0]  # all there is
-        assert steady([]) == []
-        assert steady([float(t) for t in range(30)])[0] == 3.0  # the first tenth
+    assert steady_ticks([9.0, 1.0, 2.0]) == [1.0, 2.0]
+    assert steady_ticks([9.0]) == [9.0]  # all there is
+    assert steady_ticks([]) == []
+    assert steady_ticks([float(t) for t in range(30)])[0] == 3.0  # the first tenth

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
+from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
 from ..spec import INVARIANTS
@@ -204,7 +205,7 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
         conforms, conformance = report.ok, str(report)
     stats, elapsed, losses = run["stats"], run["elapsed"], run["losses"]
     tick_times = run["tick_times"]
-    steady = _steady(tick_times)
+    steady = steady_ticks(tick_times)
     tick_s = float(np.mean(steady)) if steady else 0.0
     summary = {
         "rank": config.rank, "base_seed": pipe.base_seed,
@@ -227,12 +228,6 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
     }
     (out_dir / f"summary{suffix}.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-def _steady(tick_times: list[float]) -> list[float]:
-    """The ticks the mean tick is of: the first ones wait for warm-up data, so all
-    but the first tenth, and never tick 0 unless it is the only one."""
-    return tick_times[max(1, len(tick_times) // 10):] if len(tick_times) > 1 else tick_times
 
 
 def _make_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,

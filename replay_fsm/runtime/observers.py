@@ -16,6 +16,13 @@ from ..spec import Actor, Event, SlotState
 from ..wire import TransitionRecord
 
 
+def steady_ticks(tick_s: list[float]) -> list[float]:
+    """The ticks a run's tick figures are of: all but the first tenth, and never tick
+    0 (its wait for warm-up data, or a trainer's collector start-up: it made a 3-tick
+    SAC run's mean 50 times its steady one) unless it is the only one."""
+    return tick_s[max(1, len(tick_s) // 10):] if len(tick_s) > 1 else tick_s
+
+
 class Observer:
     """Base class: override what you need; both hooks default to nothing."""
 

@@ -53,6 +53,7 @@ import torch
 
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.core import as_seed
+from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
 from replay_fsm.transfer import available_device
@@ -342,13 +343,6 @@ def _show(bar: Any, tick: int, trainer: Trainer) -> None:
     if trainer.pipe is not None:
         post["stall"] = f"{trainer.pipe.statistics().stalls} waits"
     bar.set_postfix(post)
-
-
-def steady_ticks(tick_s: list[float]) -> list[float]:
-    """The ticks the tick figures are of: all but the first tenth, and never tick 0
-    (the collector's start-up, reported apart as ``startup_s``; it made a 3-tick
-    run's mean 50 times its steady one) unless it is the only one."""
-    return tick_s[max(1, len(tick_s) // 10):] if len(tick_s) > 1 else tick_s
 
 
 def _result(trainer: Trainer, stats: Any) -> dict[str, Any]:
