@@ -15,13 +15,14 @@ import pytest
 import torch
 
 from replay_fsm import ReplayBuffer
-from replay_fsm.compat import CollectorDied, CPUPinnedDoubleBufferReplayPipeline
+from replay_fsm.compat import CollectorDied, CPUPinnedDoubleBufferReplayPipeline, link
 from replay_fsm.compat.link import SlotHolders
 from replay_fsm.data.sampling import expected_batch
 from replay_fsm.errors import CollectorDied as AnyCollectorDied
 
-from .collectors import SeedStyleBuffer, add_rows, hold_slots, rows_of, seed_collector
+from .collectors import SeedStyleBuffer, add_rows, hold_slots, rows_of, seed_collector, seed_pack
 from .drive import packed
+from .support import MARGIN_S
 
 N = 32
 BASE_SEED = 77
@@ -129,12 +130,43 @@ def test_a_dead_collector_process_raises_collector_died_in_the_waiting_learner(h
         collector.finish()
 
 
-@pytest.mark.parametrize("trained_s", [0.0, 0.8])
-def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout(trained_s: float
-                                                                        ) -> None:
+class LinkClock:
+    """The compat link's ``time``: its ``monotonic_ns`` is what the test sets, so the
+    collector's silence grows only when the test says (``advance``). Counts the
+    link's stall checks (``SeedQueueLink._stalled``) as they come."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.ns = time.monotonic_ns()
+        self.checks = 0
+        self._cv = threading.Condition()
+        monkeypatch.setattr(link, "time", self)
+        stalled = link.SeedQueueLink._stalled
+
+        def counted(this: link.SeedQueueLink) -> Any:
+            try:
+                return stalled(this)
+            finally:
+                with self._cv:
+                    self.checks += 1
+                    self._cv.notify_all()
+
+        monkeypatch.setattr(link.SeedQueueLink, "_stalled", counted)
+
+    def monotonic_ns(self) -> int:
+        return self.ns
+
+    def advance(self, seconds: float) -> None:
+        """Move the clock on, then wait for a stall check begun after the move (the
+        second check from now: one may be under way)."""
+        with self._cv:
+            seen = self.checks
+            self.ns += int(seconds * 1e9)
+            assert self._cv.wait_for(lambda: self.checks >= seen + 2, MARGIN_S)
+
+
+def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout() -> None:
     """No process to see: a request with no ready dict and no row added for
-    stall_timeout seconds ends the wait. The silence counts from the request, so a
-    learner that trained longer than that raises as soon as it waits."""
+    stall_timeout seconds ends the wait."""
     rb = filled("seed-style")
     collector = Collector(rb, "thread", crash_after=1, how="caught")
     pipe = collector.pipeline(rb, stall_timeout=0.5)
@@ -143,28 +175,71 @@ def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout(trained_
         requested = time.monotonic()
         pipe.start_prepare(1, N)  # the collector takes it and dies
         pipe.after_tick()
-        time.sleep(trained_s)  # the learner's training step
-        started = time.monotonic()
         with pytest.raises(CollectorDied, match="stall_timeout"):
             pipe.wait_until_ready(1, N)
-        assert 0.5 <= time.monotonic() - requested < 10
-        if trained_s:
-            assert time.monotonic() - started < 0.3
+        assert 0.5 <= time.monotonic() - requested < MARGIN_S
     finally:
         pipe.close()
         collector.finish()
 
 
-def test_a_slow_collector_that_adds_rows_is_not_taken_for_dead() -> None:
+def test_the_silence_counts_from_the_request_not_from_the_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the link's clock: a learner that trained longer than stall_timeout after its
+    request raises at the first look of its wait, the clock standing still (counted
+    from the wait's start, the wait would run out its timeout and return False)."""
+    clock = LinkClock(monkeypatch)
     rb = filled("seed-style")
-    collector = Collector(rb, "thread", add_every_s=0.05, serve_after_s=1.0)
-    pipe = collector.pipeline(rb, stall_timeout=0.3)
+    collector = Collector(rb, "thread", crash_after=1, how="caught")
+    pipe = collector.pipeline(rb, stall_timeout=0.5)
     try:
-        assert pipe.wait_until_ready(0, N)  # 1 s, three stall timeouts, rows arriving
+        pipe.sample_large_batch(0, N)
+        pipe.start_prepare(1, N)  # the collector takes it and dies
+        pipe.after_tick()
+        clock.ns += int(0.8e9)  # the learner's training step
+        with pytest.raises(CollectorDied, match="stall_timeout"):
+            pipe.wait_until_ready(1, N, timeout=MARGIN_S)
+    finally:
+        pipe.close()
+        collector.finish()
+
+
+def test_a_slow_collector_that_adds_rows_is_not_taken_for_dead(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the link's clock: the collector holds the request for 1 s, over three
+    stall timeouts, adding a row each 0.1 s with a stall check after each, then
+    serves it. Rows coming are its sign of life (counted from the request alone, the
+    check at 0.4 s would declare it dead)."""
+    clock = LinkClock(monkeypatch)
+    rb = filled("seed-style")
+    requests: Any = queue.Queue()
+    ready: Any = queue.Queue()
+    slots = [torch.zeros(N, rows_of(rb)[2].shape[1]).share_memory_() for _ in range(2)]
+    failed: list[BaseException] = []
+
+    def slow_collector() -> None:
+        try:
+            request = requests.get(timeout=MARGIN_S)
+            for _ in range(10):
+                add_rows(rb, torch.zeros(1, rows_of(rb)[2].shape[1]))
+                clock.advance(0.1)
+            ready.put(seed_pack(rb, request, slots))
+        except BaseException as exc:  # noqa: BLE001 - the test reports it
+            failed.append(exc)
+
+    worker = threading.Thread(target=slow_collector, daemon=True)
+    worker.start()
+    pipe = CPUPinnedDoubleBufferReplayPipeline(
+        rb, device="cpu", sample_count=N, base_seed=BASE_SEED, stall_timeout=0.3,
+        collector_pack_request_queue=requests, collector_pack_ready_queue=ready,
+        collector_pack_shared_slots=slots)
+    try:
+        assert pipe.wait_until_ready(0, N, timeout=MARGIN_S)
         assert pipe.batch_ready(0, N)
     finally:
         pipe.close()
-        collector.finish()
+        worker.join(MARGIN_S)
+    assert not worker.is_alive() and not failed
 
 
 def test_a_child_process_that_does_not_hold_the_slots_may_exit_meanwhile() -> None:
