@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -64,7 +65,9 @@ def _diagram(args: argparse.Namespace) -> int:
     text = render(highlight)
     out = getattr(args, "out", None)  # not given: standard output
     if out:
-        Path(out).write_text(text)
+        from .files import write_text
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as demo's --out
+        write_text(out, text)  # whole or not at all: a failed write keeps the old file
     else:
         sys.stdout.write(text)
     return 0
@@ -166,6 +169,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # a second one, while the first was handled
         _remove_if_empty(made)
         return exit_code(exc)
+    except BrokenPipeError:  # the reader of its output left (| head): quietly, as a
+        # command SIGPIPE ends; what is still buffered goes nowhere, not to a warning
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
         _remove_if_empty(made)
         if os.environ.get("REPLAY_FSM_DEBUG"):

@@ -34,6 +34,7 @@ import torch
 from .core import as_count, as_seed
 from .demo.config import DemoConfig
 from .errors import RankFailed, ReplayFSMError, first_line
+from .files import write_text
 from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
 from .transfer import available_device
 from .wire import MAX_SEED
@@ -166,7 +167,7 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
             raise SystemExit(128 + interrupt.signum)
     except ReplayFSMError as exc:
         if getattr(exc, "summary", None) is None:  # else run() wrote the run so far
-            (out / f"summary-rank{rank}.json").write_text(json.dumps(
+            write_text(out / f"summary-rank{rank}.json", json.dumps(
                 {"rank": rank, "error": f"{type(exc).__name__}: {exc}"}, indent=2) + "\n")
         raise
     finally:
@@ -188,7 +189,7 @@ def merge_traces(out: Path, nproc: int) -> Path:
         if path.exists():
             events += json.loads(path.read_text())["traceEvents"]
     merged = out / "trace.json"
-    merged.write_text(json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
+    write_text(merged, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return merged
 
 

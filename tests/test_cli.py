@@ -13,6 +13,8 @@ import torch
 
 from replay_fsm.cli import main
 
+from .support import MARGIN_S
+
 
 def one_line_error(capsys: pytest.CaptureFixture[str], code: int, expected: int = 2) -> str:
     err = capsys.readouterr().err
@@ -317,3 +319,64 @@ def test_a_demo_with_an_empty_out_writes_here_and_says_so(
     out = capsys.readouterr().out
     assert "./trace.json" in out and " /trace.json" not in out, out
     assert (tmp_path / "trace.json").is_file() and (tmp_path / "summary.json").is_file()
+
+
+def command(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "replay_fsm", *args], capture_output=True,
+                          text=True, timeout=MARGIN_S, **kw)  # type: ignore[call-overload]
+
+
+def test_a_diagram_that_cannot_be_written_whole_keeps_the_earlier_file(tmp_path: Path
+                                                                       ) -> None:
+    """A file-size limit (or a full disk) cut the write: a half-written file was left
+    in place of the earlier one (helper-43). It is written beside it, then renamed."""
+    import resource
+
+    out = tmp_path / "slot.dot"
+    out.write_text("the earlier diagram\n")
+
+    def limit() -> None:  # the dot source is 1.4 kB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1024, 1024))
+
+    done = command("diagram", "--format", "dot", "--out", str(out), preexec_fn=limit)
+    assert done.returncode == 2 and "File too large" in done.stderr, done.stderr
+    assert out.read_text() == "the earlier diagram\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["slot.dot"]  # no .part left
+    assert main(["diagram", "--format", "dot", "--out", str(out)]) == 0
+    assert out.read_text().startswith("digraph")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["slot.dot"]
+
+
+def test_a_diagram_out_in_a_new_folder_makes_it(tmp_path: Path) -> None:
+    """As the demo's --out: it was "[Errno 2] No such file or directory"."""
+    out = tmp_path / "new" / "deeper" / "slot.mmd"
+    assert main(["diagram", "--out", str(out)]) == 0
+    assert out.read_text().startswith("stateDiagram-v2")
+
+
+def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
+    """`replay-fsm explore | head -1`: the reader left, and the command said
+    "error: [Errno 32] Broken pipe", exit 2. Now the shell's code for SIGPIPE, and
+    nothing on standard error."""
+    import os
+    read, write = os.pipe()
+    os.close(read)  # the reader is gone before the command writes
+    try:
+        done = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"], stdout=write,
+                              stderr=subprocess.PIPE, text=True, timeout=MARGIN_S)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_a_dot_that_fails_is_quoted(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its own message was dropped: "Command '[.../dot', '-Tsvg']' returned non-zero
+    exit status 1"."""
+    fake = tmp_path / "dot"
+    fake.write_text("#!/bin/sh\necho 'Error: <stdin>: syntax error in line 3' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    err = one_line_error(capsys, main(["diagram", "--format", "svg"]))
+    assert err.rstrip().endswith(
+        "-Tsvg failed (exit code 1): Error: <stdin>: syntax error in line 3"), err

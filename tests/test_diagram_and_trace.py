@@ -15,7 +15,7 @@ from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.cli import main
 from replay_fsm.spec import TRANSITIONS, SlotState
 from replay_fsm.verify import diagram
-from replay_fsm.verify.conformance import check, load
+from replay_fsm.verify.conformance import TraceFileError, check, load
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -194,4 +194,90 @@ def test_an_infinite_tick_is_a_malformed_record_not_a_crash() -> None:
     recs[2]["tick"] = float("inf")  # what JSON's Infinity loads as
     report = check(recs)
     assert not report.ok and report.index == 2
-    assert str(report.violation).startswith("malformed record: OverflowError"), report
+    assert str(report.violation) == "malformed record: tick inf is not an int", report
+
+
+def real_log(tmp_path: Path) -> list[dict]:
+    pipe = traced_run(tmp_path)
+    assert pipe.tracer is not None
+    return pipe.tracer.transitions()
+
+
+@pytest.mark.parametrize("name,value", [
+    ("tick", "0"), ("tick", False), ("tick", 0.0), ("tick", 1.5),
+    ("generation", 1.7), ("generation", "1"), ("generation", True),
+])
+@pytest.mark.parametrize("event", ["request", "submit", "complete"])
+def test_a_tick_or_generation_that_is_not_an_int_is_malformed(
+        tmp_path: Path, name: str, value: object, event: str) -> None:
+    """Each was read with int() (or compared with ==), so "1", 1.7, True and 0.0 passed
+    as the tick or generation they stand near (helper-43)."""
+    recs = real_log(tmp_path)
+    at = next(i for i, r in enumerate(recs) if r["event"] == event)
+    assert check(recs).ok
+    recs[at][name] = value
+    report = check(recs)
+    assert not report.ok and report.index == at, report
+    assert report.violation == f"malformed record: {name} {value!r} is not an int", report
+
+
+@pytest.mark.parametrize("event", ["request", "submit", "complete", "acquire"])
+def test_a_generation_other_than_the_slots_is_a_violation(tmp_path: Path, event: str
+                                                          ) -> None:
+    """The generation logged is the slot's count of requests; one that differs from the
+    core's was not compared (only a submit's was used, to match its request)."""
+    recs = real_log(tmp_path)
+    at = next(i for i, r in enumerate(recs) if r["event"] == event)
+    recs[at]["generation"] = 99
+    report = check(recs)
+    assert not report.ok and report.index == at, report
+    if event == "submit":  # the pack-done message it stands for is another request's
+        assert "INV-ORDER" in str(report.violation), report
+    else:  # ring depth 3: tick t is slot t % 3's request number t // 3 + 1
+        assert str(report.violation).endswith(f"holds generation {recs[at]['tick'] // 3 + 1}"
+                                              " but the record names generation 99"), report
+
+
+@pytest.mark.parametrize("event", ["request", "acquire"])
+@pytest.mark.parametrize("missing", ["absent", "null"])
+def test_a_request_or_acquire_without_its_tick_is_malformed(
+        tmp_path: Path, event: str, missing: str) -> None:
+    """It was checked as tick -1, a number the file never held."""
+    recs = real_log(tmp_path)
+    at = next(i for i, r in enumerate(recs) if r["event"] == event)
+    if missing == "null":
+        recs[at]["tick"] = None
+    else:
+        del recs[at]["tick"]
+    report = check(recs)
+    assert not report.ok and report.index == at, report
+    assert report.violation == f"malformed record: a {event} record names its tick", report
+
+
+@pytest.mark.parametrize("text,why", [
+    ('{"slot": 0, "tick": ' + "9" * 5000 + "}\n", "line 1: Exceeds the limit"),
+    ("[" * 100_000, "maximum recursion depth exceeded"),
+])
+def test_a_log_json_cannot_hold_is_refused_with_the_files_name(
+        tmp_path: Path, text: str, why: str) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text(text)
+    with pytest.raises(TraceFileError) as info:
+        load(path)
+    assert str(info.value).startswith(f"{path} is not JSON lines: ") and why in str(
+        info.value), info.value
+
+
+def test_an_empty_path_is_not_read_as_this_folder() -> None:
+    with pytest.raises(TraceFileError, match="no file named: the path is empty"):
+        load("")
+
+
+def test_a_truncated_record_that_does_not_say_how_much_is_refused_without_nones(
+        tmp_path: Path) -> None:
+    path = tmp_path / "log.jsonl"
+    path.write_text('{"kind": "truncated"}\n')
+    with pytest.raises(TraceFileError) as info:
+        load(path)
+    assert "None" not in str(info.value) and "dropped its first transitions" in str(
+        info.value), info.value

@@ -93,8 +93,9 @@ ALL = modules()
 def test_spec_core_and_wire_import_without_torch() -> None:
     """The sans-IO core is importable alone, in a fresh interpreter."""
     code = ("import sys, replay_fsm, replay_fsm.spec, replay_fsm.core, replay_fsm.wire, "
-            "replay_fsm.errors, replay_fsm.signals; bad = [m for m in ('torch', 'numpy', "
-            "'threading_', 'multiprocessing') if m in sys.modules]; print(bad)")
+            "replay_fsm.errors, replay_fsm.signals, replay_fsm.files; bad = [m for m in "
+            "('torch', 'numpy', 'threading_', 'multiprocessing') if m in sys.modules]; "
+            "print(bad)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
@@ -159,7 +160,7 @@ def test_layers_import_only_downwards() -> None:
     """protocol <- data <- transfer <- runtime <- verify/entry points: a lower layer
     never imports a higher one."""
     rank = {"replay_fsm.spec": 0, "replay_fsm.errors": 0, "replay_fsm.wire": 0,
-            "replay_fsm.signals": 0,
+            "replay_fsm.signals": 0, "replay_fsm.files": 0,
             "replay_fsm.core": 0, "replay_fsm.data": 1, "replay_fsm.transfer": 2,
             "replay_fsm.runtime": 3}
 

@@ -27,6 +27,7 @@ import torch
 
 from .. import errors
 from ..core import as_seconds
+from ..files import replacing
 from ..runtime.observers import Observer
 from ..runtime.pipeline import Pipeline
 from ..spec import Actor
@@ -332,7 +333,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
             try:
                 out = os.path.join(self._verbose_output_dir, "verbose")
                 os.makedirs(out, exist_ok=True)
-                with open(os.path.join(out, "pack_fields.csv"), "w", newline="") as f:
+                with replacing(os.path.join(out, "pack_fields.csv"), newline="") as f:
                     writer = csv.writer(f)
                     writer.writerow(["tick_id", "slot", "field", "rows", "cols", "bytes",
                                      "dur_ns"])

@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
+from ..files import write_text
 from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
@@ -196,7 +197,7 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
         process_name="replay_fsm" if config.rank is None else f"rank {config.rank}",
         pid_base=0 if config.rank is None else 10 * (config.rank + 1))
     pipe.tracer.write_transitions(out_dir / f"transitions{suffix}.jsonl")
-    (out_dir / "slot.mmd").write_text(diagram.mermaid())
+    write_text(out_dir / "slot.mmd", diagram.mermaid())
     if pipe.tracer.dropped_transitions:  # a run longer than the trace holds
         conforms, conformance = None, "not checked: " + truncated(
             pipe.tracer.dropped_transitions, pipe.tracer.capacity)
@@ -226,7 +227,7 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
         "trace_conforms": conforms, "invariants": list(INVARIANTS),
         "dwell_s": stats.dwell_s,
     }
-    (out_dir / f"summary{suffix}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text(out_dir / f"summary{suffix}.json", json.dumps(summary, indent=2) + "\n")
     return summary
 
 

@@ -12,6 +12,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from ..files import replacing, write_text
 from ..spec import Actor
 from ..wire import TransitionRecord
 from .observers import Observer
@@ -66,7 +67,7 @@ class Tracer(Observer):
         kind "truncated" saying how many: check-trace refuses it (a log is checked
         from the pipeline's start) instead of finding a false violation."""
         out = Path(path)
-        with out.open("w") as f:
+        with replacing(out) as f:
             if self.dropped_transitions:
                 f.write(json.dumps({"kind": TRUNCATED,
                                     "dropped_transitions": self.dropped_transitions,
@@ -124,6 +125,4 @@ class Tracer(Observer):
         return {"traceEvents": events, "displayTimeUnit": "ms"}
 
     def write_chrome(self, path: str | os.PathLike[str], **kw: Any) -> Path:
-        out = Path(path)
-        out.write_text(json.dumps(self.chrome_trace(**kw)))
-        return out
+        return write_text(path, json.dumps(self.chrome_trace(**kw)))

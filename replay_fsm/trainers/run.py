@@ -53,6 +53,7 @@ import torch
 
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.core import as_seed
+from replay_fsm.files import write_text
 from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
@@ -464,8 +465,4 @@ def write(result: dict[str, Any], out: str | Path) -> Path:
     """Write ``result`` as JSON to ``output_path(out)``; returns that path. Written
     beside it first, then renamed over it: a run stopped while it writes leaves the
     file there before whole."""
-    path = output_path(out)
-    part = path.with_name(path.name + ".part")
-    part.write_text(json.dumps(result, indent=2) + "\n")
-    os.replace(part, path)
-    return path
+    return write_text(output_path(out), json.dumps(result, indent=2) + "\n")

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..core import MAX_RING_DEPTH, Core
-from ..errors import PipelineClosed, PipelineFailed, ProtocolError
+from ..errors import PipelineClosed, PipelineFailed, ProtocolError, first_line
 from ..runtime.tracer import TRUNCATED
 from ..spec import Actor, Event, SlotState
 from ..wire import PackDone, TransitionRecord
@@ -31,10 +31,13 @@ class TraceFileError(ValueError):
 
 
 def truncated(dropped: object, capacity: object) -> str:
-    """Why a log that lost its first ``dropped`` transitions cannot be checked."""
-    return (f"the tracer kept only its last {capacity} events and dropped the first "
-            f"{dropped} transitions: a log is checked from the pipeline's start, where "
-            f"every slot is IDLE (trace with a larger trace_capacity)")
+    """Why a log that lost its first ``dropped`` transitions cannot be checked (None:
+    a record that does not say)."""
+    kept = "a bounded number of" if capacity is None else f"only its last {capacity}"
+    lost = "its first" if dropped is None else f"the first {dropped}"
+    return (f"the tracer kept {kept} events and dropped {lost} transitions: a log is "
+            f"checked from the pipeline's start, where every slot is IDLE (trace with a "
+            f"larger trace_capacity)")
 
 
 @dataclass
@@ -66,6 +69,8 @@ def load(path: str | Path) -> list[dict[str, Any]]:
         TraceFileError: the file is missing or unreadable, is not JSON, or holds
             something other than transition records (a Chrome trace, say).
     """
+    if not str(path):
+        raise TraceFileError("no file named: the path is empty")
     try:
         text = Path(path).read_text()
     except OSError as exc:
@@ -87,6 +92,10 @@ def load(path: str | Path) -> list[dict[str, Any]]:
     except json.JSONDecodeError as exc:
         raise TraceFileError(f"{path} is not JSON lines: line {number or exc.lineno}: "
                              f"{exc.msg}") from exc
+    except (ValueError, RecursionError) as exc:  # a number too long, nesting too deep
+        where = f"line {number}: " if number else ""
+        raise TraceFileError(f"{path} is not JSON lines: {where}{first_line(str(exc))}"
+                             ) from exc
     if len(records) == 1 and isinstance(records[0], dict) and "traceEvents" in records[0]:
         raise TraceFileError(f"{path} is a Chrome trace (trace.json); check-trace reads the "
                              "transition log (transitions.jsonl)")
@@ -151,25 +160,30 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
             slot, src = int(r["slot"]), SlotState(r["from"])
             event = Event(r["event"])
             actor = None if r.get("actor") is None else Actor(r["actor"])
-            tick = None if r.get("tick") is None else int(r["tick"])
-            generation = int(r.get("generation", -1))
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             return bad(i, f"malformed record: {exc!r}")
+        tick, generation = r.get("tick"), r.get("generation")  # None: not logged
+        for name, value in (("tick", tick), ("generation", generation)):
+            if value is not None and type(value) is not int:
+                return bad(i, f"malformed record: {name} {value!r} is not an int")
+        if tick is None and event in (Event.REQUEST, Event.ACQUIRE):
+            return bad(i, f"malformed record: a {event.value} record names its tick")
         if slot >= depth or src is not core.state(slot):
             return bad(i, f"slot {slot} is {core.state(slot).name} but the record leaves "
                           f"{src.name}")
         made.clear()
         try:
             if event is Event.REQUEST:
-                core.request(tick if tick is not None else -1, actor=actor)
+                core.request(-1 if tick is None else tick, actor=actor)
             elif event is Event.SUBMIT:
                 core.packed(PackDone(tick=-1 if tick is None else tick, slot=slot,
-                                     generation=generation, seed=0, sample_count=0,
+                                     generation=-1 if generation is None else generation,
+                                     seed=0, sample_count=0,
                                      snapshot_ptr=0, snapshot_size=0), actor=actor)
             elif event is Event.COMPLETE:
                 core.copied(slot, actor=actor)
             elif event is Event.ACQUIRE:
-                core.acquire(tick if tick is not None else -1, actor=actor)
+                core.acquire(-1 if tick is None else tick, actor=actor)
             elif event is Event.RELEASE:
                 core.release(actor=actor)
             elif event is Event.FAIL:
@@ -193,9 +207,12 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
                 return bad(j, f"the core made {want[1]} --{want[3]}--> {want[2]} on slot "
                               f"{want[0]}, the log records {got[1]} --{got[3]}--> {got[2]} "
                               f"on slot {got[0]}")
-            if rec.tick is not None and logged.get("tick") not in (None, rec.tick):
-                return bad(j, f"slot {rec.slot} holds tick {rec.tick} but the record "
-                              f"names tick {logged.get('tick')}")
+            for name, want_value in (("tick", rec.tick), ("generation", rec.generation)):
+                value = logged.get(name)
+                if want_value is not None and value is not None and (
+                        type(value) is not int or value != want_value):
+                    return bad(j, f"slot {rec.slot} holds {name} {want_value} but the "
+                                  f"record names {name} {value!r}")
             report.rows_seen.add((rec.source.value, rec.event.value))
         try:
             core.check_invariants()

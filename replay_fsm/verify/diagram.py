@@ -9,6 +9,7 @@ import hashlib
 import shutil
 import subprocess
 
+from ..errors import describe_exit, first_line
 from ..spec import HANDOFFS, INITIAL, STOPPED, TERMINAL, TRANSITIONS, Actor, SlotState, Transition
 
 
@@ -51,14 +52,18 @@ def svg(highlight: SlotState | None = None) -> str:
     """SVG rendered by Graphviz's ``dot``, stamped with the digest of its DOT source.
 
     Raises:
-        RuntimeError: the ``dot`` program is not installed.
+        RuntimeError: the ``dot`` program is not installed, or failed (its message).
     """
     exe = shutil.which("dot")
     if exe is None:
         raise RuntimeError("the 'dot' program (Graphviz) is not installed; "
                            "apt-get install graphviz, or use --format dot")
-    out = subprocess.run([exe, "-Tsvg"], input=dot(highlight), capture_output=True,
-                         text=True, check=True).stdout
+    done = subprocess.run([exe, "-Tsvg"], input=dot(highlight), capture_output=True,
+                          text=True)
+    if done.returncode:
+        said = first_line(done.stderr) or "nothing on its standard error"
+        raise RuntimeError(f"{exe} -Tsvg failed ({describe_exit(done.returncode)}): {said}")
+    out = done.stdout
     return out + f"<!-- replay_fsm dot sha256 {dot_digest(highlight)} -->\n"
 
 
