@@ -50,6 +50,7 @@ import multiprocessing as mp
 import os
 import random
 import signal
+import stat
 import struct
 import subprocess
 import sys
@@ -67,6 +68,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.data import buffer as buffer_module
 from replay_fsm.data import checkpoint
 from replay_fsm.data.checkpoint import HEADER_BYTES, CheckpointError
 from replay_fsm.data.sampling import expected_batch
@@ -659,6 +661,70 @@ def test_a_folder_or_an_empty_path_is_refused_before_anything_is_written(
         assert type(saved.value) is type(opened.value) and saved.value.filename == path
     assert sorted(os.listdir(tmp_path)) == ["file", "taken"]
     assert os.listdir(tmp_path / "taken") == []
+
+
+def test_a_pipe_or_a_device_is_refused_as_a_target_and_left_there(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The rename replaced the node with the checkpoint: a FIFO became a regular file,
+    and ``rb.save("/dev/null")`` as root would have replaced /dev/null (helper-44)."""
+    rb = filled(8, 5)
+    monkeypatch.setattr(checkpoint, "_create_temporary", None)  # never reached
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    link = tmp_path / "null"
+    link.symlink_to(os.devnull)
+    for path in (fifo, link, Path(os.devnull)):
+        with pytest.raises(OSError) as info:
+            rb.save(path)
+        assert info.value.filename == str(path)
+        assert "not a regular file (a pipe, a device or a socket)" in str(info.value)
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode) and link.is_symlink()
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "null"]
+
+
+def test_a_temporary_file_that_cannot_be_removed_does_not_hide_the_saves_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder where files can be made but not removed (chattr +a): the rename's
+    error was replaced by the clean-up's, naming the temporary file (helper-44)."""
+    rb = filled(8, 5)
+    path = tmp_path / "b.ckpt"
+
+    def refused(*args: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted", str(args[0]))
+
+    monkeypatch.setattr(checkpoint.os, "replace", refused)
+    monkeypatch.setattr(checkpoint.os, "unlink", refused)
+    with pytest.raises(PermissionError) as info:
+        rb.save(path)
+    monkeypatch.undo()
+    assert info.value.filename == str(path) and info.value.errno == errno.EPERM
+    assert info.value.__cause__ is not None and "tmp" in str(info.value.__cause__.filename)
+    left = os.listdir(tmp_path)  # the temporary file stays: it could not be removed
+    assert len(left) == 1 and left[0].startswith(".b.ckpt.") and left[0].endswith(".tmp")
+
+
+def test_a_bytes_path_is_a_path_named_as_text(tmp_path: Path) -> None:
+    """save(b"...") raised "endswith first arg must be bytes"; load named b'...'."""
+    path = os.fsencode(tmp_path / "b.ckpt")
+    assert filled(8, 5).save(path).path == str(tmp_path / "b.ckpt")
+    assert_state(ReplayBuffer.load(path), 5)
+    with pytest.raises(FileNotFoundError) as info:
+        ReplayBuffer.load(path + b"x")
+    assert info.value.filename == str(tmp_path / "b.ckptx")
+
+
+def test_a_buffer_too_large_to_load_names_the_checkpoint(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "b.ckpt"
+    filled(8, 5).save(path)
+
+    def no_room(*shape: int, what: str, **kw: object) -> None:
+        raise MemoryError(f"{what} needs 1 TiB of shared memory")
+
+    monkeypatch.setattr(buffer_module, "shared_zeros", no_room)
+    with pytest.raises(MemoryError, match=f"^loading {path}: a replay buffer of 8 rows"):
+        ReplayBuffer.load(path)
 
 
 @pytest.mark.parametrize("bad", [True, 1.5, -3, "16"])

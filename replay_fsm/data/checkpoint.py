@@ -43,6 +43,7 @@ write. ``add`` waits only during that last pass.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -271,6 +272,8 @@ def _target(path: str) -> str:
         FileNotFoundError: ``path`` is empty, or a folder on its way is missing.
         NotADirectoryError: a file on its way is used as a folder.
         IsADirectoryError: ``path`` is a folder, or ends with a slash.
+        OSError: ``path`` is a pipe, a device or a socket: renaming the file over
+            it would replace the node itself (``/dev/null``, as root).
     """
     if not path:
         raise _os_error(errno.ENOENT, path)
@@ -287,6 +290,10 @@ def _target(path: str) -> str:
     target = os.path.realpath(path)
     if os.path.isdir(target):
         raise _os_error(errno.EISDIR, path)
+    if os.path.exists(target) and not os.path.isfile(target):
+        raise OSError(errno.EINVAL, "not a regular file (a pipe, a device or a socket): "
+                                    "save writes a checkpoint file and renames it over "
+                                    "the old one", path)
     return target
 
 
@@ -344,7 +351,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     except (TypeError, ValueError):
         raise ValueError(f"chunk_bytes must be a positive int, got {chunk_bytes!r}") \
             from None
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # a str, bytes or os.PathLike path, named as a str
     target = _target(path)
     directory = os.path.dirname(target)
     chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
@@ -404,13 +411,17 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
 
 
 def _discard(fd: int, tmp: str) -> None:
-    """Close ``fd`` (unless -1) and remove the temporary file of a save that failed."""
+    """Close ``fd`` (unless -1) and remove the temporary file of a save that failed.
+    Its own errors are dropped: the save's is the one raised (a folder where files
+    can be made but not removed keeps the temporary file)."""
     if fd >= 0:
-        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.close(fd)
     elif tmp:
         _close_lost(tmp)
-    if tmp and os.path.exists(tmp):
-        os.unlink(tmp)
+    if tmp:
+        with contextlib.suppress(OSError):  # FileNotFoundError: never made
+            os.unlink(tmp)
 
 
 def _close_lost(tmp: str) -> None:
@@ -548,7 +559,7 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
         MemoryError: the buffer the file describes does not fit (``ReplayBuffer``).
         OSError: the file cannot be read.
     """
-    path = os.fspath(path)
+    path = os.fsdecode(path)  # a str, bytes or os.PathLike path, named as a str
     asked = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,
              "critic_dim": critic_dim}
     expected = {k: None if v is None else as_count(k, v, 0) for k, v in asked.items()}
@@ -584,9 +595,12 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
             raise CheckpointError(path, f"row layout {meta['layout']} differs from this "
                                         f"library's {ours}")
         # The header's fields were checked: an error here is the class's own.
-        rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
-                 meta["critic_dim"], region_rows=meta["region_rows"],
-                 check_finite=meta.get("check_finite", False))
+        try:
+            rb = cls(meta["capacity"], meta["obs_dim"], meta["action_dim"],
+                     meta["critic_dim"], region_rows=meta["region_rows"],
+                     check_finite=meta.get("check_finite", False))
+        except MemoryError as exc:  # the class's words, for the file asked for
+            raise MemoryError(f"loading {path}: {exc}") from exc
         ptr, size, chunk_rows = meta["ptr"], meta["size"], meta["chunk_rows"]
         crcs = _read_table(path, f, meta)
         _read_rows(path, f, rb, crcs, chunk_rows, size)
