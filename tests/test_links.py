@@ -334,22 +334,28 @@ def test_a_packer_thread_that_raises_is_reported_with_its_error(
 
 def test_a_packer_thread_hung_inside_a_pack_is_left_behind_by_name(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
 
     def service(self, timeout):  # type: ignore[no-untyped-def]
+        entered.set()
         release.wait()
 
     monkeypatch.setattr(links.Packer, "service", service)
     made = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)
     made.start(lambda exc: None)
+    # Inside its pack before the stop (else it may see the stop first and end).
+    assert entered.wait(MARGIN_S)
     assert made.liveness(waiting=False, timeout=5.0) is None  # alive, nothing waits
     # stop is bounded by its timeout even with the thread hung
     stopped, said = finishes_within(lambda: made.stop(0.05))
-    release.set()
-    assert stopped and said == [[
-        "the packer thread did not stop within 0 s (hung inside a pack); it is a "
-        "daemon thread and is left behind"]]
-    assert made.liveness(waiting=True, timeout=5.0) is None  # stopped: no verdict
+    try:
+        assert stopped and said == [[
+            "the packer thread did not stop within 0 s (hung inside a pack); it is a "
+            "daemon thread and is left behind"]]
+        # Stopped, still hung (until the release below): its silence is no verdict.
+        assert made.liveness(waiting=True, timeout=5.0) is None
+    finally:
+        release.set()
 
 
 def test_a_packer_thread_that_ends_cleanly_reports_no_cause() -> None:
