@@ -29,13 +29,19 @@ def _demo(args: argparse.Namespace) -> int:
         try:
             results = launch(args.nproc, config)
         except KeyboardInterrupt as exc:
-            print(f"interrupted; {where}")
+            # launch removed an earlier run's rank files: these are this run's
+            written = any(Path(args.out).glob("summary-rank*.json"))
+            print(f"interrupted; {where}" if written else
+                  "interrupted before any rank wrote its files")
             return exit_code(exc)  # the shell's code for Ctrl-C (130) or SIGTERM (143)
         for rank, summary in sorted(results.items()):
             print(f"rank {rank}: {summary['ticks']} ticks, {summary['tick_ms']:.2f} ms/tick, "
-                  f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}")
+                  f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}"
+                  + (", its trace does NOT conform" if summary["trace_conforms"] is False
+                     else ""))
         print(where)
-        return 0
+        # as a single run's: 1 when a rank's trace does not conform (None: not checked)
+        return 1 if any(s["trace_conforms"] is False for s in results.values()) else 0
     from .demo import format_summary, run
     try:
         summary = run(config)

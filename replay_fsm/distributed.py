@@ -35,7 +35,14 @@ from .core import as_count, as_seed
 from .demo.config import DemoConfig
 from .errors import RankFailed, ReplayFSMError, first_line
 from .files import write_text
-from .signals import STOP_SIGNALS, Interrupted, handling, keeping_handlers
+from .signals import (
+    STOP_SIGNALS,
+    Interrupted,
+    children_start_blocked,
+    handling,
+    keeping_handlers,
+    unblock_stop_signals,
+)
 from .transfer import available_device
 from .wire import MAX_SEED
 
@@ -142,17 +149,22 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
 
     from .demo import run
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
-    device = local_device(local_rank, config.device)
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend)
-    mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
-    if rank != kill_rank:
-        mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None)
-    out = Path(mine.out)
+    out = Path(config.out)
     try:
+        # From the rank's first instruction of its own: a stop signal taken while it
+        # joins the others is recorded, and every rank stops at the first step. One
+        # sent before (while torch was imported) waited, blocked, since ``launch``
+        # started the rank with the stop signals blocked: it comes now.
         with AgreedInterrupt() as interrupt:
+            unblock_stop_signals()
+            device = local_device(local_rank, config.device)
+            backend = "nccl" if device.type == "cuda" else "gloo"
+            if device.type == "cuda":
+                torch.cuda.set_device(device)
+            dist.init_process_group(backend)
+            mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
+            if rank != kill_rank:
+                mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None)
             summary = run(mine, all_reduce=interrupt.all_reduce_mean)
         if interrupt.signum is not None:
             # This rank got a stop signal. A launcher that is stopping (the terminal's
@@ -198,7 +210,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
     others and raises. The files an earlier run left in ``config.out`` for these ranks
-    (``RANK_FILES``) are removed first.
+    (``RANK_FILES``) and its merged trace are removed first. The ranks start with the
+    stop signals blocked, until ``rank_main`` has its handlers in: one sent while they
+    start up stops them at their first step, files written.
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C
@@ -210,6 +224,7 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         TypeError, ValueError: ``nproc`` is not an int in [1, 256], the last rank's
             seed is too large, or the device is one this machine lacks (before any
             rank starts).
+        NotADirectoryError: ``config.out`` is a file (before any rank starts).
     """
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
@@ -220,10 +235,14 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
     rank_seed(config.batch_seed, nproc - 1)  # before any rank starts, not in the last one
     local_device(0, config.device)  # "cuda" without CUDA, the same
-    out = Path(config.out)
+    from .demo.runner import output_folder
+    out = output_folder(config.out)
     out.mkdir(parents=True, exist_ok=True)
-    for rank in range(nproc):  # an earlier run's, which a rank that fails early would
-        for name in RANK_FILES:  # leave looking current (and merged into trace.json)
+    # An earlier run's files, which a rank that fails early (or a launcher killed
+    # before it merges the traces) would leave looking current.
+    (out / "trace.json").unlink(missing_ok=True)
+    for rank in range(nproc):
+        for name in RANK_FILES:
             (out / name.format(rank=rank)).unlink(missing_ok=True)
     launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=f"replay_fsm-{uuid.uuid4().hex[:8]}",
@@ -233,8 +252,10 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
                           # the system's temp folder at every launch, never removed
                           logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")))
     try:
-        # torch's launcher installs handlers for these and leaves them: ours come back
-        with keeping_handlers(LAUNCHER_SIGNALS):
+        # torch's launcher installs handlers for these and leaves them: ours come back.
+        # The ranks start with the stop signals blocked (rank_main unblocks them once
+        # its handlers are in): one sent while they import torch waits for them.
+        with keeping_handlers(LAUNCHER_SIGNALS), children_start_blocked(STOP_SIGNALS):
             results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     except SignalException as exc:
         if exc.sigval not in STOP_SIGNALS:

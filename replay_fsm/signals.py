@@ -90,6 +90,47 @@ def keeping_handlers(signums: tuple[int, ...]) -> Iterator[bool]:
 
 
 @contextmanager
+def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
+    """For the with-block, ``signums`` blocked in this thread, so that the processes
+    it starts start with them blocked (a child inherits its parent thread's signal
+    mask, through exec too): one sent while a child imports its modules waits until
+    the child unblocks them with its handlers in (``unblock_stop_signals``), instead
+    of killing it (SIGTERM's default) or raising inside an import (SIGINT's).
+    multiprocessing starts its resource tracker the same way.
+
+    This process still takes them: a thread started before the block, which does
+    nothing else, receives them, and Python runs the handlers in the main thread as
+    ever (at its next bytecode; a main thread in ``time.sleep`` at the sleep's end).
+    Main thread only, where signals can be blocked: elsewhere nothing changes."""
+    if (not hasattr(signal, "pthread_sigmask")
+            or threading.current_thread() is not threading.main_thread()):
+        yield
+        return
+    # multiprocessing starts its resource tracker at the first spawn, and then
+    # unblocks SIGINT and SIGTERM in the calling thread: started here, before the block.
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()
+    done = threading.Event()
+    receiver = threading.Thread(target=done.wait, name="replay_fsm-signals", daemon=True)
+    receiver.start()
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        done.set()
+        receiver.join()
+
+
+def unblock_stop_signals() -> None:
+    """Unblock SIGINT and SIGTERM in this thread (a process that
+    ``children_start_blocked`` started): one sent meanwhile comes now, to the handlers
+    in place. Nothing where signals cannot be blocked."""
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+@contextmanager
 def handling(signums: tuple[int, ...], handler: Any) -> Iterator[None]:
     """``handler`` for ``signums`` for the length of the with-block, then the handlers
     from before (``keeping_handlers``; from a thread other than the main one nothing

@@ -296,3 +296,10 @@ class StallingBuffer(ReplayBuffer):
         go.wait()
         super()._copy_in(start + half, rows[half:])
 
+
+
+def report_blocked(answers: Any) -> None:
+    """Put which of SIGINT and SIGTERM this process started with blocked."""
+    import signal
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    answers.put(tuple(s in blocked for s in (signal.SIGINT, signal.SIGTERM)))

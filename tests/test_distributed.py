@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from replay_fsm.distributed import (
     rank_seed,
 )
 from replay_fsm.signals import Interrupted
+
+from .support import MARGIN_S
 
 
 def test_rank_seed_formula_and_device_choice() -> None:
@@ -124,6 +127,13 @@ def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
         for device in ("cuda", "cuda:0", "cuda:1"):  # cuda:0 started the ranks
             with pytest.raises(ValueError, match="is not available on this machine"):
                 launch(2, options(tmp_path, device=device))
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(NotADirectoryError, match="a-file is a file; --out names the "
+                       "output folder"):  # was mkdir's "[Errno 17] File exists"
+        launch(2, options(tmp_path / "a-file"))
+    for depth in (1, 65):  # each rank's pipeline refused it, 15 s and 40 lines later
+        with pytest.raises(ValueError, match="ring_depth must be"):
+            options(tmp_path, ring_depth=depth)
 
 
 def options(out: Path, **extra: object) -> DemoConfig:
@@ -221,6 +231,56 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(
     assert tick <= saved[0]["ticks"] == saved[1]["ticks"] < 400  # the same step
     trace = json.loads((tmp_path / "out" / "trace.json").read_text())["traceEvents"]
     assert len({e["pid"] for e in trace}) == 4  # both ranks' tracks, merged
+
+
+def spawned_children(pid: int) -> list[int]:
+    """The processes ``pid`` spawned with multiprocessing (its ranks), not its resource
+    tracker."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue  # not a process, or gone meanwhile
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and b"spawn_main" in cmdline:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_stop_signal_while_a_rank_starts_up_stops_every_rank_with_its_files(
+        tmp_path: Path, signum: int) -> None:
+    """Sent to a rank as soon as it exists (it imports torch for a second or so), a
+    SIGTERM killed it (the command said "rank 1 failed (killed by SIGTERM)", exit 2,
+    no files) and a SIGINT was raised inside torch's import: the rank died of it, or
+    torch swallowed it and the run went on (helper-45). The ranks start with both blocked and take them once
+    their handlers are in: every rank stops at the first step and writes its files."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen([sys.executable, "-m", "replay_fsm", "demo", "--nproc", "2",
+                             "--ticks", "40", "--sample-count", "256", "--no-progress",
+                             "--out", str(out)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        end, ranks = time.monotonic() + MARGIN_S, []
+        while len(ranks) < 2 and time.monotonic() < end and proc.poll() is None:
+            ranks = spawned_children(proc.pid)
+        assert len(ranks) == 2, ranks
+        os.kill(ranks[-1], signum)
+        stdout, stderr = proc.communicate(timeout=240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signum, stdout + stderr
+    assert stdout.startswith("interrupted; per-rank summaries"), stdout + stderr
+    assert "KeyboardInterrupt" not in stderr, stderr
+    saved = [json.loads((out / f"summary-rank{rank}.json").read_text()) for rank in (0, 1)]
+    assert all(s["interrupted"] and s["error"] is None for s in saved), saved
+    assert saved[0]["ticks"] == saved[1]["ticks"] < 40  # the same step, not the end
 
 
 def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
@@ -328,10 +388,48 @@ def test_a_stop_signal_sent_to_one_rank_alone_is_an_interrupt(
     with pytest.raises(Interrupted) as info:
         launch(2, options(tmp_path / "out"))
     assert info.value.signum == signum
-    code = cli_main(["demo", "--nproc", "2", "--ticks", "8", "--out",
-                     str(tmp_path / "cli"), "--no-progress"])
-    assert code == 128 + signum
+    argv = ["demo", "--nproc", "2", "--ticks", "8", "--out", str(tmp_path / "cli"),
+            "--no-progress"]
+    assert cli_main(argv) == 128 + signum
+    # This fake launch wrote no rank's files: the CLI pointed at files not there.
+    assert capsys.readouterr().out == "interrupted before any rank wrote its files\n"
+    real = failing_launcher(tmp_path, 128 + signum, None)
+
+    def writing(config, entrypoint):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
+            (tmp_path / "cli" / "summary-rank0.json").write_text("{}")  # a rank's
+            return real(config, entrypoint)(*args)
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", writing)
+    assert cli_main(argv) == 128 + signum
     assert capsys.readouterr().out.startswith("interrupted; per-rank summaries")
+
+
+def test_a_rank_whose_trace_does_not_conform_fails_the_command(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """As a single run's: exit 1 (it was 0 whatever the ranks' traces)."""
+    from torch.distributed.launcher import api
+
+    from replay_fsm.cli import main as cli_main
+
+    def returning(conforms: list[bool | None]):  # type: ignore[no-untyped-def]
+        def elastic_launch(config, entrypoint):  # type: ignore[no-untyped-def]
+            def run(*args):  # type: ignore[no-untyped-def]
+                return {rank: {"ticks": 8, "tick_ms": 1.0, "stall_pct": 0.0,
+                               "base_seed": rank, "trace_conforms": c}
+                        for rank, c in enumerate(conforms)}
+            return run
+        return elastic_launch
+
+    argv = ["demo", "--nproc", "2", "--ticks", "8", "--out", str(tmp_path), "--no-progress"]
+    for conforms, code in (([True, True], 0), ([True, None], 0), ([True, False], 1)):
+        monkeypatch.setattr(api, "elastic_launch", returning(conforms))
+        assert cli_main(argv) == code, conforms
+        out = capsys.readouterr().out
+        assert ("rank 1: 8 ticks, 1.00 ms/tick, stall 0.0 %, base seed 1, its trace does "
+                "NOT conform") in out if code else "NOT" not in out
 
 
 def test_an_earlier_runs_rank_files_are_not_taken_for_this_runs(
@@ -350,9 +448,20 @@ def test_an_earlier_runs_rank_files_are_not_taken_for_this_runs(
         (out / f"summary-rank{rank}.json").write_text('{"ticks": 300}')
         (out / f"transitions-rank{rank}.jsonl").write_text("")
     (out / "trace-rank2.json").write_text(json.dumps(stale))  # not a rank of this run
-    monkeypatch.setattr(api, "elastic_launch", failing_launcher(tmp_path, -9, None))
+    (out / "trace.json").write_text(json.dumps(stale))  # a launcher killed before its
+    failing = failing_launcher(tmp_path, -9, None)  # merge left the one before
+    seen = []
+
+    def looking(config, entrypoint):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
+            seen.append(sorted(p.name for p in out.iterdir()))  # as the ranks start
+            return failing(config, entrypoint)(*args)
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", looking)
     with pytest.raises(RankFailed):
         launch(2, options(out))
+    assert seen == [["launcher-logs", "trace-rank2.json"]]
     assert json.loads((out / "trace.json").read_text())["traceEvents"] == []
     assert sorted(p.name for p in out.iterdir() if "rank" in p.name) == ["trace-rank2.json"]
 

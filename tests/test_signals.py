@@ -19,6 +19,8 @@ import pytest
 
 from replay_fsm import signals
 
+from .support import MARGIN_S
+
 
 def test_interrupted_is_a_keyboard_interrupt_that_says_its_exit_code() -> None:
     term = signals.Interrupted(signal.SIGTERM)
@@ -113,6 +115,54 @@ def test_a_helper_process_starts_with_its_signals_ignored_and_the_learner_keeps_
     plain.start()  # the control: a plain start keeps Python's default handlers
     plain.join(60)
     assert answers.get() == (False, False)
+
+
+BLOCKED_CHILDREN = """
+import multiprocessing as mp, os, signal, time
+from replay_fsm import signals
+from tests.collectors import report_blocked
+if __name__ == "__main__":
+    ctx = mp.get_context("spawn")
+    taken = []
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with signals.handling((signal.SIGTERM,), lambda signum, frame: taken.append(signum)):
+        with signals.children_start_blocked(signals.STOP_SIGNALS):
+            # The first semaphore of a fresh process starts multiprocessing's resource
+            # tracker, which then unblocked both in this thread: the children started
+            # with them unblocked.
+            answers = ctx.SimpleQueue()
+            children = [ctx.Process(target=report_blocked, args=(answers,))
+                        for _ in range(2)]
+            for child in children:
+                child.start()
+            os.kill(os.getpid(), signal.SIGTERM)  # this process still takes it
+            end = time.monotonic() + 60
+            while not taken and time.monotonic() < end:
+                time.sleep(0.01)
+        print("taken", taken == [signal.SIGTERM])
+    for child in children:
+        child.join(60)
+    print("children", [answers.get() for _ in children])
+    print("mask back", signal.pthread_sigmask(signal.SIG_BLOCK, []) == before)
+    plain = ctx.Process(target=report_blocked, args=(answers,))
+    plain.start()
+    plain.join(60)
+    print("after", answers.get())
+"""
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+def test_children_started_in_the_block_start_with_the_stop_signals_blocked() -> None:
+    """What launch starts its ranks with: a stop signal sent while a rank imports
+    torch waits for the rank's handlers (it killed the rank, or raised inside the
+    import); the launcher itself still takes its signals meanwhile. In a fresh
+    interpreter, so that its first spawn starts the resource tracker."""
+    done = subprocess.run([sys.executable, "-c", BLOCKED_CHILDREN], capture_output=True,
+                          text=True, timeout=MARGIN_S * 4,
+                          cwd=Path(__file__).resolve().parent.parent)
+    assert done.stdout.split("\n") == [
+        "taken True", "children [(True, True), (True, True)]", "mask back True",
+        "after (False, False)", ""], done.stdout + done.stderr
 
 
 def _wait_for_tick(proc: subprocess.Popen[bytes], tick: int, deadline_s: float) -> bytes:

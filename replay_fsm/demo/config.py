@@ -8,6 +8,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..core import as_ring_depth
 from ..signals import STOP_SIGNALS
 
 
@@ -71,6 +72,7 @@ class DemoConfig:
         if self.interrupt_signal not in STOP_SIGNALS:
             raise ValueError(f"interrupt_signal must be SIGINT or SIGTERM, got "
                              f"{self.interrupt_signal!r}")
+        as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
                              f"{self.collector!r}")

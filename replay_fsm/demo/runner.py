@@ -165,6 +165,18 @@ def _after(error: Exception | None) -> Iterator[None]:
         raise
 
 
+def output_folder(out: str | Path) -> Path:
+    """``out`` as the run's output folder, which may not exist yet.
+
+    Raises:
+        NotADirectoryError: ``out`` is a file.
+    """
+    out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")
+    return out_dir
+
+
 @step
 def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
     """The output folder, the replay buffer and the pipeline. A step
@@ -172,9 +184,7 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
     and ``run`` raises it inside the run, which then writes its files."""
     if config.learner_threads is not None:
         torch.set_num_threads(config.learner_threads)
-    out_dir = Path(config.out)
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")
+    out_dir = output_folder(config.out)
     device = available_device(config.device)  # before any folder is made
     out_dir.mkdir(parents=True, exist_ok=True)
     rb = ReplayBuffer(config.capacity, OBS, ACT)
