@@ -574,7 +574,7 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
             raise CheckpointError(path, f"holds {meta.get('byteorder')}-endian "
                                         f"{meta.get('dtype')} rows; this machine is "
                                         f"{sys.byteorder}-endian float32")
-        wrong = [f"{k}={meta[k]} (expected {v})" for k, v in expected.items()
+        wrong = [f"{k}={meta[k]} in the file, {v} asked for" for k, v in expected.items()
                  if v is not None and meta[k] != v]
         if wrong:
             raise CheckpointError(path, "does not match the buffer asked for: "

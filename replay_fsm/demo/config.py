@@ -37,7 +37,8 @@ class DemoConfig:
     session of its own).
 
     Raises:
-        ValueError: a field out of range (named, with the value).
+        TypeError, ValueError: a field of the wrong type or out of range (named, with
+            the value).
     """
 
     ticks: int = 300
