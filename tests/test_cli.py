@@ -52,7 +52,9 @@ def test_an_empty_trace_is_a_violation(capsys: pytest.CaptureFixture[str], tmp_p
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     assert main(["check-trace", str(empty)]) == 1
-    assert "empty" in capsys.readouterr().out
+    # one line: it ended in "  context:" and an empty line, with no record to show
+    assert capsys.readouterr().out == ("violation: the log is empty: no transition to "
+                                       "check\n")
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")

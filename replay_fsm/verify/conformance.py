@@ -57,8 +57,10 @@ class Report:
         if self.ok:
             return (f"ok: {self.records} transitions over {self.slots} slots conform to the "
                     f"table and the invariants ({len(self.rows_seen)} distinct rows)")
-        ctx = "\n".join(f"    #{c['index']}: {c['record']}" for c in self.context)
         where = "" if self.index is None else f" at record #{self.index}"
+        if not self.context:  # an empty log: no record to show
+            return f"violation{where}: {self.violation}"
+        ctx = "\n".join(f"    #{c['index']}: {c['record']}" for c in self.context)
         return f"violation{where}: {self.violation}\n  context:\n{ctx}"
 
 
