@@ -336,4 +336,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from torch.distributed.elastic.multiprocessing.errors import record
+
+    # An error that ends the rank goes to torchrun's error file, so that torchrun's
+    # report names it (else its "error_file: <N/A>").
+    raise SystemExit(record(main)())

@@ -69,6 +69,28 @@ def temp_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
     return folder
 
 
+def test_a_torchrun_rank_that_fails_records_its_error_for_torchrun(tmp_path: Path) -> None:
+    """torchrun's report of a failed rank read "error_file: <N/A>": the module's main
+    was not wrapped in torch's ``record``, which writes the error where torchrun
+    reads it (TORCHELASTIC_ERROR_FILE). A one-rank world, failing as it builds."""
+    import socket
+
+    (tmp_path / "a-file").write_text("")
+    with socket.socket() as s:  # a free port for the rendezvous
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", LOCAL_WORLD_SIZE="1",
+               MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+               TORCHELASTIC_ERROR_FILE=str(tmp_path / "error.json"))
+    done = subprocess.run([sys.executable, "-m", "replay_fsm.distributed", "--ticks", "1",
+                           "--device", "cpu", "--out", str(tmp_path / "a-file")],
+                          capture_output=True, text=True, timeout=MARGIN_S * 4, env=env)
+    assert done.returncode == 1, done.stderr
+    recorded = json.loads((tmp_path / "error.json").read_text())["message"]["message"]
+    assert recorded == (f"NotADirectoryError: {tmp_path / 'a-file'} is a file; --out "
+                        "names the output folder"), recorded
+
+
 def test_a_rank_started_without_torchrun_says_so(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     for name in RANK_ENV:
@@ -257,8 +279,9 @@ def test_a_stop_signal_while_a_rank_starts_up_stops_every_rank_with_its_files(
     """Sent to a rank as soon as it exists (it imports torch for a second or so), a
     SIGTERM killed it (the command said "rank 1 failed (killed by SIGTERM)", exit 2,
     no files) and a SIGINT was raised inside torch's import: the rank died of it, or
-    torch swallowed it and the run went on (helper-45). The ranks start with both blocked and take them once
-    their handlers are in: every rank stops at the first step and writes its files."""
+    torch swallowed it and the run went on (helper-45). The ranks start with both
+    blocked and take them once their handlers are in: every rank stops at the first
+    step and writes its files."""
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "replay_fsm", "demo", "--nproc", "2",
                              "--ticks", "40", "--sample-count", "256", "--no-progress",
