@@ -79,13 +79,19 @@ def local_device(local_rank: int, device: str = "auto") -> torch.device:
     """``cuda:<local_rank>`` when CUDA is there (or asked for), else ``device``/cpu.
 
     Raises:
-        ValueError: a device this machine lacks (``transfer.available_device``).
+        ValueError: a device this machine lacks (``transfer.available_device``), or
+            "cuda" for a local rank past this node's GPUs (nccl needs a GPU per rank).
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     chosen = available_device(device)  # the library's errors for one it lacks
     if device == "cuda":
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
+        count = torch.cuda.device_count()
+        if local_rank >= count:  # two ranks on one GPU: nccl refuses, deep in its init
+            raise ValueError(f"local rank {local_rank} has no GPU of its own: this node has "
+                             f"{count} (nccl needs one per rank; fewer ranks per node, or "
+                             "--device cpu)")
+        return torch.device("cuda", local_rank)
     return chosen
 
 
@@ -234,7 +240,11 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     if nproc > MAX_RANKS:
         raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
     rank_seed(config.batch_seed, nproc - 1)  # before any rank starts, not in the last one
-    local_device(0, config.device)  # "cuda" without CUDA, the same
+    last = local_device(nproc - 1, config.device)  # "cuda" without CUDA, or too few GPUs
+    if last.type == "cuda" and last.index is not None and nproc > 1 and config.device \
+            not in ("auto", "cuda"):
+        raise ValueError(f"device {config.device!r} would put all {nproc} ranks on one GPU "
+                         "(nccl needs one per rank): --device cuda gives rank k cuda:k")
     from .demo.runner import output_folder
     out = output_folder(config.out)
     out.mkdir(parents=True, exist_ok=True)

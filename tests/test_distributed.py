@@ -158,6 +158,29 @@ def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
             options(tmp_path, ring_depth=depth)
 
 
+def test_ranks_that_would_share_a_gpu_are_refused_before_any_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a node with two GPUs (made up here): a third rank wrapped round to cuda:0,
+    and --device cuda:1 put every rank on cuda:1, for nccl to refuse in every rank."""
+    from torch.distributed.launcher import api
+
+    def never(*args: object) -> None:
+        raise AssertionError("ranks started")
+
+    monkeypatch.setattr(api, "elastic_launch", never)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert [local_device(rank, "cuda") for rank in (0, 1)] == [
+        torch.device("cuda", 0), torch.device("cuda", 1)]
+    assert local_device(5, "cuda:1") == torch.device("cuda", 1)  # asked for: as given
+    for device in ("cuda", "auto"):
+        with pytest.raises(ValueError, match="local rank 2 has no GPU of its own: this "
+                                             "node has 2"):
+            launch(3, options(tmp_path, device=device))
+    with pytest.raises(ValueError, match="'cuda:1' would put all 2 ranks on one GPU"):
+        launch(2, options(tmp_path, device="cuda:1"))
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
