@@ -138,8 +138,8 @@ def main(argv: list[str] | None = None) -> int:
                      default="mermaid", help="svg needs graphviz's dot")
     dia.add_argument("--out", default=argparse.SUPPRESS,
                      help="a file (default: standard output)")
-    dia.add_argument("--highlight", choices=[s.name.lower() for s in SlotState]
-                     + [s.name for s in SlotState], help="a state to draw in colour")
+    dia.add_argument("--highlight", type=str.lower, choices=[s.name.lower() for s in SlotState],
+                     help="a state to draw in colour (any case)")
     dia.set_defaults(fn=_diagram)
 
     chk = command("check-trace", help="replay a transition log against the table")

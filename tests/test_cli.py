@@ -109,6 +109,13 @@ def test_explore_with_a_bad_depth(capsys: pytest.CaptureFixture[str]) -> None:
     assert "ring_depth" in one_line_error(capsys, main(["explore", "--depth", "1"]))
 
 
+def test_a_highlight_is_taken_in_any_case(capsys: pytest.CaptureFixture[str]) -> None:
+    """"Hot" was refused, though "hot" and "HOT" were among the 14 spellings listed."""
+    for spelling in ("hot", "HOT", "Hot"):
+        assert main(["diagram", "--highlight", spelling]) == 0
+        assert "class HOT highlight" in capsys.readouterr().out
+
+
 def test_a_highlight_the_sequence_diagram_cannot_draw_is_refused(
         capsys: pytest.CaptureFixture[str]) -> None:
     """It was ignored: the plain sequence diagram came out, exit 0."""
