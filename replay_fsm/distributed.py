@@ -78,20 +78,18 @@ def rank_seed(base_seed: int, rank: int) -> int:
 def local_device(local_rank: int, device: str = "auto") -> torch.device:
     """``cuda:<local_rank>`` when CUDA is there (or asked for), else ``device``/cpu.
 
+    For "cuda", the local rank modulo the GPUs this rank sees: a scheduler that
+    shows each rank its own GPU (CUDA_VISIBLE_DEVICES per task) gives every rank its
+    cuda:0. ``launch`` makes sure its ranks, which see the same GPUs, have one each.
+
     Raises:
-        ValueError: a device this machine lacks (``transfer.available_device``), or
-            "cuda" for a local rank past this node's GPUs (nccl needs a GPU per rank).
+        ValueError: a device this machine lacks (``transfer.available_device``).
     """
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     chosen = available_device(device)  # the library's errors for one it lacks
     if device == "cuda":
-        count = torch.cuda.device_count()
-        if local_rank >= count:  # two ranks on one GPU: nccl refuses, deep in its init
-            raise ValueError(f"local rank {local_rank} has no GPU of its own: this node has "
-                             f"{count} (nccl needs one per rank; fewer ranks per node, or "
-                             "--device cpu)")
-        return torch.device("cuda", local_rank)
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
     return chosen
 
 
@@ -157,17 +155,21 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     out = Path(config.out)
     try:
-        # From the rank's first instruction of its own: a stop signal taken while it
-        # joins the others is recorded, and every rank stops at the first step. One
-        # sent before (while torch was imported) waited, blocked, since ``launch``
-        # started the rank with the stop signals blocked: it comes now.
         with AgreedInterrupt() as interrupt:
-            unblock_stop_signals()
-            device = local_device(local_rank, config.device)
-            backend = "nccl" if device.type == "cuda" else "gloo"
-            if device.type == "cuda":
-                torch.cuda.set_device(device)
-            dist.init_process_group(backend)
+            # Until the ranks have joined, a stop signal ends this rank at once, as its
+            # default does: nothing is written yet, and a rank waiting in the
+            # rendezvous for one that died must not make the launcher wait its 30 s
+            # (Python's handlers run only once torch's wait returns). One sent while
+            # the rank started up (``launch`` starts it with them blocked) ends it
+            # here: not inside torch's import (a traceback, or swallowed there).
+            with handling(STOP_SIGNALS, signal.SIG_DFL):
+                unblock_stop_signals()
+                device = local_device(local_rank, config.device)
+                backend = "nccl" if device.type == "cuda" else "gloo"
+                if device.type == "cuda":
+                    torch.cuda.set_device(device)
+                dist.init_process_group(backend)
+            # From here a stop signal is recorded, and every rank stops at one step.
             mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
             if rank != kill_rank:
                 mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None)
@@ -217,8 +219,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
     others and raises. The files an earlier run left in ``config.out`` for these ranks
     (``RANK_FILES``) and its merged trace are removed first. The ranks start with the
-    stop signals blocked, until ``rank_main`` has its handlers in: one sent while they
-    start up stops them at their first step, files written.
+    stop signals blocked: one sent while they start up ends them once they have, an
+    interrupt with nothing written (``rank_main``).
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C
@@ -240,11 +242,15 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     if nproc > MAX_RANKS:
         raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
     rank_seed(config.batch_seed, nproc - 1)  # before any rank starts, not in the last one
-    last = local_device(nproc - 1, config.device)  # "cuda" without CUDA, or too few GPUs
-    if last.type == "cuda" and last.index is not None and nproc > 1 and config.device \
-            not in ("auto", "cuda"):
-        raise ValueError(f"device {config.device!r} would put all {nproc} ranks on one GPU "
-                         "(nccl needs one per rank): --device cuda gives rank k cuda:k")
+    device = local_device(0, config.device)  # "cuda" without CUDA, the same
+    if device.type == "cuda" and nproc > 1:  # ranks sharing a GPU: nccl refuses, in each
+        if config.device not in ("auto", "cuda"):
+            raise ValueError(f"device {config.device!r} would put all {nproc} ranks on one "
+                             "GPU (nccl needs one per rank): --device cuda gives rank k "
+                             "cuda:k")
+        if nproc > torch.cuda.device_count():
+            raise ValueError(f"{nproc} ranks on {torch.cuda.device_count()} GPUs: nccl needs "
+                             "one per rank (fewer ranks, or --device cpu)")
     from .demo.runner import output_folder
     out = output_folder(config.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -264,20 +270,22 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     try:
         # torch's launcher installs handlers for these and leaves them: ours come back.
         # The ranks start with the stop signals blocked (rank_main unblocks them once
-        # its handlers are in): one sent while they import torch waits for them.
+        # it has started up): one sent while they import torch waits for them.
         with keeping_handlers(LAUNCHER_SIGNALS), children_start_blocked(STOP_SIGNALS):
             results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     except SignalException as exc:
         if exc.sigval not in STOP_SIGNALS:
             raise
         # Ctrl-C or SIGTERM: the launcher forwarded it, the ranks stopped together
-        # and wrote their files (AgreedInterrupt); to the caller it is an interrupt.
+        # and wrote their files (AgreedInterrupt), or ended before they had joined;
+        # to the caller it is an interrupt.
         raise Interrupted(exc.sigval) from exc
     except ChildFailedError as exc:
-        stops = {128 + s: s for s in STOP_SIGNALS}
+        # rank_main's exit for a stop signal sent to that rank alone (every rank
+        # stopped at the same step and wrote its files, as for the launcher's), or
+        # the signal itself, before the ranks had joined (nothing written yet)
+        stops = {code: s for s in STOP_SIGNALS for code in (128 + s, -s)}
         if all(f.exitcode in stops for f in exc.failures.values()):
-            # rank_main's exit for a stop signal sent to that rank alone: every rank
-            # stopped at the same step and wrote its files, as for the launcher's.
             raise Interrupted(stops[exc.get_first_failure()[1].exitcode]) from exc
         # the first failure that is not a stop (torch stamps failures to the second)
         rank, failure = min(((r, f) for r, f in exc.failures.items()

@@ -117,8 +117,9 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
     try:
         yield
     finally:
+        done.set()  # first: a handler that raises once the mask is back (torch's
+        # launcher's do) would leave the receiver waiting for ever
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
-        done.set()
         receiver.join()
 
 
