@@ -26,11 +26,11 @@ def _demo(args: argparse.Namespace) -> int:
         from .distributed import launch
         where = (f"per-rank summaries and one merged trace in {args.out}/ "
                  "(summary-rank<k>.json, trace.json)")
-        try:
+        earlier = _summaries(args.out)  # an earlier run's: its ranks past this run's,
+        try:  # or all of them when the stop comes before launch removes them
             results = launch(args.nproc, config)
         except KeyboardInterrupt as exc:
-            # launch removed an earlier run's rank files: these are this run's
-            written = any(Path(args.out).glob("summary-rank*.json"))
+            written = bool(_summaries(args.out).items() - earlier.items())
             print(f"interrupted; {where}" if written else
                   "interrupted before any rank wrote its files")
             return exit_code(exc)  # the shell's code for Ctrl-C (130) or SIGTERM (143)
@@ -53,6 +53,19 @@ def _demo(args: argparse.Namespace) -> int:
     if summary["interrupted"]:
         return 130  # the shell's code for Ctrl-C
     return 1 if summary["trace_conforms"] is False else 0  # None: not checked
+
+
+def _summaries(out: str) -> dict[str, tuple[int, int]]:
+    """The ranks' summaries in ``out``: name -> (inode, mtime in ns), to tell a file
+    written since from one that was there."""
+    found = {}
+    for path in Path(out).glob("summary-rank*.json"):
+        try:
+            st = path.stat()
+        except OSError:
+            continue  # removed meanwhile
+        found[path.name] = (st.st_ino, st.st_mtime_ns)
+    return found
 
 
 def _sac(args: argparse.Namespace) -> int:

@@ -446,6 +446,8 @@ def test_a_stop_signal_sent_to_one_rank_alone_is_an_interrupt(
     assert info.value.signum == signum
     argv = ["demo", "--nproc", "2", "--ticks", "8", "--out", str(tmp_path / "cli"),
             "--no-progress"]
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "summary-rank3.json").write_text("{}")  # an earlier run's rank 3
     assert cli_main(argv) == 128 + signum
     # This fake launch wrote no rank's files: the CLI pointed at files not there.
     assert capsys.readouterr().out == "interrupted before any rank wrote its files\n"
