@@ -114,6 +114,16 @@ def load(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def _not_an_int(record: dict[str, Any]) -> str | None:
+    """Why ``record``'s tick or generation is malformed (neither may be a bool, a float
+    or a string), or None; either may be absent or null (not logged)."""
+    for name in ("tick", "generation"):
+        value = record.get(name)
+        if value is not None and type(value) is not int:
+            return f"malformed record: {name} {value!r} is not an int"
+    return None
+
+
 def _invariant(exc: BaseException) -> str:
     """The catalogue ID an error of the core stands for, in the report's words."""
     if isinstance(exc, PipelineFailed):
@@ -165,9 +175,9 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
             return bad(i, f"malformed record: {exc!r}")
         tick, generation = r.get("tick"), r.get("generation")  # None: not logged
-        for name, value in (("tick", tick), ("generation", generation)):
-            if value is not None and type(value) is not int:
-                return bad(i, f"malformed record: {name} {value!r} is not an int")
+        malformed = _not_an_int(r)
+        if malformed:
+            return bad(i, malformed)
         if tick is None and event in (Event.REQUEST, Event.ACQUIRE):
             return bad(i, f"malformed record: a {event.value} record names its tick")
         if slot >= depth or src is not core.state(slot):
@@ -203,6 +213,9 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
                 return bad(len(recs) - 1, f"the log ends inside {event.value}: slot "
                                           f"{rec.slot} is missing")
             logged = recs[j]
+            malformed = _not_an_int(logged)  # a close's or a fail's later records too
+            if malformed:
+                return bad(j, malformed)
             want = (rec.slot, rec.source.value, rec.dest.value, rec.event.value)
             got = tuple(logged.get(key) for key in _KEYS)
             if tuple(str(x) for x in got) != tuple(str(x) for x in want):
@@ -211,8 +224,7 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
                               f"on slot {got[0]}")
             for name, want_value in (("tick", rec.tick), ("generation", rec.generation)):
                 value = logged.get(name)
-                if want_value is not None and value is not None and (
-                        type(value) is not int or value != want_value):
+                if want_value is not None and value is not None and value != want_value:
                     return bad(j, f"slot {rec.slot} holds {name} {want_value} but the "
                                   f"record names {name} {value!r}")
             report.rows_seen.add((rec.source.value, rec.event.value))
