@@ -1,15 +1,24 @@
 """Files the library writes whole or not at all: a run's summary, trace and log, a
-diagram. Each is written beside its path as ``<name>.part`` and renamed over it, so
-an error or a stop signal while it is written (a full disk, a file-size limit, a
-Ctrl-C) leaves the earlier file, or none, and never a half-written one."""
+diagram. Each is written beside its path under a name of its own
+(``.<name>.<pid>-<random>.part``) and renamed over it, so an error or a stop signal
+while it is written (a full disk, a file-size limit, a Ctrl-C) leaves the earlier
+file, or none, and never a half-written one; two writers of one path each write a
+whole file (the last rename wins)."""
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
+
+# Devices and the kernel's views: written in place (/dev/stdout is a link to a file
+# when the output is redirected to one, and that file is not ours to replace).
+IN_PLACE = ("/dev/", "/proc/")
 
 
 @contextlib.contextmanager
@@ -19,30 +28,89 @@ def replacing(path: str | os.PathLike[str], newline: str | None = None
     error the part written is removed and ``path`` left as it was. ``newline``: as
     ``open``'s.
 
-    A path that exists and is not a regular file (``/dev/stdout``, a FIFO) is written
-    in place: it cannot be replaced, and is not a file to keep whole. A symbolic
-    link's target is the file replaced; the link stays.
+    The new file gets the mode of the one it replaces (a new one: 0o666 less the
+    umask); a symbolic link's target is the file replaced, and the link stays. Written
+    in place, as ``open(path, "w")`` would: a path that is not a regular file (a
+    FIFO), one under /dev or /proc, and a file in a folder where no file can be made
+    but the file itself is writable.
+
+    Raises:
+        OSError: as ``open(path, "w")`` and its writes would, naming ``path`` (a
+            folder, a missing folder, no room, a symbolic link loop...).
     """
-    target = Path(path)
-    if target.exists() and not target.is_file():
-        with target.open("w", newline=newline) as f:
-            yield f
-        return
-    if target.is_symlink():
-        target = Path(os.path.realpath(target))
-    part = target.with_name(target.name + ".part")
+    name = os.fspath(path)
+    target = Path(name)
     try:
-        with part.open("w", newline=newline) as f:
+        if name.startswith(IN_PLACE) or (target.exists() and not target.is_file()):
+            with target.open("w", newline=newline) as f:
+                yield f
+            return
+        if target.is_symlink():
+            with contextlib.suppress(FileNotFoundError):  # dangling: a file to make
+                os.stat(target)  # a loop raises here
+            target = Path(os.path.realpath(target))
+        try:
+            mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+        except FileNotFoundError:
+            mode = None
+        try:
+            fd, part = _create_beside(target, mode)
+        except PermissionError:
+            if mode is None or not os.access(target, os.W_OK):
+                raise
+            with target.open("w", newline=newline) as f:  # a folder we may not add to
+                yield f
+            return
+    except OSError as exc:
+        raise _naming(exc, name) from exc
+    try:
+        with os.fdopen(fd, "w", newline=newline) as f:
             yield f
         os.replace(part, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(OSError):
-            part.unlink()
+            os.unlink(part)
+        if isinstance(exc, OSError):
+            raise _naming(exc, name) from exc
         raise
 
 
 def write_text(path: str | os.PathLike[str], text: str) -> Path:
-    """Write ``text`` to ``path`` whole (``replacing``); returns ``path``."""
+    """Write ``text`` to ``path`` whole (``replacing``); returns ``path``.
+
+    Raises:
+        OSError: as ``replacing``.
+    """
     with replacing(path) as f:
         f.write(text)
     return Path(path)
+
+
+def _create_beside(target: Path, mode: int | None) -> tuple[int, str]:
+    """A new file beside ``target`` under a name of this call's (``O_EXCL``), with
+    ``mode`` (None: 0o666 less the umask, which the kernel applies)."""
+    for _ in range(100):
+        part = str(target.with_name(f".{target.name}.{os.getpid()}-"
+                                    f"{secrets.token_hex(4)}.part"))
+        try:
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL
+                         | getattr(os, "O_CLOEXEC", 0), 0o666 if mode is None else mode)
+        except FileExistsError:
+            continue
+        if mode is not None:
+            try:
+                os.fchmod(fd, mode)  # the umask took bits the old file had
+            except BaseException:
+                os.close(fd)
+                os.unlink(part)
+                raise
+        return fd, part
+    raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken",
+                          str(target))
+
+
+def _naming(exc: OSError, path: str) -> OSError:
+    """``exc`` naming ``path`` (its own names the temporary file, or no file)."""
+    if exc.errno is None or exc.filename == path:
+        return exc
+    return OSError(exc.errno, exc.strerror, path)  # OSError picks the subclass

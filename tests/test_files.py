@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import errno
 import os
+import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from replay_fsm import files
 from replay_fsm.files import replacing, write_text
 
 
@@ -26,6 +31,42 @@ def test_a_write_cut_by_an_error_keeps_the_earlier_file_and_leaves_no_part(tmp_p
     assert write_text(path, "now") == path and path.read_text() == "now"
 
 
+def test_the_new_file_keeps_the_old_ones_mode_and_a_new_one_gets_the_umasks(
+        tmp_path: Path) -> None:
+    """A 0600 file came back 0644 (helper-47)."""
+    private = tmp_path / "private.json"
+    private.write_text("old")
+    private.chmod(0o600)
+    write_text(private, "new")
+    assert stat.S_IMODE(private.stat().st_mode) == 0o600 and private.read_text() == "new"
+    umask = os.umask(0o022)
+    os.umask(umask)
+    write_text(tmp_path / "fresh.json", "x")
+    assert stat.S_IMODE((tmp_path / "fresh.json").stat().st_mode) == 0o666 & ~umask
+
+
+def test_errors_name_the_path_asked_for_not_the_temporary_file(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError) as missing:
+        write_text(tmp_path / "no-folder" / "t.jsonl", "x")
+    assert missing.value.filename == str(tmp_path / "no-folder" / "t.jsonl")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    with pytest.raises(OSError) as loop:  # it was replaced by a regular file
+        write_text(tmp_path / "loop", "x")
+    assert loop.value.errno == errno.ELOOP and (tmp_path / "loop").is_symlink()
+    assert loop.value.filename == str(tmp_path / "loop")
+
+
+def test_a_file_of_the_users_named_like_a_part_is_left_alone(tmp_path: Path) -> None:
+    """The temporary file was ``<name>.part``: a user's file of that name was taken
+    and removed (helper-47); each write now has a name of its own."""
+    (tmp_path / "trace.json.part").write_text("mine")
+    (tmp_path / ".trace.json.part").mkdir()  # nor does a folder of any such name block it
+    write_text(tmp_path / "trace.json", "{}")
+    assert (tmp_path / "trace.json.part").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        ".trace.json.part", "trace.json", "trace.json.part"]
+
+
 def test_a_link_keeps_pointing_at_the_file_written(tmp_path: Path) -> None:
     real = tmp_path / "real.mmd"
     real.write_text("old")
@@ -33,13 +74,21 @@ def test_a_link_keeps_pointing_at_the_file_written(tmp_path: Path) -> None:
     link.symlink_to(real)
     write_text(link, "new")
     assert link.is_symlink() and real.read_text() == "new"
+    dangling = tmp_path / "dangling.mmd"
+    dangling.symlink_to(tmp_path / "made.mmd")
+    write_text(dangling, "made")
+    assert dangling.is_symlink() and (tmp_path / "made.mmd").read_text() == "made"
 
 
-def test_a_path_that_is_not_a_regular_file_is_written_in_place(tmp_path: Path) -> None:
+def test_a_path_that_is_not_a_regular_file_is_written_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """/dev/null, /dev/stdout, a FIFO: renaming a file over one would replace the
     device node itself (as root, /dev/null)."""
+    def never(*args: object) -> None:
+        raise AssertionError("renamed over it")
+
+    monkeypatch.setattr(files.os, "replace", never)  # a regression fails, replacing nothing
     write_text(os.devnull, "gone")
-    assert Path(os.devnull).exists() and not Path(os.devnull).is_file()
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     read = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # a reader, so the open for
@@ -48,4 +97,57 @@ def test_a_path_that_is_not_a_regular_file_is_written_in_place(tmp_path: Path) -
         assert os.read(read, 100) == b"through the pipe"
     finally:
         os.close(read)
-    assert not fifo.is_file() and fifo.exists()
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+
+
+def test_standard_output_redirected_to_a_file_writes_that_file_not_a_new_one(
+        tmp_path: Path) -> None:
+    """/dev/stdout is then a link to that file, which was replaced by a new one
+    (helper-47): another file than the one the shell opened."""
+    out = tmp_path / "out.txt"
+    out.write_text("")
+    inode = out.stat().st_ino
+    code = "from replay_fsm.files import write_text; write_text('/dev/stdout', 'diagram\\n')"
+    with out.open("w") as f:
+        subprocess.run([sys.executable, "-c", code], stdout=f, check=True, timeout=120)
+    assert out.read_text() == "diagram\n" and out.stat().st_ino == inode
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() == 0,
+                    reason="root may write anywhere")
+def test_a_writable_file_in_a_folder_closed_to_new_files_is_written_in_place(
+        tmp_path: Path) -> None:
+    """No file can be made beside it: as open(path, "w"), not a refusal (helper-47)."""
+    folder = tmp_path / "closed"
+    folder.mkdir()
+    (folder / "log.jsonl").write_text("old")
+    folder.chmod(0o555)
+    try:
+        write_text(folder / "log.jsonl", "new")
+        assert (folder / "log.jsonl").read_text() == "new"
+        with pytest.raises(PermissionError) as info:  # a new file cannot be made there
+            write_text(folder / "other.jsonl", "x")
+        assert info.value.filename == str(folder / "other.jsonl")
+    finally:
+        folder.chmod(0o755)
+
+
+def test_where_no_file_can_be_made_beside_it_an_existing_file_is_written_in_place(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same on a folder closed to new files, as root too (root may make files
+    anywhere): the creation beside it refused as such a folder refuses it."""
+    def refused(target: Path, mode: object) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+
+    monkeypatch.setattr(files, "_create_beside", refused)
+    (tmp_path / "log.jsonl").write_text("old")
+    write_text(tmp_path / "log.jsonl", "new")
+    assert (tmp_path / "log.jsonl").read_text() == "new"
+    with pytest.raises(PermissionError) as info:
+        write_text(tmp_path / "other.jsonl", "x")
+    assert info.value.filename == str(tmp_path / "other.jsonl")
+    (tmp_path / "log.jsonl").chmod(0o444)  # a file it may not write either: refused
+    if not os.access(tmp_path / "log.jsonl", os.W_OK):
+        with pytest.raises(PermissionError):
+            write_text(tmp_path / "log.jsonl", "x")

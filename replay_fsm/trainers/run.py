@@ -438,8 +438,8 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
 
     Raises:
         OSError: the folder cannot be made, or is not writable.
-        IsADirectoryError: the .json path is a folder, or (``before_run``) a path
-            written beside it is (``<name>.json.part``, ``<name>.png``).
+        IsADirectoryError: the .json path is a folder, or (``before_run``) its plot's
+            path (``<name>.png``) is.
         NotADirectoryError: the folder is a file.
     """
     path = Path(out)
@@ -451,18 +451,16 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder; --out names a folder or a .json file")
-    beside = ((path.with_name(path.name + ".part"), "its result before the rename"),
-              (path.with_suffix(".png"), "its plot")) if before_run else ()
-    for written, what in beside:
-        if written.is_dir():  # found after the run, the result was lost
-            raise IsADirectoryError(f"{written} is a folder, where the run writes {what}")
+    plot = path.with_suffix(".png")
+    if before_run and plot.is_dir():  # else found after the run
+        raise IsADirectoryError(f"{plot} is a folder, where the run writes its plot")
     with tempfile.TemporaryFile(dir=path.parent):
         pass  # writable (a read-only mount or a folder of another user raise here)
     return path
 
 
 def write(result: dict[str, Any], out: str | Path) -> Path:
-    """Write ``result`` as JSON to ``output_path(out)``; returns that path. Written
-    beside it first, then renamed over it: a run stopped while it writes leaves the
-    file there before whole."""
+    """Write ``result`` as JSON to ``output_path(out)``; returns that path. Whole or
+    not at all (``replay_fsm.files``): a run stopped while it writes leaves the file
+    there before."""
     return write_text(output_path(out), json.dumps(result, indent=2) + "\n")
