@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import signal
 import sys
 from pathlib import Path
@@ -188,17 +189,37 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt as exc:  # a second one, while the first was handled
         _remove_if_empty(made)
         return exit_code(exc)
-    except BrokenPipeError:  # the reader of its output left (| head): quietly, as a
-        # command SIGPIPE ends; what is still buffered goes nowhere, not to a warning
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
-    except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
+    except BrokenPipeError as exc:
+        if not _stdout_closed():  # another pipe (an --out FIFO): the command's error
+            return _failed(args.command, exc, made)
+        # The reader of its output left (| head): quietly, as a command SIGPIPE ends;
+        # what is still buffered goes nowhere, not to a warning at exit.
         _remove_if_empty(made)
-        if os.environ.get("REPLAY_FSM_DEBUG"):
-            raise
-        text = first_line(str(exc)) or type(exc).__name__
-        print(f"replay-fsm {args.command}: error: {text}", file=sys.stderr)
-        return 2
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + getattr(signal, "SIGPIPE", 13)
+    except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
+        return _failed(args.command, exc, made)
+
+
+def _failed(command: str, exc: Exception, made: list[Path]) -> int:
+    """The command's error in one line on standard error, exit code 2."""
+    _remove_if_empty(made)
+    if os.environ.get("REPLAY_FSM_DEBUG"):
+        raise exc
+    text = first_line(str(exc)) or type(exc).__name__
+    print(f"replay-fsm {command}: error: {text}", file=sys.stderr)
+    return 2
+
+
+def _stdout_closed() -> bool:
+    """Whether this process's standard output is a pipe whose reader has left (poll
+    says POLLERR on its write end); False where that cannot be told (a StringIO)."""
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & select.POLLERR for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: a ValueError
+        return False
 
 
 def _new_folders(out: str | None) -> list[Path]:

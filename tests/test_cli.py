@@ -374,6 +374,24 @@ def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
     assert done.returncode == 141 and done.stderr == "", done.stderr
 
 
+def test_a_broken_pipe_that_is_not_standard_output_is_the_commands_error(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """An --out FIFO whose reader left: every BrokenPipeError was taken for a closed
+    standard output, whose descriptor was then pointed at /dev/null (in-process
+    under a StringIO, it crashed on fileno(); helper-47). Only a closed standard
+    output is quiet."""
+    import errno
+
+    from replay_fsm.verify import diagram
+
+    def broken(highlight: object) -> str:
+        raise BrokenPipeError(errno.EPIPE, "Broken pipe", "fifo")
+
+    monkeypatch.setattr(diagram, "mermaid", broken)
+    err = one_line_error(capsys, main(["diagram"]))
+    assert "error: [Errno 32] Broken pipe: 'fifo'" in err, err
+
+
 def test_a_dot_that_fails_is_quoted(capsys: pytest.CaptureFixture[str], tmp_path: Path,
                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Its own message was dropped: "Command '[.../dot', '-Tsvg']' returned non-zero
