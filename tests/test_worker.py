@@ -91,9 +91,10 @@ class Backend:
 
 
 def watchdog(gone: Gone | None = None, why: str | None = None,
-             timeout: float = 2.0, worker_alive: bool = True) -> Watchdog:
+             timeout: float = 2.0, worker_alive: bool = True, busy_s: float = 0.0
+             ) -> Watchdog:
     return Watchdog(timeout, Link(gone), Backend(why),  # type: ignore[arg-type]
-                    lambda: worker_alive)
+                    lambda: worker_alive, lambda: busy_s)
 
 
 def test_a_gone_collector_is_collector_died_chained_to_its_cause() -> None:
@@ -129,3 +130,74 @@ def test_a_copy_may_take_exactly_the_liveness_timeout(waited_s: float, fails: bo
     if fails:
         assert str(failure) == ("tick 3: the copy into slot 1 did not complete within "
                                 "2 s (liveness_timeout)")
+
+
+@pytest.mark.parametrize(("busy_s", "fails"), [(2.0, False), (2.000001, True)])
+def test_a_worker_stuck_in_a_submit_fails_a_wait_for_a_requested_tick(
+        busy_s: float, fails: bool) -> None:
+    """A submit that never returns holds back the pack-done messages behind it: a
+    tick waiting REQUESTED for one of them had no verdict at all (helper-48). The
+    bound is liveness_timeout, inclusive, as a copy's."""
+    failure = watchdog(timeout=2.0, busy_s=busy_s).verdict(3, 0, SlotState.REQUESTED, 0.0)
+    assert (failure is not None) is fails
+    if fails:
+        assert isinstance(failure, TransferFailed)
+        assert str(failure) == ("tick 3: the transfer worker has been inside one submit "
+                                "for 2.0 s (liveness_timeout 2 s): the backend's submit "
+                                "does not return")
+
+
+def test_the_worker_is_busy_from_a_message_to_the_end_of_its_submit() -> None:
+    entered, release = threading.Event(), threading.Event()
+    messages = [object()]
+
+    def receive(timeout: float) -> object:
+        return messages.pop() if messages else None
+
+    def submit(order: object) -> None:
+        entered.set()
+        release.wait(MARGIN_S)
+
+    worker = TransferWorker(receive, lambda done: done, submit,  # type: ignore[arg-type]
+                            lambda exc: None)
+    assert worker.busy_s() == 0.0
+    worker.start()
+    try:
+        assert entered.wait(MARGIN_S)
+        assert worker.busy_s() > 0.0
+    finally:
+        release.set()
+    assert worker.stop(MARGIN_S) == []
+    assert worker.busy_s() == 0.0
+
+
+def test_a_wait_behind_a_submit_that_never_returns_ends_in_transfer_failed() -> None:
+    """The pipeline's wiring of the above: the backend hangs in tick 0's submit; tick
+    1's pack-done message waits behind it, its slot REQUESTED, and the learner's wait
+    for it raised nothing, for ever (helper-48)."""
+    import torch
+
+    from replay_fsm import Pipeline, ReplayBuffer
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    release = threading.Event()
+
+    class HangsOnTick0(CpuBackend):
+        def submit(self, order):  # type: ignore[no-untyped-def]
+            if order.tick == 0:
+                release.wait(MARGIN_S * 4)  # a driver call that does not return
+            super().submit(order)
+
+    rb = ReplayBuffer(256, 3, 2)
+    rb.add_packed(torch.randn(256, rb.width))
+    pipe = Pipeline(rb, sample_count=16, backend=HangsOnTick0(), liveness_timeout=0.5,
+                    learner_packs=False)
+    try:
+        pipe.start_prepare(0, 16)
+        pipe.start_prepare(1, 16)
+        with pytest.raises(TransferFailed, match="tick 1: the transfer worker has been "
+                                                 "inside one submit for"):
+            pipe.wait_until_ready(1, 16, timeout=MARGIN_S)
+    finally:
+        release.set()
+        pipe.close()

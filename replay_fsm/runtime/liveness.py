@@ -3,7 +3,8 @@
 While the learner waits on a slot, each slice of the wait (and each poll of a tick
 not ready) asks:
 - REQUESTED: is the collector alive and serving (the link's answer), and is the
-  transfer worker there to take its pack-done message?
+  transfer worker there to take its pack-done message, not stuck in a submit for
+  longer than ``timeout``?
 - SUBMITTED: can the backend's copy engine still complete copies, and has the copy
   completed within ``timeout`` of when the learner first found it pending, in a wait
   or a poll (``Pipeline._judge_locked``)?
@@ -29,9 +30,11 @@ from .links import CollectorLink
 
 class Watchdog:
     def __init__(self, timeout: float, link: CollectorLink, backend: TransferBackend,
-                 worker_alive: Callable[[], bool]) -> None:
+                 worker_alive: Callable[[], bool], worker_busy_s: Callable[[], float]
+                 ) -> None:
         self.timeout = timeout
         self._link, self._backend, self._worker_alive = link, backend, worker_alive
+        self._worker_busy_s = worker_busy_s
 
     def verdict(self, tick: int, slot: int, state: SlotState, waited_s: float,
                 owed: bool = True) -> PipelineFailed | None:
@@ -47,6 +50,12 @@ class Watchdog:
                 return died
             if not self._worker_alive():
                 return TransferFailed(f"tick {tick}: the transfer worker thread exited")
+            busy = self._worker_busy_s()
+            if busy > self.timeout:  # its pack-done message may wait behind that one
+                return TransferFailed(
+                    f"tick {tick}: the transfer worker has been inside one submit for "
+                    f"{busy:.1f} s (liveness_timeout {self.timeout:g} s): the backend's "
+                    "submit does not return")
         elif state is SlotState.SUBMITTED:
             why = self._backend.check_alive()
             if why is not None:

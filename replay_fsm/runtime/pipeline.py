@@ -249,7 +249,7 @@ class Pipeline:
         self._worker = TransferWorker(self._link.receive, self._on_pack_done,
                                       self.backend.submit, self._on_transfer_error)
         self._watchdog = Watchdog(self.liveness_timeout, self._link, self.backend,
-                                  self._worker.is_alive)
+                                  self._worker.is_alive, self._worker.busy_s)
         if self.backend.submit_on_learner:
             # A batch the learner packs to its end is submitted on the learner's
             # thread at once, with no wait for the transfer worker's thread to wake.

@@ -8,6 +8,7 @@ hands the order to the backend. Any exception it meets fails the pipeline, chain
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 
 from ..data.channel import ChannelClosed
@@ -24,6 +25,7 @@ class TransferWorker:
                  fail: Callable[[BaseException], None]) -> None:
         self._receive, self._on_done, self._submit, self._fail = receive, on_done, submit, fail
         self._stop = threading.Event()
+        self._busy_since_ns: int | None = None  # inside one message's handling since
         self._thread = threading.Thread(target=self._run, name="replay_fsm-transfer",
                                         daemon=True)
 
@@ -32,6 +34,13 @@ class TransferWorker:
 
     def is_alive(self) -> bool:
         return self._thread.is_alive()
+
+    def busy_s(self) -> float:
+        """Seconds the worker has been handling one message (its SUBMIT and the
+        backend's submit), 0 while it waits for one: a submit that never returns
+        holds back every message behind it."""
+        since = self._busy_since_ns
+        return 0.0 if since is None else (time.monotonic_ns() - since) / 1e9
 
     def stop(self, timeout: float) -> list[str]:
         """Stop and join within ``timeout``; returns what was left running."""
@@ -60,6 +69,10 @@ class TransferWorker:
                 except ChannelClosed:
                     return
                 if done is not None:
-                    self.handle(done)
+                    self._busy_since_ns = time.monotonic_ns()
+                    try:
+                        self.handle(done)
+                    finally:
+                        self._busy_since_ns = None
         except BaseException as exc:  # noqa: BLE001 - reported to the learner
             self._fail(exc)
