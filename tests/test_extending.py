@@ -148,3 +148,137 @@ def test_an_observer_sees_every_transition_and_span() -> None:
     assert all(log.events.count(e) >= 4 for e in cycle)
     assert log.events[-2:] == ["close", "close"]
     assert log.spans.count("pack") == log.spans.count("copy") >= 4
+
+
+def small_buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(256, 3, 2)
+    rb.add_packed(torch.randn(256, rb.width))
+    return rb
+
+
+def transfer_threads() -> list[str]:
+    import threading
+    return [t.name for t in threading.enumerate() if t.name == "replay_fsm-transfer"]
+
+
+@pytest.mark.parametrize("hook", ["pump", "after_read"])
+def test_a_backend_hook_that_raises_fails_the_run_chained(hook: str) -> None:
+    """The error escaped raw and the pipeline went on; after_read's left the tick HOT
+    for ever ("tick 0 is still hot"; helper-48). Now TransferFailed, sticky."""
+    from replay_fsm.errors import TransferFailed
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    boom = RuntimeError(f"{hook} is broken")
+
+    class Broken(CpuBackend):
+        def pump(self) -> None:
+            if hook == "pump":
+                raise boom
+
+        def after_read(self, slot: int) -> None:
+            if hook == "after_read":
+                raise boom
+
+    with Pipeline(small_buffer(), sample_count=8, backend=Broken()) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(TransferFailed) as info:
+            pipe.sample_large_batch(0, 8) if hook == "pump" else [
+                pipe.sample_large_batch(0, 8), pipe.after_tick()]
+        assert info.value.__cause__ is boom
+        assert str(info.value) == f"the backend's {hook} raised RuntimeError: {hook} is broken"
+        with pytest.raises(TransferFailed, match=f"the pipeline failed: the backend's "
+                           f"{hook} raised"):  # sticky
+            pipe.start_prepare(1, 8)
+
+
+def test_a_liveness_or_check_alive_that_raises_is_a_verdict(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """They escaped raw from the wait, the pipeline unfailed (helper-48)."""
+    from replay_fsm.errors import CollectorDied, TransferFailed
+    from replay_fsm.runtime.links import Gone
+    from replay_fsm.runtime.liveness import Watchdog
+    from replay_fsm.spec import SlotState
+
+    boom = OSError("no answer")
+
+    class Link:
+        def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+            raise boom
+
+    class Backend:
+        def check_alive(self) -> str | None:
+            raise boom
+
+    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: 0.0)  # type: ignore[arg-type]
+    died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
+    assert isinstance(died, CollectorDied) and died.__cause__ is boom
+    assert str(died) == "tick 4: the collector link's liveness raised OSError: no answer"
+    failed = dog.verdict(4, 0, SlotState.SUBMITTED, 0.0)
+    assert isinstance(failed, TransferFailed) and failed.__cause__ is boom
+    assert str(failed) == "tick 4: the backend's check_alive raised OSError: no answer"
+
+
+@pytest.mark.parametrize("where", ["backend close", "link stop"])
+def test_a_close_hook_that_raises_does_not_stop_close_halfway(
+        where: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend's close that raised left the slots held and every later close
+    raising again; a link's stop that raised left the transfer worker running and the
+    backend open (helper-48). Close runs every step, then raises the error once."""
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    boom = RuntimeError(f"{where} is broken")
+    released = []
+
+    class Backend(CpuBackend):
+        def close(self) -> None:
+            if where == "backend close":
+                raise boom
+
+        def release_slots(self) -> None:
+            released.append(True)
+
+    pipe = Pipeline(small_buffer(), sample_count=8, backend=Backend(), collector="thread")
+    if where == "link stop":
+        real = pipe._link.stop
+
+        def stop(timeout: float) -> list[str]:
+            real(timeout)
+            raise boom
+
+        monkeypatch.setattr(pipe._link, "stop", stop)
+    assert transfer_threads()
+    with pytest.raises(RuntimeError) as info:
+        pipe.close()
+    assert info.value is boom
+    assert released == [True] and not transfer_threads()
+    pipe.close()  # closed: nothing raised again
+    assert pipe.closed
+
+
+@pytest.mark.parametrize("call", ["after_tick", "wait_until_ready", "batch_ready"])
+def test_an_observer_that_calls_back_into_the_pipeline_is_refused(call: str) -> None:
+    """The lock is re-entrant: an after_tick from an observer of the ACQUIRE released
+    the batch being acquired (its views then refilled); a wait from an observer of a
+    REQUEST waited for a request not sent yet, for ever (helper-48). The call raises
+    ProtocolError, which fails the run as an observer's error does."""
+    from replay_fsm.errors import PipelineFailed, ProtocolError
+    from replay_fsm.spec import Event
+
+    class CallsBack(Observer):
+        def transition(self, record, time_ns):  # type: ignore[no-untyped-def]
+            if record.event is (Event.ACQUIRE if call == "after_tick" else Event.REQUEST):
+                if call == "after_tick":
+                    pipe.after_tick()
+                else:
+                    getattr(pipe, call)(record.tick, 8)
+
+    with Pipeline(small_buffer(), sample_count=8, backend="emulated") as pipe:
+        pipe.add_observer(CallsBack())
+        with pytest.raises(PipelineFailed) as info:
+            pipe.start_prepare(0, 8)
+            pipe.sample_large_batch(0, 8)
+            pipe.start_prepare(1, 8)  # the step observed completes; the next call raises
+        cause = info.value.__cause__
+        assert isinstance(cause, ProtocolError), info.value
+        assert str(cause) == (f"{call} called from inside an observer: observers run "
+                              "within a step of the pipeline and must not call back into it")

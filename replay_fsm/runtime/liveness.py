@@ -43,7 +43,13 @@ class Watchdog:
         collector owes a REQUESTED tick its pack (``Pipeline._owed``), so its silence
         counts against it."""
         if state is SlotState.REQUESTED:
-            gone = self._link.liveness(owed, self.timeout)
+            try:
+                gone = self._link.liveness(owed, self.timeout)
+            except Exception as exc:  # noqa: BLE001 - a link's bug: no answer is death
+                died = CollectorDied(f"tick {tick}: the collector link's liveness raised "
+                                     f"{type(exc).__name__}: {exc}")
+                died.__cause__ = exc
+                return died
             if gone is not None:
                 died = CollectorDied(f"tick {tick}: {gone.reason}")
                 died.__cause__ = gone.cause
@@ -57,7 +63,13 @@ class Watchdog:
                     f"{busy:.1f} s (liveness_timeout {self.timeout:g} s): the backend's "
                     "submit does not return")
         elif state is SlotState.SUBMITTED:
-            why = self._backend.check_alive()
+            try:
+                why = self._backend.check_alive()
+            except Exception as exc:  # noqa: BLE001 - a backend's bug: not alive
+                failed = TransferFailed(f"tick {tick}: the backend's check_alive raised "
+                                        f"{type(exc).__name__}: {exc}")
+                failed.__cause__ = exc
+                return failed
             if why is not None:
                 return TransferFailed(f"tick {tick}: {why}")
             if waited_s > self.timeout:

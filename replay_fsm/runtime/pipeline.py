@@ -19,7 +19,7 @@ import time
 import weakref
 from collections.abc import Iterator
 from types import FrameType
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 
@@ -34,6 +34,7 @@ from ..errors import (
     PipelineFailed,
     ProtocolError,
     ReplayFSMError,
+    TransferFailed,
 )
 from ..signals import DEFERRED, raise_deferred, step
 from ..spec import AVAILABLE, Actor, SlotState
@@ -169,6 +170,7 @@ class Pipeline:
         # One lock serialises every step; the condition waits on it. ``with
         # self._lock`` enters it in C, where ``with self._cv`` adds a Python frame.
         self._lock = threading.RLock()
+        self._observing: int | None = None  # the thread running the observers, if any
         self._cv = threading.Condition(self._lock)
         self._closed = False
         self._pid = os.getpid()  # the process whose threads and packer these are
@@ -429,7 +431,10 @@ class Pipeline:
                 return
             if self._checker is not None:
                 self._checker.released(slot)
-            self.backend.after_read(slot)  # the end of this HOT period's reads
+            try:
+                self.backend.after_read(slot)  # the end of this HOT period's reads
+            except Exception as exc:  # noqa: BLE001 - else the tick stayed HOT for ever
+                self._hook_failed("after_read", exc)
             # A graph that saved the batch's views must fail autograd's in-place check
             # from here on, whoever refills the slot: a packer process's writes (into a
             # zero-copy CPU slot) are not counted in this process.
@@ -549,12 +554,14 @@ class Pipeline:
                 if self._stopped:
                     return
             self.forced = self._stop_sides()
-            self.backend.close()
+            with self._closing_step():
+                self.backend.close()
             # Let go of the slots so their memory is freed now (the learner's batches
             # keep theirs): the closed pipeline may live on, in reference cycles too.
             self._views = []
             self.host_slots = self._link.host_slots = []
-            self.backend.release_slots()
+            with self._closing_step():
+                self.backend.release_slots()
             self._stopped = True
             _OPEN.discard(self)
             if self._close_error is not None:
@@ -580,7 +587,21 @@ class Pipeline:
             if not self._closed:
                 self._close_error = self._close_core()
             self._cv.notify_all()
-        return self._link.stop(STOP_TIMEOUT_S) + self._worker.stop(STOP_TIMEOUT_S)
+        forced: list[str] = []
+        for stop in (self._link.stop, self._worker.stop):
+            with self._closing_step():  # a custom link's that raises: the worker still
+                forced += stop(STOP_TIMEOUT_S)
+        return forced
+
+    @contextlib.contextmanager
+    def _closing_step(self) -> Iterator[None]:
+        """One step of close: an error in it (a custom link's or backend's hook) is
+        kept for close to raise once every step has run (the first one met)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - raised by close, after the rest
+            if self._close_error is None:
+                self._close_error = exc
 
     @step
     def _close_core(self) -> BaseException | None:
@@ -609,6 +630,10 @@ class Pipeline:
         no thread or process is left waiting on a learner that has stopped (and no
         request is left taken but never sent, where a handler of Python's own
         raised it mid-step)."""
+        if self._observing is not None and self._observing == threading.get_ident():
+            raise ProtocolError(f"{name or 'batch_ready'} called from inside an observer: "
+                                "observers run within a step of the pipeline and must not "
+                                "call back into it")
         try:
             try:
                 if name is None or self.tracer is None:
@@ -790,8 +815,22 @@ class Pipeline:
         self._cv.release()  # the backend may call back (on_complete) while it pumps
         try:
             self.backend.pump()
+        except Exception as exc:  # noqa: BLE001 - a backend's bug fails the run
+            error: Exception | None = exc
+        else:
+            error = None
         finally:
             self._cv.acquire()
+        if error is not None:
+            self._hook_failed("pump", error)
+
+    def _hook_failed(self, hook: str, error: Exception) -> NoReturn:
+        """A backend hook the learner's call ran raised: fail the pipeline with
+        ``TransferFailed`` chained to it (sticky, as any failure) and raise that."""
+        failure = TransferFailed(f"the backend's {hook} raised {type(error).__name__}: "
+                                 f"{error}")
+        self._fail_locked(failure, error)
+        raise failure
 
     # -- transfer worker, copy engine, collector callbacks --------------------
 
@@ -852,20 +891,38 @@ class Pipeline:
     # -- observers ------------------------------------------------------------
 
     def _observe(self, record: TransitionRecord) -> None:
+        if not self._observers:
+            return
         now = time.monotonic_ns()
-        for observer in self._observers:
-            try:
-                observer.transition(record, now)
-            except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
-                self._observer_failed(observer, exc)
+        with self._in_observers():
+            for observer in self._observers:
+                try:
+                    observer.transition(record, now)
+                except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
+                    self._observer_failed(observer, exc)
 
     def _span(self, name: str, actor: Actor, start_ns: int, end_ns: int, **args: Any
               ) -> None:
-        for observer in self._observers:
-            try:
-                observer.span(name, actor, start_ns, end_ns, **args)
-            except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
-                self._observer_failed(observer, exc)
+        if not self._observers:
+            return
+        with self._in_observers():
+            for observer in self._observers:
+                try:
+                    observer.span(name, actor, start_ns, end_ns, **args)
+                except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
+                    self._observer_failed(observer, exc)
+
+    @contextlib.contextmanager
+    def _in_observers(self) -> Iterator[None]:
+        """Marks this thread as running the observers, so that a learner call from
+        one of them is refused (``_call``): the lock is re-entrant, and such a call
+        ran in the middle of the step being observed (an after_tick released the batch
+        being acquired; a wait waited for a request not sent yet, for ever)."""
+        before, self._observing = self._observing, threading.get_ident()
+        try:
+            yield
+        finally:
+            self._observing = before
 
     def _observer_failed(self, observer: Observer, error: Exception) -> None:
         """An observer raised: drop it and fail the pipeline, chained to its error.
