@@ -96,6 +96,10 @@ def test_bad_backend_arguments_are_named() -> None:
         Pipeline(buffer(), sample_count=8, backend_options={"copyy": True})
     with pytest.raises(TypeError, match="registered name or a TransferBackend"):
         Pipeline(buffer(), sample_count=8, backend=42)  # type: ignore[arg-type]
+    for name in (3, ""):  # 3 was registered, and never reachable by backend=
+        with pytest.raises(TypeError, match="a backend's name must be a non-empty str"):
+            register_backend(name, lambda device: None)  # type: ignore[arg-type]
+    assert 3 not in registered_backends()  # type: ignore[comparison-overlap]
 
 
 def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:

@@ -35,8 +35,11 @@ def register_backend(name: str, factory: Factory, *, replace: bool = False) -> N
 
     Raises:
         ValueError: ``name`` is taken (pass ``replace=True`` to rebind it).
-        TypeError: ``factory`` is not callable.
+        TypeError: ``name`` is not a non-empty str (``backend=`` takes a str as a
+            name, anything else as a backend), or ``factory`` is not callable.
     """
+    if not isinstance(name, str) or not name:
+        raise TypeError(f"a backend's name must be a non-empty str, got {name!r}")
     if not callable(factory):
         raise TypeError(f"factory must be callable, got {factory!r}")
     if not replace and name in registered_backends():
