@@ -160,15 +160,11 @@ def small_buffer() -> ReplayBuffer:
     return rb
 
 
-def transfer_threads() -> list[str]:
-    import threading
-    return [t.name for t in threading.enumerate() if t.name == "replay_fsm-transfer"]
-
-
-@pytest.mark.parametrize("hook", ["pump", "after_read"])
+@pytest.mark.parametrize("hook", ["pump", "before_read", "after_read"])
 def test_a_backend_hook_that_raises_fails_the_run_chained(hook: str) -> None:
     """The error escaped raw and the pipeline went on; after_read's left the tick HOT
-    for ever ("tick 0 is still hot"; helper-48). Now TransferFailed, sticky."""
+    for ever ("tick 0 is still hot"; helper-48), before_read's let the next call hand
+    out the batch without its read fence (helper-49). Now TransferFailed, sticky."""
     from replay_fsm.errors import TransferFailed
     from replay_fsm.transfer.cpu import CpuBackend
 
@@ -179,6 +175,10 @@ def test_a_backend_hook_that_raises_fails_the_run_chained(hook: str) -> None:
             if hook == "pump":
                 raise boom
 
+        def before_read(self, slot: int) -> None:
+            if hook == "before_read":
+                raise boom
+
         def after_read(self, slot: int) -> None:
             if hook == "after_read":
                 raise boom
@@ -186,8 +186,8 @@ def test_a_backend_hook_that_raises_fails_the_run_chained(hook: str) -> None:
     with Pipeline(small_buffer(), sample_count=8, backend=Broken()) as pipe:
         pipe.start_prepare(0, 8)
         with pytest.raises(TransferFailed) as info:
-            pipe.sample_large_batch(0, 8) if hook == "pump" else [
-                pipe.sample_large_batch(0, 8), pipe.after_tick()]
+            pipe.sample_large_batch(0, 8)
+            pipe.after_tick()
         assert info.value.__cause__ is boom
         assert str(info.value) == f"the backend's {hook} raised RuntimeError: {hook} is broken"
         with pytest.raises(TransferFailed, match=f"the pipeline failed: the backend's "
@@ -213,7 +213,7 @@ def test_a_liveness_or_check_alive_that_raises_is_a_verdict(
         def check_alive(self) -> str | None:
             raise boom
 
-    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: 0.0)  # type: ignore[arg-type]
+    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
     died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
     assert isinstance(died, CollectorDied) and died.__cause__ is boom
     assert str(died) == "tick 4: the collector link's liveness raised OSError: no answer"
@@ -250,11 +250,11 @@ def test_a_close_hook_that_raises_does_not_stop_close_halfway(
             raise boom
 
         monkeypatch.setattr(pipe._link, "stop", stop)
-    assert transfer_threads()
+    assert pipe._worker.is_alive()
     with pytest.raises(RuntimeError) as info:
         pipe.close()
     assert info.value is boom
-    assert released == [True] and not transfer_threads()
+    assert released == [True] and not pipe._worker.is_alive()
     pipe.close()  # closed: nothing raised again
     assert pipe.closed
 
@@ -286,3 +286,27 @@ def test_an_observer_that_calls_back_into_the_pipeline_is_refused(call: str) -> 
         assert isinstance(cause, ProtocolError), info.value
         assert str(cause) == (f"{call} called from inside an observer: observers run "
                               "within a step of the pipeline and must not call back into it")
+
+
+def test_a_pump_that_raises_on_a_pipeline_failed_or_closed_raises_what_that_does() -> None:
+    """batch_ready pumps before it looks at the pipeline: its error became a new
+    TransferFailed after close (not PipelineClosed) and after fail(X) (not X's;
+    INV-STICKY; helper-49)."""
+    from replay_fsm.errors import PipelineClosed, PipelineFailed
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    class Broken(CpuBackend):
+        def pump(self) -> None:
+            raise RuntimeError("pump is broken")
+
+    pipe = Pipeline(small_buffer(), sample_count=8, backend=Broken())
+    mine = RuntimeError("the learner's own reason")
+    pipe.fail(mine)
+    with pytest.raises(PipelineFailed) as info:
+        pipe.batch_ready(0, 8)
+    assert info.value.__cause__ is mine
+    pipe.close()
+    closed = Pipeline(small_buffer(), sample_count=8, backend=Broken())
+    closed.close()
+    with pytest.raises(PipelineClosed):
+        closed.batch_ready(0, 8)

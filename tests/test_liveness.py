@@ -329,6 +329,6 @@ def test_a_silent_collector_whose_pack_is_done_is_not_blamed() -> None:
         try:
             with pytest.raises(TransferFailed) as info:  # not CollectorDied
                 pipe.wait_until_ready(1, 8, timeout=MARGIN_S)
-            assert "inside one submit" in str(info.value)
+            assert "in one backend submit" in str(info.value)
         finally:
             slow_submit.set()

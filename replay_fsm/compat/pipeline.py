@@ -64,7 +64,8 @@ class CPUPinnedDoubleBufferReplayPipeline:
     collector's ``collector_pack_request_queue``, ``collector_pack_ready_queue`` and
     ``collector_pack_shared_slots``. Ours, optional:
         liveness_timeout: seconds a copy may take once the learner found it pending
-            (in a wait or a ``batch_ready`` poll).
+            (in a wait or a ``batch_ready`` poll), and the transfer worker one
+            backend submit once the learner found it in there.
         stall_timeout: seconds a request may go with no ready dict and no row added
             to the buffer before the learner raises ``CollectorDied``; None: never.
 

@@ -30,14 +30,17 @@ from .links import CollectorLink
 
 class Watchdog:
     def __init__(self, timeout: float, link: CollectorLink, backend: TransferBackend,
-                 worker_alive: Callable[[], bool], worker_busy_s: Callable[[], float]
-                 ) -> None:
+                 worker_alive: Callable[[], bool],
+                 worker_busy_since: Callable[[], int | None]) -> None:
         self.timeout = timeout
         self._link, self._backend, self._worker_alive = link, backend, worker_alive
-        self._worker_busy_s = worker_busy_s
+        self._worker_busy_since = worker_busy_since
+        # The worker's busy episode the learner saw and when it first saw it: a
+        # submit counts from there, as a copy does from its first sighting.
+        self._busy_seen: tuple[int, int] | None = None
 
     def verdict(self, tick: int, slot: int, state: SlotState, waited_s: float,
-                owed: bool = True) -> PipelineFailed | None:
+                owed: bool = True, now_ns: int = 0) -> PipelineFailed | None:
         """The failure that ends the learner's wait for ``tick`` in ``slot`` (now in
         ``state``, waited on for ``waited_s``), or None to keep waiting. ``owed``: the
         collector owes a REQUESTED tick its pack (``Pipeline._owed``), so its silence
@@ -56,12 +59,12 @@ class Watchdog:
                 return died
             if not self._worker_alive():
                 return TransferFailed(f"tick {tick}: the transfer worker thread exited")
-            busy = self._worker_busy_s()
+            busy = self._busy_for_s(now_ns)
             if busy > self.timeout:  # its pack-done message may wait behind that one
                 return TransferFailed(
-                    f"tick {tick}: the transfer worker has been inside one submit for "
-                    f"{busy:.1f} s (liveness_timeout {self.timeout:g} s): the backend's "
-                    "submit does not return")
+                    f"tick {tick}: the transfer worker has been in one backend submit "
+                    f"for {busy:.1f} s since the learner first found it there "
+                    f"(liveness_timeout {self.timeout:g} s): it does not return")
         elif state is SlotState.SUBMITTED:
             try:
                 why = self._backend.check_alive()
@@ -77,6 +80,19 @@ class Watchdog:
                     f"tick {tick}: the copy into slot {slot} did not complete within "
                     f"{self.timeout:g} s (liveness_timeout)")
         return None
+
+
+    def _busy_for_s(self, now_ns: int) -> float:
+        """Seconds since the learner first saw the transfer worker busy with the
+        message it is busy with now (``now_ns``), 0 while it waits for one."""
+        since = self._worker_busy_since()
+        if since is None:
+            self._busy_seen = None
+            return 0.0
+        if self._busy_seen is None or self._busy_seen[0] != since:
+            self._busy_seen = (since, now_ns)
+            return 0.0
+        return (now_ns - self._busy_seen[1]) / 1e9
 
 
 class RowWatch:

@@ -103,7 +103,9 @@ class Pipeline:
             constructor of a backend built by name.
         liveness_timeout: seconds a wait may go without the other side showing life
             (a packer heartbeat, a copy completing) before the learner raises. A copy
-            counts from when the learner first found it pending (a wait or a poll). An
+            counts from when the learner first found it pending (a wait or a poll), and
+            so does a transfer worker inside one message's submit, which holds back
+            the pack-done messages behind it. An
             external collector's silence counts only once the request's rows are there
             (from when the learner saw them, the request at the earliest): it must
             call ``Packer.service`` more often than this.
@@ -251,7 +253,7 @@ class Pipeline:
         self._worker = TransferWorker(self._link.receive, self._on_pack_done,
                                       self.backend.submit, self._on_transfer_error)
         self._watchdog = Watchdog(self.liveness_timeout, self._link, self.backend,
-                                  self._worker.is_alive, self._worker.busy_s)
+                                  self._worker.is_alive, self._worker.busy_since_ns)
         if self.backend.submit_on_learner:
             # A batch the learner packs to its end is submitted on the learner's
             # thread at once, with no wait for the transfer worker's thread to wake.
@@ -712,7 +714,7 @@ class Pipeline:
             if rows is not None:
                 stalled = rows.verdict(tick, needed, ptr, now)
             owed = self._owed(slot, ptr >= needed, now)
-        failure = self._watchdog.verdict(tick, slot, state, waited_s, owed)
+        failure = self._watchdog.verdict(tick, slot, state, waited_s, owed, now)
         failure = failure or stalled  # the collector's first: rows stop when it dies
         if failure is not None:
             self._fail_locked(failure)
@@ -750,7 +752,8 @@ class Pipeline:
             # or fails).
             if DEFERRED:
                 raise_deferred(within_step=True)
-            failure = self._watchdog.verdict(tick, slot, SlotState.REQUESTED, 0.0)
+            failure = self._watchdog.verdict(tick, slot, SlotState.REQUESTED, 0.0,
+                                             now_ns=time.monotonic_ns())
             if failure is not None:
                 raise failure
         self._cv.release()
@@ -785,7 +788,10 @@ class Pipeline:
             if slot is None:  # without a deadline: an observer failed the run on its span
                 self._raise_if_unusable()
             assert slot is not None
-            self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
+            try:
+                self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
+            except Exception as exc:  # noqa: BLE001 - else the batch went out unfenced
+                self._hook_failed("before_read", exc)
             if self._checker is not None:
                 self._checker.acquiring(slot)
             self._core.acquire(tick)
@@ -826,7 +832,9 @@ class Pipeline:
 
     def _hook_failed(self, hook: str, error: Exception) -> NoReturn:
         """A backend hook the learner's call ran raised: fail the pipeline with
-        ``TransferFailed`` chained to it (sticky, as any failure) and raise that."""
+        ``TransferFailed`` chained to it (sticky, as any failure) and raise that; on a
+        pipeline failed or closed already, what that raises (INV-STICKY)."""
+        self._raise_if_unusable()
         failure = TransferFailed(f"the backend's {hook} raised {type(error).__name__}: "
                                  f"{error}")
         self._fail_locked(failure, error)
@@ -890,37 +898,34 @@ class Pipeline:
 
     # -- observers ------------------------------------------------------------
 
+    # Both mark this thread as running the observers (``_observing``), so that a
+    # learner call from one of them is refused (``_call``): the lock is re-entrant,
+    # and such a call ran in the middle of the step being observed (an after_tick
+    # released the batch being acquired; a wait waited for a request not sent yet,
+    # for ever). Inline, not a context manager: they run at every transition and
+    # span, on the learner's hot path (a generator's with-block cost 1.4 us a time).
+
     def _observe(self, record: TransitionRecord) -> None:
-        if not self._observers:
-            return
         now = time.monotonic_ns()
-        with self._in_observers():
+        before, self._observing = self._observing, threading.get_ident()
+        try:
             for observer in self._observers:
                 try:
                     observer.transition(record, now)
                 except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
                     self._observer_failed(observer, exc)
+        finally:
+            self._observing = before
 
     def _span(self, name: str, actor: Actor, start_ns: int, end_ns: int, **args: Any
               ) -> None:
-        if not self._observers:
-            return
-        with self._in_observers():
+        before, self._observing = self._observing, threading.get_ident()
+        try:
             for observer in self._observers:
                 try:
                     observer.span(name, actor, start_ns, end_ns, **args)
                 except Exception as exc:  # noqa: BLE001 - an observer's bug fails the run
                     self._observer_failed(observer, exc)
-
-    @contextlib.contextmanager
-    def _in_observers(self) -> Iterator[None]:
-        """Marks this thread as running the observers, so that a learner call from
-        one of them is refused (``_call``): the lock is re-entrant, and such a call
-        ran in the middle of the step being observed (an after_tick released the batch
-        being acquired; a wait waited for a request not sent yet, for ever)."""
-        before, self._observing = self._observing, threading.get_ident()
-        try:
-            yield
         finally:
             self._observing = before
 

@@ -35,12 +35,12 @@ class TransferWorker:
     def is_alive(self) -> bool:
         return self._thread.is_alive()
 
-    def busy_s(self) -> float:
-        """Seconds the worker has been handling one message (its SUBMIT and the
-        backend's submit), 0 while it waits for one: a submit that never returns
-        holds back every message behind it."""
-        since = self._busy_since_ns
-        return 0.0 if since is None else (time.monotonic_ns() - since) / 1e9
+    def busy_since_ns(self) -> int | None:
+        """Since when (``time.monotonic_ns``) the worker has been handling one message
+        (its SUBMIT and the backend's submit), None while it waits for one: a submit
+        that never returns holds back every message behind it. The value names the
+        episode: another message is another value."""
+        return self._busy_since_ns
 
     def stop(self, timeout: float) -> list[str]:
         """Stop and join within ``timeout``; returns what was left running."""
