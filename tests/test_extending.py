@@ -310,3 +310,23 @@ def test_a_pump_that_raises_on_a_pipeline_failed_or_closed_raises_what_that_does
     closed.close()
     with pytest.raises(PipelineClosed):
         closed.batch_ready(0, 8)
+
+
+def test_an_observer_that_raises_at_close_makes_close_raise() -> None:
+    """Its error was swallowed: a closed core takes no failure, and close returned
+    None (helper-48)."""
+    from replay_fsm.spec import Event
+
+    boom = RuntimeError("observer broken at close")
+
+    class RaisesAtClose(Observer):
+        def transition(self, record, time_ns):  # type: ignore[no-untyped-def]
+            if record.event is Event.CLOSE:
+                raise boom
+
+    pipe = Pipeline(small_buffer(), sample_count=8, backend="emulated")
+    pipe.add_observer(RaisesAtClose())
+    with pytest.raises(RuntimeError) as info:
+        pipe.close()
+    assert info.value is boom
+    pipe.close()  # closed: once

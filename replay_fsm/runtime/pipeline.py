@@ -587,7 +587,8 @@ class Pipeline:
         hook runs too."""
         with self._lock:
             if not self._closed:
-                self._close_error = self._close_core()
+                error = self._close_core()  # an observer's, raised by close
+                self._close_error = self._close_error or error
             self._cv.notify_all()
         forced: list[str] = []
         for stop in (self._link.stop, self._worker.stop):
@@ -935,6 +936,10 @@ class Pipeline:
         a learner call) keeps the rest of that call from being skipped."""
         with self._lock:
             self._observers = tuple(o for o in self._observers if o is not observer)
+            if self._closed:  # a closed core takes no failure: close raises it
+                if self._close_error is None:
+                    self._close_error = error
+                return
             self._fail_locked(error)
 
 
