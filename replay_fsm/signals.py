@@ -94,9 +94,10 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
     """For the with-block, ``signums`` blocked in this thread, so that the processes
     it starts start with them blocked (a child inherits its parent thread's signal
     mask, through exec too): one sent while a child imports its modules waits until
-    the child unblocks them with its handlers in (``unblock_stop_signals``), instead
-    of killing it (SIGTERM's default) or raising inside an import (SIGINT's).
-    multiprocessing starts its resource tracker the same way.
+    the child unblocks them (``unblock_stop_signals``) where it chooses, with the
+    handlers it chooses, instead of acting inside an import (Python's SIGINT handler
+    raised there: a traceback, or torch swallowed it). multiprocessing starts its
+    resource tracker the same way.
 
     This process still takes them: a thread started before the block, which does
     nothing else, receives them, and Python runs the handlers in the main thread as

@@ -253,7 +253,7 @@ def test_a_request_or_acquire_without_its_tick_is_malformed(
         del recs[at]["tick"]
     report = check(recs)
     assert not report.ok and report.index == at, report
-    assert report.violation == f"malformed record: a {event} record names its tick", report
+    assert report.violation == f"malformed record: a {event} record must name its tick", report
 
 
 @pytest.mark.parametrize("text,why", [

@@ -3,8 +3,8 @@
 While the learner waits on a slot, each slice of the wait (and each poll of a tick
 not ready) asks:
 - REQUESTED: is the collector alive and serving (the link's answer), and is the
-  transfer worker there to take its pack-done message, not stuck in a submit for
-  longer than ``timeout``?
+  transfer worker there to take its pack-done message, not in one backend submit for
+  longer than ``timeout`` since the learner first found it there?
 - SUBMITTED: can the backend's copy engine still complete copies, and has the copy
   completed within ``timeout`` of when the learner first found it pending, in a wait
   or a poll (``Pipeline._judge_locked``)?

@@ -179,7 +179,7 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         if malformed:
             return bad(i, malformed)
         if tick is None and event in (Event.REQUEST, Event.ACQUIRE):
-            return bad(i, f"malformed record: a {event.value} record names its tick")
+            return bad(i, f"malformed record: a {event.value} record must name its tick")
         if slot >= depth or src is not core.state(slot):
             return bad(i, f"slot {slot} is {core.state(slot).name} but the record leaves "
                           f"{src.name}")
