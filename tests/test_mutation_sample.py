@@ -38,7 +38,7 @@ SAMPLE: dict[str, Mutant] = {
     # pipeline: the watchdog's verdict ignored (INV-LIVE); ticks() prefetching past stop.
     "replay_fsm.runtime.pipeline.xǁPipelineǁ_judge_locked__mutmut_23": Mutant(
         "replay_fsm/runtime/pipeline.py",
-        "failure = self._watchdog.verdict(tick, slot, state, waited_s, owed)",
+        "failure = self._watchdog.verdict(tick, slot, state, waited_s, owed, now)",
         "failure = None",
         ("tests/test_liveness.py::test_a_copy_that_never_completes_raises_transfer_failed",)),
     "replay_fsm.runtime.pipeline.xǁPipelineǁticks__mutmut_17": Mutant(
