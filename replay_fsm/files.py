@@ -19,6 +19,9 @@ from typing import TextIO
 # Devices and the kernel's views: written in place (/dev/stdout is a link to a file
 # when the output is redirected to one, and that file is not ours to replace).
 IN_PLACE = ("/dev/", "/proc/")
+# A temporary name's copy of NAME is cut to this many bytes, so the name stays under
+# a file system's 255-byte limit.
+NAME_BYTES_IN_TEMPORARY = 200
 
 
 @contextlib.contextmanager
@@ -50,13 +53,9 @@ def replacing(path: str | os.PathLike[str], newline: str | None = None
                 os.stat(target)  # a loop raises here
             target = Path(os.path.realpath(target))
         try:
-            mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-        except FileNotFoundError:
-            mode = None
-        try:
-            fd, part = _create_beside(target, mode)
+            fd, part = _create_beside(str(target))
         except PermissionError:
-            if mode is None or not os.access(target, os.W_OK):
+            if not os.access(target, os.W_OK):  # none there, or not ours to write
                 raise
             with target.open("w", newline=newline) as f:  # a folder we may not add to
                 yield f
@@ -86,27 +85,51 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
-def _create_beside(target: Path, mode: int | None) -> tuple[int, str]:
-    """A new file beside ``target`` under a name of this call's (``O_EXCL``), with
-    ``mode`` (None: 0o666 less the umask, which the kernel applies)."""
+def temporary_names(target: str, suffix: str) -> Iterator[str]:
+    """Up to 100 names ``.NAME.<pid>-<random><suffix>`` beside ``target`` (NAME cut to
+    stay under a file system's 255-byte limit)."""
+    directory, name = os.path.split(target)
+    short = name
+    while len(os.fsencode(short)) > NAME_BYTES_IN_TEMPORARY:
+        short = short[:-1]
     for _ in range(100):
-        part = str(target.with_name(f".{target.name}.{os.getpid()}-"
-                                    f"{secrets.token_hex(4)}.part"))
+        yield os.path.join(directory,
+                           f".{short}.{os.getpid()}-{secrets.token_hex(4)}{suffix}")
+
+
+def create_temporary(tmp: str, target: str) -> int:
+    """Create ``tmp`` (FileExistsError if there is one) and return its descriptor, with
+    the mode the file would get from ``open(target, "w")``: the existing file's, else
+    0o666 less the umask (which the kernel applies)."""
+    try:
+        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        mode = None
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    # Never more open than the file it replaces, not even until the fchmod.
+    fd = os.open(tmp, flags, 0o666 if mode is None else mode)
+    if mode is not None:
         try:
-            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL
-                         | getattr(os, "O_CLOEXEC", 0), 0o666 if mode is None else mode)
+            os.fchmod(fd, mode)
+        except BaseException:
+            os.close(fd)
+            raise
+    return fd
+
+
+def _create_beside(target: str) -> tuple[int, str]:
+    """A new file beside ``target`` under a name of this call's (``temporary_names``,
+    ``create_temporary``): its descriptor and name."""
+    for part in temporary_names(target, ".part"):
+        try:
+            return create_temporary(part, target), part
         except FileExistsError:
-            continue
-        if mode is not None:
-            try:
-                os.fchmod(fd, mode)  # the umask took bits the old file had
-            except BaseException:
-                os.close(fd)
+            continue  # another's: never removed
+        except BaseException:
+            with contextlib.suppress(OSError):  # made, then its fchmod failed
                 os.unlink(part)
-                raise
-        return fd, part
-    raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken",
-                          str(target))
+            raise
+    raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken", target)
 
 
 def _naming(exc: OSError, path: str) -> OSError:

@@ -137,8 +137,8 @@ def test_where_no_file_can_be_made_beside_it_an_existing_file_is_written_in_plac
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The same on a folder closed to new files, as root too (root may make files
     anywhere): the creation beside it refused as such a folder refuses it."""
-    def refused(target: Path, mode: object) -> None:
-        raise PermissionError(errno.EACCES, "Permission denied", str(target))
+    def refused(target: str) -> None:
+        raise PermissionError(errno.EACCES, "Permission denied", target)
 
     monkeypatch.setattr(files, "_create_beside", refused)
     (tmp_path / "log.jsonl").write_text("old")
@@ -151,3 +151,12 @@ def test_where_no_file_can_be_made_beside_it_an_existing_file_is_written_in_plac
     if not os.access(tmp_path / "log.jsonl", os.W_OK):
         with pytest.raises(PermissionError):
             write_text(tmp_path / "log.jsonl", "x")
+
+
+def test_a_name_near_the_file_systems_limit_is_written(tmp_path: Path) -> None:
+    """The temporary name is the checkpoint's (``temporary_names``), whose copy of the
+    name is cut to stay under 255 bytes: ``.<250 bytes>.<pid>-<hex>.part`` was
+    ENAMETOOLONG when files.py made its own."""
+    path = tmp_path / ("x" * 250)
+    write_text(path, "whole")
+    assert path.read_text() == "whole" and os.listdir(tmp_path) == ["x" * 250]

@@ -49,13 +49,12 @@ import functools
 import json
 import os
 import queue
-import secrets
 import stat
 import struct
 import sys
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +62,8 @@ import numpy as np
 
 from ..core import as_count
 from ..errors import ReplayFSMError
+from ..files import create_temporary as _create_temporary  # a global: tests replace it
+from ..files import temporary_names
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -239,9 +240,6 @@ def _pwrite_all(fd: int, data: memoryview, offset: int) -> None:
 # this process may write into but not read, a file system without directory fsync.
 _NO_DIRECTORY_SYNC = {errno.EACCES, errno.EPERM, errno.EINVAL, errno.ENOTSUP,
                       errno.EOPNOTSUPP, errno.EBADF}
-# The temporary name's copy of NAME is cut to this many bytes, so the name stays under
-# a file system's 255-byte limit.
-_NAME_BYTES_IN_TEMPORARY = 200
 
 
 def _fsync_directory(directory: str, path: str) -> None:
@@ -303,37 +301,6 @@ def _os_error(code: int, path: str) -> OSError:
     return OSError(code, os.strerror(code), path)
 
 
-def _temporary_names(target: str) -> Iterator[str]:
-    """Up to 100 names ``.NAME.<pid>-<random>.tmp`` beside ``target`` (NAME cut to
-    stay under a file system's 255-byte limit)."""
-    directory, name = os.path.split(target)
-    short = name
-    while len(os.fsencode(short)) > _NAME_BYTES_IN_TEMPORARY:
-        short = short[:-1]
-    for _ in range(100):
-        yield os.path.join(directory, f".{short}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-
-
-def _create_temporary(tmp: str, target: str) -> int:
-    """Create ``tmp`` (FileExistsError if there is one) and return its descriptor, with
-    the mode the file would get from ``open(target, "w")``: the existing file's, else
-    0o666 less the umask (which the kernel applies)."""
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        mode = None
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
-    # Never more open than the file it replaces, not even until the fchmod.
-    fd = os.open(tmp, flags, 0o666 if mode is None else mode)
-    if mode is not None:
-        try:
-            os.fchmod(fd, mode)
-        except BaseException:
-            os.close(fd)
-            raise
-    return fd
-
-
 def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
          chunk_bytes: int = 16 << 20) -> Checkpoint:
     """Write ``rb`` to ``path`` atomically; see the module docstring and
@@ -358,7 +325,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     checksummer = _Checksummer()
     fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
     try:
-        for tmp in _temporary_names(target):
+        for tmp in temporary_names(target, ".tmp"):
             try:
                 fd = _create_temporary(tmp, target)
             except FileExistsError:
