@@ -32,7 +32,30 @@ def machine() -> dict[str, Any]:
                     break
     except OSError:
         pass
+    cache = last_level_cache_mib()
+    if cache is not None:
+        info["last_level_cache_mib"] = cache
     return info
+
+
+def last_level_cache_mib(caches: Path = Path("/sys/devices/system/cpu/cpu0/cache")
+                         ) -> float | None:
+    """The size of CPU 0's last-level cache in MiB (Linux sysfs: ``caches``), None
+    where unknown: whether a gather beside the learner's step evicts its working set
+    depends on it."""
+    best: tuple[int, float] | None = None
+    for index in caches.glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1 / 1024, "M": 1.0, "G": 1024.0}.get(size[-1:].upper())
+        if scale is None or not size[:-1].isdigit():
+            continue
+        if best is None or level > best[0]:
+            best = (level, int(size[:-1]) * scale)
+    return None if best is None else best[1]
 
 
 def steady_malloc() -> bool:
@@ -74,13 +97,36 @@ def quantile(values: Sequence[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+BY_MACHINE = RESULTS / "by_machine"
+
+
 def write_result(name: str, config: dict[str, Any], figures: dict[str, Any],
                  *, quick: bool = False) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
     path = RESULTS / f"{name}{'-quick' if quick else ''}.json"
     path.write_text(json.dumps({"name": name, "machine": machine(), "config": config,
-                                "figures": figures, "quick": quick}, indent=2) + "\n")
+                                "figures": figures, "quick": quick,
+                                "date": time.strftime("%Y-%m-%d", time.gmtime())},
+                               indent=2) + "\n")
     return path
+
+
+def machine_slug(info: dict[str, Any]) -> str:
+    """A file name for a machine: its CPU model and core count (``amd-epyc-2cpu``)."""
+    words = "".join(c if c.isalnum() else " " for c in str(info.get("cpu", "unknown")))
+    cpu = "-".join(w for w in words.lower().split() if w not in ("r", "tm", "processor"))
+    return f"{cpu or 'unknown'}-{info.get('cpus', 0)}cpu"
+
+
+def keep_by_machine(path: Path) -> Path:
+    """Keep a full run's result file as its machine's latest too
+    (``results/by_machine/<name>-<machine>.json``): the README sets the budget's claims
+    side by side for every machine kept. Returns the copy's path."""
+    result = json.loads(path.read_text())
+    BY_MACHINE.mkdir(parents=True, exist_ok=True)
+    copy = BY_MACHINE / f"{result['name']}-{machine_slug(result['machine'])}.json"
+    copy.write_text(path.read_text())
+    return copy
 
 
 def table(title: str, rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:

@@ -48,9 +48,16 @@ from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.data.sampling import sample_indices
 
 try:
-    from common import median_time, quantile, steady_malloc, table, write_result
+    from common import keep_by_machine, median_time, quantile, steady_malloc, table, write_result
 except ImportError:
-    from benchmarks.common import median_time, quantile, steady_malloc, table, write_result
+    from benchmarks.common import (
+        keep_by_machine,
+        median_time,
+        quantile,
+        steady_malloc,
+        table,
+        write_result,
+    )
 
 
 FEATURES = 64  # columns the learner's first layer reads; the rest is carried along
@@ -586,11 +593,12 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
         results[name]["compute_hidden"] = hidden
         results[name]["compute_reps"] = reps
     results["verdicts"] = verdicts(results)
-    write_result("learner_loop", {"rows": rows, "width": rb.width, "batch": n,
-                                  "device": device, "rounds": rounds, "ticks": ticks,
-                                  "loads": list(loads), "learner_threads": 1,
-                                  "malloc_thresholds_fixed": malloc_fixed},
-                 results, quick=quick)
+    path = write_result("learner_loop", {
+        "rows": rows, "width": rb.width, "batch": n, "device": device, "rounds": rounds,
+        "ticks": ticks, "loads": list(loads), "learner_threads": 1,
+        "malloc_thresholds_fixed": malloc_fixed}, results, quick=quick)
+    if not quick and torchrl_note is None:  # a run with every contender, on this machine
+        keep_by_machine(path)
     print(f"pack (index_select) {pack_s * 1e3:.2f} ms per batch")
     for name in regimes:
         for column, table_rows in results[name]["columns"].items():

@@ -251,6 +251,83 @@ def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any],
     return out
 
 
+def _machine_label(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    cache = m.get("last_level_cache_mib")
+    cpu = " ".join(w for w in str(m.get("cpu", "an unknown CPU")).replace(
+        "(R)", "").replace("(TM)", "").split() if w != "Processor")
+    return (f"{cpu}, {m['cpus']} cores"
+            + (f", {cache:.0f} MiB last-level cache" if cache else "")
+            + f", {result.get('date', 'date not recorded')}")
+
+
+def _deeper_ahead(f: dict[str, Any], load: str) -> tuple[int, int] | None:
+    """In how many (collector, regime) cells of column ``load`` the depth-3 row's mean
+    tick was below the depth-2 row's, and of how many; None where the run lacks them."""
+    ahead = cells = 0
+    for regime in ("compute-bound", "balanced", "data-bound"):
+        column = f.get(regime, {}).get("columns", {}).get(load)
+        if column is None:
+            return None
+        for collector in ("thread", "process"):
+            two = column.get(f"replay_fsm {collector} collector, depth 2", {})
+            three = column.get(f"replay_fsm {collector} collector, depth 3", {})
+            if "mean_tick_ms" not in two or "mean_tick_ms" not in three:
+                return None
+            ahead += three["mean_tick_ms"] < two["mean_tick_ms"]
+            cells += 1
+    return ahead, cells
+
+
+def _by_machine() -> list[str]:
+    """The budget's claims side by side for each machine whose latest full learner-loop
+    run is kept (``results/by_machine``), with the co-run floor that decides most of the
+    tight ones; nothing when fewer than two machines are kept."""
+    runs = [json.loads(p.read_text())
+            for p in sorted((RESULTS / "by_machine").glob("learner_loop-*.json"))]
+    runs.sort(key=lambda r: (r.get("date", ""), r["machine"].get("cpu", "")))
+    if len(runs) < 2:
+        return []
+    claims = list(dict.fromkeys(c for r in runs for c in r["figures"]["verdicts"]))
+    out = ["**The same claims on each machine kept** (`benchmarks/results/by_machine/`: "
+           "each machine's latest full learner-loop run, every contender measured; a run of "
+           "`make bench` keeps its machine's; the claim's ratio, then its rounds' range)",
+           "", "| claim | " + " | ".join(_machine_label(r) for r in runs) + " |",
+           "| --- |" + " --- |" * len(runs)]
+    for claim in claims:
+        cells = []
+        for r in runs:
+            ok = r["figures"]["verdicts"].get(claim)
+            d = r["figures"].get("verdict_detail", {}).get(claim)
+            if ok is None:
+                cells.append("not measured")
+                continue
+            cell = "holds" if ok else "**missed**"
+            if d:
+                cell += (f" {d['ratio']:.3f} ({min(d['rounds']):.3f}-"
+                         f"{max(d['rounds']):.3f})")
+            cells.append(cell)
+        out.append(f"| {claim} | " + " | ".join(cells) + " |")
+    floors = [r["figures"].get("compute-bound", {}).get("double_buffer", {}).get("load0")
+              for r in runs]
+    if all(floors):
+        out.append("| the co-run floor: bare double buffer / compute only, compute-bound, "
+                   "0 bg | " + " | ".join(f"{f['over_ideal']:.3f}" for f in floors) + " |")
+    for load in ("load0", "load1", "load2"):
+        counts = [_deeper_ahead(r["figures"], load) for r in runs]
+        if any(c is not None for c in counts):
+            out.append(f"| ring depth 3 ahead of depth 2, {load[4:]} bg (both collectors, "
+                       "every regime) | " + " | ".join(
+                           "not measured" if c is None else f"{c[0]} of {c[1]}"
+                           for c in counts) + " |")
+    held = [sum(r["figures"]["verdicts"].values()) for r in runs]
+    out.append("| claims that hold | " + " | ".join(
+        f"{h} of {len(r['figures']['verdicts'])}" for h, r in zip(held, runs, strict=True))
+        + " |")
+    out.append("")
+    return out
+
+
 def section(suffix: str = "") -> str:
     out = [BEGIN, ""]
     first = next((r for r in (_load(n, suffix) for n in ("learner_loop", "packing",
@@ -283,6 +360,8 @@ def section(suffix: str = "") -> str:
             out += _cpu_split(split["figures"])
         out += _verdicts(f["verdicts"], f.get("verdict_detail", {}),
                          _round_spread(f, regimes))
+        if not suffix:
+            out += _by_machine()
     inter = _load("interference", suffix)
     if inter:
         out += ["**What a neighbour costs the learner's compute** (median step time beside "

@@ -230,3 +230,72 @@ def test_cpu_split_reads_a_process_clock_that_counts_all_its_cpu() -> None:
     assert inner1 > inner0
     assert outer1 - outer0 >= inner1 - inner0
     assert split.process_cpu_s(2**22 + 1) is None  # above Linux's pid limit: no process
+
+
+def _loop_result(cpu: str, date: str | None, verdicts: dict[str, bool],
+                 floor: float) -> dict[str, Any]:
+    result: dict[str, Any] = {
+        "name": "learner_loop", "quick": False,
+        "machine": {"cpu": cpu, "cpus": 2, "python": "3.11", "torch": "2"},
+        "figures": {"verdicts": verdicts,
+                    "verdict_detail": {c: {"ratio": 0.9 if ok else 1.2, "bound": 1.0,
+                                           "rounds": [0.8, 1.3]}
+                                       for c, ok in verdicts.items()},
+                    "compute-bound": {"double_buffer": {"load0": {"over_ideal": floor}}}}}
+    if date is not None:
+        result["date"] = date
+    return result
+
+
+def test_each_kept_machine_gets_a_column_of_the_claims(tmp_path: Path, monkeypatch
+                                                       ) -> None:
+    """The README sets the claims of every machine kept side by side, oldest first; a
+    claim a machine's run did not check says so, and one machine alone adds nothing."""
+    common = _load_benchmark("common")
+    readme_perf = _load_benchmark("readme_perf")
+    monkeypatch.setattr(common, "BY_MACHINE", tmp_path / "by_machine")
+    monkeypatch.setattr(readme_perf, "RESULTS", tmp_path)
+    run = tmp_path / "learner_loop.json"
+    new = _loop_result("Intel(R) Xeon(R) Processor", "2026-12-05",
+                       {"a <= sync": True, "b <= 1.05 x compute": True}, 0.973)
+    new["machine"]["last_level_cache_mib"] = 260.0
+    run.write_text(json.dumps(new))
+    kept = common.keep_by_machine(run)
+    assert kept == tmp_path / "by_machine" / "learner_loop-intel-xeon-2cpu.json"
+    assert json.loads(kept.read_text()) == new
+    assert readme_perf._by_machine() == []  # one machine: its own tables say it all
+    run.write_text(json.dumps(_loop_result("AMD EPYC 7B13 64-Core Processor", "2026-12-02",
+                                           {"a <= sync": False}, 1.224)))
+    assert common.keep_by_machine(run).name == "learner_loop-amd-epyc-7b13-64-core-2cpu.json"
+    text = "\n".join(readme_perf._by_machine())
+    assert ("| claim | AMD EPYC 7B13 64-Core, 2 cores, 2026-12-02 | Intel Xeon, 2 cores, "
+            "260 MiB last-level cache, 2026-12-05 |") in text
+    assert "| a <= sync | **missed** 1.200 (0.800-1.300) | holds 0.900 (0.800-1.300) |" in text
+    assert "| b <= 1.05 x compute | not measured | holds 0.900 (0.800-1.300) |" in text
+    assert "compute-bound, 0 bg | 1.224 | 0.973 |" in text
+    assert "| claims that hold | 0 of 1 | 2 of 2 |" in text
+    assert "ring depth" not in text  # neither run has the depth rows
+    # The Intel run's depth-3 rows beat its depth-2 rows in 5 of its 6 cells with one
+    # background process; the AMD run has no such rows.
+    for regime, slower in (("compute-bound", ""), ("balanced", ""), ("data-bound", "process")):
+        new["figures"][regime] = {"columns": {"load1": {
+            f"replay_fsm {collector} collector, depth {depth}": {
+                "mean_tick_ms": 10.0 + (depth == 3) * (1 if collector == slower else -1)}
+            for collector in ("thread", "process") for depth in (2, 3)}}}
+    new["figures"]["compute-bound"]["double_buffer"] = {"load0": {"over_ideal": 0.973}}
+    kept.write_text(json.dumps(new))
+    text = "\n".join(readme_perf._by_machine())
+    assert ("| ring depth 3 ahead of depth 2, 1 bg (both collectors, every regime) | not "
+            "measured | 5 of 6 |") in text
+    assert "0 bg (both collectors" not in text  # no run has that column
+
+
+def test_the_last_level_cache_is_read_from_the_deepest_level(tmp_path: Path) -> None:
+    common = _load_benchmark("common")
+    for name, level, size in (("index0", "1", "48K"), ("index3", "3", "266240K"),
+                              ("index2", "2", "2M"), ("index9", "x", "1G")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "level").write_text(level + "\n")
+        (tmp_path / name / "size").write_text(size + "\n")
+    assert common.last_level_cache_mib(tmp_path) == 260.0  # index9's level is unreadable
+    assert common.last_level_cache_mib(tmp_path / "none") is None

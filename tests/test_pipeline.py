@@ -166,7 +166,7 @@ def test_pinning_the_collector_process_pins_the_packer_that_serves() -> None:
     rb.add_packed(torch.randn(50_000, rb.width))
     cpu = min(os.sched_getaffinity(0))
     with Pipeline(rb, sample_count=20_000, collector="process", packer_threads=1,
-                  liveness_timeout=60, learner_packs=False) as pipe:
+                  ring_depth=3, liveness_timeout=60, learner_packs=False) as pipe:
         run_ticks(pipe, 0, 1)  # the packer has attached
         pid = pipe.collector_process.pid
         assert pipe.packer_handle().packer_pid == pid
