@@ -27,9 +27,9 @@ import torch
 from replay_fsm import Pipeline, ReplayBuffer
 
 try:
-    from common import quantile, table, write_result
+    from common import keep_by_machine, quantile, table, write_result
 except ImportError:
-    from benchmarks.common import quantile, table, write_result
+    from benchmarks.common import keep_by_machine, quantile, table, write_result
 
 
 def main(quick: bool = False) -> dict[str, float]:
@@ -89,8 +89,10 @@ def main(quick: bool = False) -> dict[str, float]:
     figures.update(cold_cache(quick))
     figures["budget_us_median"] = 30.0
     figures["budget_us_p99"] = 100.0
-    write_result("learner_overhead", {"sample_count": n, "width": rb.width, "ticks": ticks},
-                 figures, quick=quick)
+    path = write_result("learner_overhead", {"sample_count": n, "width": rb.width,
+                                             "ticks": ticks}, figures, quick=quick)
+    if not quick:
+        keep_by_machine(path)
     print(table("learner-visible overhead per tick, batch ready, packer idle (us)", [
         (f"ring depth {d}", f"{figures[f'depth{d}_us_median']:.1f}",
          f"{figures[f'depth{d}_us_p99']:.1f}",

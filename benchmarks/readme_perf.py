@@ -283,9 +283,7 @@ def _by_machine() -> list[str]:
     """The budget's claims side by side for each machine whose latest full learner-loop
     run is kept (``results/by_machine``), with the co-run floor that decides most of the
     tight ones; nothing when fewer than two machines are kept."""
-    runs = [json.loads(p.read_text())
-            for p in sorted((RESULTS / "by_machine").glob("learner_loop-*.json"))]
-    runs.sort(key=lambda r: (r.get("date", ""), r["machine"].get("cpu", "")))
+    runs = _kept("learner_loop")
     if len(runs) < 2:
         return []
     claims = list(dict.fromkeys(c for r in runs for c in r["figures"]["verdicts"]))
@@ -324,6 +322,49 @@ def _by_machine() -> list[str]:
     out.append("| claims that hold | " + " | ".join(
         f"{h} of {len(r['figures']['verdicts'])}" for h, r in zip(held, runs, strict=True))
         + " |")
+    out.append("")
+    return out
+
+
+def _kept(name: str) -> list[dict[str, Any]]:
+    """Each machine's latest full run of benchmark ``name`` kept in ``by_machine``,
+    oldest first."""
+    runs = [json.loads(p.read_text())
+            for p in sorted((RESULTS / "by_machine").glob(f"{name}-*.json"))]
+    runs.sort(key=lambda r: (r.get("date", ""), r["machine"].get("cpu", "")))
+    return runs
+
+
+def _overhead_by_machine() -> list[str]:
+    """The learner's calls per tick on each machine kept, against the budget; nothing
+    when fewer than two machines are kept."""
+    runs = _kept("learner_overhead")
+    if len(runs) < 2:
+        return []
+    rows = [("batch ready, packer idle (depth 2)", "depth2", None),
+            ("while the packer gathers, thread collector", "gathering_thread",
+             "gathering_thread_over_handoff"),
+            ("while the packer gathers, process collector", "gathering_process",
+             "gathering_process_over_handoff"),
+            ("caches evicted, thread collector", "cold_thread", "cold_thread_over_handoff"),
+            ("caches evicted, process collector", "cold_process",
+             "cold_process_over_handoff")]
+    out = ["**The learner's calls on each machine kept** (us per tick, median / p99; x "
+           "the bare double buffer's hand-off in the same run; budget 30 / 100 us)", "",
+           "| calls | " + " | ".join(_machine_label(r) for r in runs) + " |",
+           "| --- |" + " --- |" * len(runs)]
+    for label, key, over in rows:
+        cells = []
+        for r in runs:
+            f = r["figures"]
+            if f"{key}_us_median" not in f:
+                cells.append("not measured")
+                continue
+            cell = f"{f[f'{key}_us_median']:.1f} / {f[f'{key}_us_p99']:.1f}"
+            if over and over in f:
+                cell += f" ({f[over]:.1f} x)"
+            cells.append(cell)
+        out.append(f"| {label} | " + " | ".join(cells) + " |")
     out.append("")
     return out
 
@@ -468,6 +509,8 @@ def section(suffix: str = "") -> str:
         out += ["**Micro figures**", "", "| figure | measured | budget |", "| --- | --- | --- |"]
         out += [f"| {a} | {b} | {c} |" for a, b, c in micro]
         out.append("")
+    if not suffix:
+        out += _overhead_by_machine()
     out.append(END)
     return "\n".join(out)
 

@@ -299,3 +299,26 @@ def test_the_last_level_cache_is_read_from_the_deepest_level(tmp_path: Path) -> 
         (tmp_path / name / "size").write_text(size + "\n")
     assert common.last_level_cache_mib(tmp_path) == 260.0  # index9's level is unreadable
     assert common.last_level_cache_mib(tmp_path / "none") is None
+
+
+def test_the_learner_calls_of_each_kept_machine_are_set_side_by_side(
+        tmp_path: Path, monkeypatch) -> None:
+    readme_perf = _load_benchmark("readme_perf")
+    monkeypatch.setattr(readme_perf, "RESULTS", tmp_path)
+    (tmp_path / "by_machine").mkdir()
+
+    def keep(cpu: str, date: str, figures: dict[str, float]) -> None:
+        (tmp_path / "by_machine" / f"learner_overhead-{cpu}.json").write_text(json.dumps(
+            {"name": "learner_overhead", "date": date, "figures": figures,
+             "machine": {"cpu": cpu, "cpus": 2}}))
+
+    keep("B", "2026-12-05", {"depth2_us_median": 33.8, "depth2_us_p99": 86.2,
+                             "cold_thread_us_median": 137.1, "cold_thread_us_p99": 215.7,
+                             "cold_thread_over_handoff": 3.35})
+    assert readme_perf._overhead_by_machine() == []
+    keep("A", "2026-12-02", {"depth2_us_median": 24.6, "depth2_us_p99": 42.1})
+    text = "\n".join(readme_perf._overhead_by_machine())
+    assert "| calls | A, 2 cores, 2026-12-02 | B, 2 cores, 2026-12-05 |" in text
+    assert "| batch ready, packer idle (depth 2) | 24.6 / 42.1 | 33.8 / 86.2 |" in text
+    assert ("| caches evicted, thread collector | not measured | 137.1 / 215.7 (3.4 x) |"
+            in text)
