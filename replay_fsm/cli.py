@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import select
 import signal
@@ -10,12 +12,13 @@ import sys
 from pathlib import Path
 
 from .errors import first_line
-from .signals import exit_code, sigterm_as_interrupt
+from .signals import exit_code, sigterm_as_interrupt, start_resource_tracker
 from .spec import SlotState
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
+    start_resource_tracker()  # a hangup to the process group must not kill it
     args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
@@ -71,6 +74,7 @@ def _summaries(out: str) -> dict[str, tuple[int, int]]:
 
 def _sac(args: argparse.Namespace) -> int:
     from .trainers.cli import main as sac_main
+    start_resource_tracker()  # as the demo's
     return sac_main(args)
 
 
@@ -175,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         (ap if any(a in before for a in unknown) else commands[args.command]).error(
             f"unrecognized arguments: {' '.join(unknown)}")
     made = _new_folders(getattr(args, "out", None))
+    terms: list[int] = []
     try:
         with sigterm_as_interrupt() as terms:  # kill, timeout, a scheduler: as Ctrl-C
             try:
@@ -197,6 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         _remove_if_empty(made)
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + getattr(signal, "SIGPIPE", 13)
+    except OSError as exc:
+        if exc.errno != errno.EIO or not terms:
+            return _failed(args.command, exc, made)
+        # The terminal hung up (SIGHUP, taken as a stop: the files are written) and
+        # its output is gone: the stop's code, with nothing more sent there.
+        _remove_if_empty(made)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(AttributeError, OSError, ValueError):
+                os.dup2(devnull, stream.fileno())
+        return 128 + terms[-1]
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
         return _failed(args.command, exc, made)
 

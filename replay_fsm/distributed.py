@@ -97,8 +97,8 @@ class AgreedInterrupt:
     """A stop signal in a multi-rank run, as one decision: every rank stops at the
     same step.
 
-    A rank's SIGINT or SIGTERM (the terminal's Ctrl-C, a scheduler's stop, or the
-    launcher forwarding its own) only records the signal. Each step's all-reduce
+    A rank's stop signal (the terminal's Ctrl-C, a scheduler's SIGTERM, a hangup, or
+    the launcher forwarding its own) only records the signal. Each step's all-reduce
     first sums the ranks' flags; when any is set, every rank raises
     KeyboardInterrupt at that same step, after the same collectives, so no rank is
     left waiting in a collective the others never join (the launcher would kill it
@@ -223,8 +223,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     interrupt with nothing written (``rank_main``).
 
     Raises:
-        replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C
-            or SIGTERM (``signum`` says which), or for either sent to a rank alone;
+        replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C,
+            SIGTERM or SIGHUP (``signum`` says which), or for one sent to a rank alone;
             every rank stopped at the same step and wrote its summary and trace
             (``AgreedInterrupt``), and the traces are merged.
         RankFailed: a rank failed (its error, its collector's death, a signal that
@@ -276,7 +276,7 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     except SignalException as exc:
         if exc.sigval not in STOP_SIGNALS:
             raise
-        # Ctrl-C or SIGTERM: the launcher forwarded it, the ranks stopped together
+        # a stop signal: the launcher forwarded it, the ranks stopped together
         # and wrote their files (AgreedInterrupt), or ended before they had joined;
         # to the caller it is an interrupt.
         raise Interrupted(exc.sigval) from exc

@@ -1,7 +1,8 @@
 """What the stop signals mean, in one place (torch-free).
 
-SIGINT (a terminal's Ctrl-C) and SIGTERM (``kill``, ``timeout``, a container's or a
-batch scheduler's stop) both ask the learner to stop; the learner decides how: it
+SIGINT (a terminal's Ctrl-C), SIGTERM (``kill``, ``timeout``, a container's or a
+batch scheduler's stop) and SIGHUP (a closed terminal, a dropped ssh session: sent to
+the whole process group) all ask the learner to stop; the learner decides how: it
 closes its pipeline, which ends its helper processes, and writes what it has.
 
 - Ctrl-C reaches the whole process group, so helper processes (the spawned packer,
@@ -12,8 +13,11 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   every process of the job: a learner must not find its collector dead, or killed
   inside an add to the replay buffer, before it has decided to stop); their owner
   ends them with SIGKILL if they do not leave when closed (``end_worker``).
-- The command line takes SIGTERM as it takes Ctrl-C (``sigterm_as_interrupt``): the
-  same clean stop, its files written, and the shell's code for the signal (143).
+- The command line takes SIGTERM and SIGHUP as it takes Ctrl-C
+  (``sigterm_as_interrupt``): the same clean stop, its files written, and the shell's
+  code for the signal (143, 129). The helper processes that ignore SIGTERM ignore
+  SIGHUP too (they take ``STOP_SIGNALS``), and so does multiprocessing's resource
+  tracker when the command started it (``start_resource_tracker``).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
 - A stop signal taken through this module's handlers (``sigterm_as_interrupt``) waits
   for a pipeline step the main thread is in (``step``): Python runs a handler between
@@ -37,7 +41,11 @@ from contextlib import contextmanager
 from types import CodeType, FrameType
 from typing import Any, TypeVar
 
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+# SIGHUP where there is one: a closed terminal or a dropped ssh session sends it to the
+# whole process group, which would die of it at once, its files unwritten and its
+# semaphores left in /dev/shm.
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
+    (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 
 F = TypeVar("F", bound=Callable[..., Any])
 # The code of the functions marked ``step``: a handler finds them on the stack.
@@ -109,8 +117,7 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
         return
     # multiprocessing starts its resource tracker at the first spawn, and then
     # unblocks SIGINT and SIGTERM in the calling thread: started here, before the block.
-    from multiprocessing import resource_tracker
-    resource_tracker.ensure_running()
+    start_resource_tracker()
     done = threading.Event()
     receiver = threading.Thread(target=done.wait, name="replay_fsm-signals", daemon=True)
     receiver.start()
@@ -124,8 +131,20 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
         receiver.join()
 
 
+def start_resource_tracker() -> None:
+    """Start multiprocessing's resource tracker now, unless it runs, with the stop
+    signals ignored. It ignores SIGINT and SIGTERM itself, not SIGHUP: a hangup sent to
+    the process group killed it, and the tracker started in its place printed a
+    traceback for each name it had never seen registered. An ignored signal survives
+    exec (as in ``start_ignoring``: one sent in these milliseconds is lost). For the
+    command line and the multi-rank demo, before their first process or semaphore."""
+    from multiprocessing import resource_tracker
+    with handling(STOP_SIGNALS, signal.SIG_IGN):
+        resource_tracker.ensure_running()
+
+
 def unblock_stop_signals() -> None:
-    """Unblock SIGINT and SIGTERM in this thread (a process that
+    """Unblock the stop signals in this thread (a process that
     ``children_start_blocked`` started): one sent meanwhile comes now, to the handlers
     in place. Nothing where signals cannot be blocked."""
     if hasattr(signal, "pthread_sigmask"):
@@ -197,12 +216,12 @@ def interrupt_after_step(make: Callable[[int], KeyboardInterrupt]
 
 @contextmanager
 def sigterm_as_interrupt() -> Iterator[list[int]]:
-    """A with-block in which SIGTERM raises ``Interrupted(SIGTERM)``, a
+    """A with-block in which SIGTERM (and SIGHUP) raises ``Interrupted(signum)``, a
     KeyboardInterrupt: the command line stops on it as on Ctrl-C. Both it and
     Ctrl-C (a plain KeyboardInterrupt, as Python's own handler raises) wait for the
     pipeline step the main thread is in (``step``). It yields the list of the
-    SIGTERMs it took (a command that catches the interrupt itself and reports
-    Ctrl-C's 130 still exits with SIGTERM's 143)."""
+    signals other than SIGINT it took (a command that catches the interrupt itself
+    and reports Ctrl-C's 130 still exits with SIGTERM's 143, SIGHUP's 129)."""
     taken: list[int] = []
 
     def make(signum: int) -> KeyboardInterrupt:

@@ -341,10 +341,10 @@ def test_a_signal_to_a_rank_as_it_starts_up_ends_the_run_at_once(
 
 def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The launcher turns its own SIGINT or SIGTERM into SignalException once it has
-    stopped the ranks; launch() makes that the interrupt it is, naming the signal
-    (the CLI exits 130 or 143), and merges the ranks' traces all the same. Another
-    signal stays the launcher's error."""
+    """The launcher turns its own SIGINT, SIGTERM or SIGHUP into SignalException once
+    it has stopped the ranks; launch() makes that the interrupt it is, naming the
+    signal (the CLI exits 130, 143 or 129), and merges the ranks' traces all the same.
+    Another signal (SIGQUIT) stays the launcher's error."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.launcher import api
 
@@ -355,7 +355,7 @@ def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
             return run
         return elastic_launch
 
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         monkeypatch.setattr(api, "elastic_launch", stopped_by(signum))
         with pytest.raises(Interrupted) as info:
             launch(2, options(tmp_path))
@@ -363,7 +363,7 @@ def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
         assert isinstance(info.value.__cause__, SignalException)
         assert (tmp_path / "trace.json").is_file()  # merged, from what the ranks wrote
         (tmp_path / "trace.json").unlink()
-    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGHUP))
+    monkeypatch.setattr(api, "elastic_launch", stopped_by(signal.SIGQUIT))
     with pytest.raises(SignalException):
         launch(2, options(tmp_path))
 

@@ -217,12 +217,17 @@ def _left_in_session(sid: int, within_s: float) -> dict[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("to_group", [False, True], ids=["the-command", "its-group"])
-def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, to_group: bool) -> None:
+@pytest.mark.parametrize(("signum", "to_group"), [
+    (signal.SIGTERM, False), (signal.SIGTERM, True), (signal.SIGHUP, True)],
+    ids=["sigterm-the-command", "sigterm-its-group", "sighup-its-group"])
+def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, signum: int,
+                                                to_group: bool) -> None:
     """SIGTERM mid-run, to the command alone (kill, timeout) or to its whole process
-    group with its packer and collector processes (SLURM, systemd): the demo stops
-    cleanly, writes its files with the run marked interrupted, exits 143 (the
-    shell's code for SIGTERM), and leaves no process behind."""
+    group with its packer and collector processes (SLURM, systemd), or SIGHUP to the
+    group (a closed terminal, a dropped ssh session): the demo stops cleanly, writes
+    its files with the run marked interrupted, exits with the shell's code for the
+    signal (143, 129), prints no traceback (multiprocessing's resource tracker too
+    lives through the hangup), and leaves no process behind."""
     out = tmp_path / "out"
     proc = subprocess.Popen(
         [sys.executable, "-m", "replay_fsm", "demo", "--ticks", "100000",
@@ -231,21 +236,90 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, to_group: bool) -
     try:
         _wait_for_tick(proc, 5, deadline_s=240)
         if to_group:
-            os.killpg(proc.pid, signal.SIGTERM)
+            os.killpg(proc.pid, signum)
         else:
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert proc.returncode == 143, stdout.decode() + stderr.decode()
+    assert proc.returncode == 128 + signum, stdout.decode() + stderr.decode()
     assert b"Traceback" not in stderr, stderr.decode()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["interrupted"] and 5 <= summary["ticks"] < 100_000
     assert summary["trace_conforms"]
     assert b"(interrupted)" in stdout
     assert _left_in_session(proc.pid, within_s=60) == {}
+
+
+def _read_until_tick(fd: int, tick: int, deadline_s: float) -> bytes:
+    """Read a terminal's output until its progress bar shows ``tick`` ticks done."""
+    seen, end = b"", time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        ready, _, _ = select.select([fd], [], [], 1.0)
+        if ready:
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # EIO: every process on the terminal left
+                break
+            seen += chunk
+            done = [int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", seen)]
+            if done and max(done) >= tick:
+                return seen
+    raise AssertionError(f"no tick {tick} within {deadline_s} s:\n"
+                         + seen.decode(errors="replace")[-2000:])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux terminal")
+def test_a_terminal_that_hangs_up_stops_the_demo_as_ctrl_c_does(tmp_path: Path) -> None:
+    """The demo on a terminal that goes away (its window closed, the ssh session
+    dropped): the kernel sends SIGHUP to the terminal's processes, and writes to it
+    fail. The run stops as on Ctrl-C, writes its files, exits 129 (the shell's code
+    for SIGHUP) with nothing more sent to the terminal, and leaves no process and no
+    semaphore behind (a hangup used to kill every process of the run at once, its
+    files unwritten and its semaphores left in /dev/shm)."""
+    import fcntl
+    import struct
+    import termios
+
+    shm = Path("/dev/shm")
+    before = set(os.listdir(shm)) if shm.is_dir() else set()
+    out = tmp_path / "out"
+    master, slave = os.openpty()
+    # A new terminal is 0 columns wide, where tqdm draws no bar to read the ticks from.
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+
+    def own_terminal() -> None:  # the terminal becomes the session's: its hangup is ours
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "replay_fsm", "demo", "--ticks", "100000",
+             "--sample-count", "1024", "--out", str(out)],
+            stdin=slave, stdout=slave, stderr=slave, preexec_fn=own_terminal)
+    finally:
+        os.close(slave)
+    try:
+        _read_until_tick(master, 5, deadline_s=240)
+    finally:
+        os.close(master)  # the hangup
+    try:
+        proc.wait(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGHUP
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["interrupted"] and 5 <= summary["ticks"] < 100_000
+    assert (out / "trace.json").is_file()
+    assert _left_in_session(proc.pid, within_s=60) == {}
+    if shm.is_dir():
+        assert {n for n in set(os.listdir(shm)) - before if n.startswith("sem.")} == set()
 
 
 def test_the_interrupts_survive_pickling() -> None:

@@ -31,8 +31,8 @@ class DemoConfig:
     stepping after that many steps (the storage then holds still) and
     ``verify_data`` checks every batch bit for bit (INV-DATA);
     ``kill_collector_at`` SIGKILLs the collector process at that tick;
-    ``interrupt_at`` sends ``interrupt_signal`` (SIGINT, Ctrl-C; or SIGTERM, a
-    scheduler's stop) at that tick to this process, or for a rank, to its whole
+    ``interrupt_at`` sends ``interrupt_signal`` (SIGINT, Ctrl-C; SIGTERM, a
+    scheduler's stop; or SIGHUP, a closed terminal) at that tick to this process, or for a rank, to its whole
     process group as a terminal or a batch scheduler does (start its launcher in a
     session of its own).
 
@@ -71,8 +71,9 @@ class DemoConfig:
                                     or threads < 1):
             raise ValueError(f"learner_threads must be None or an int >= 1, got {threads!r}")
         if self.interrupt_signal not in STOP_SIGNALS:
-            raise ValueError(f"interrupt_signal must be SIGINT or SIGTERM, got "
-                             f"{self.interrupt_signal!r}")
+            raise ValueError("interrupt_signal must be a stop signal ("
+                             + ", ".join(signal.Signals(s).name for s in STOP_SIGNALS)
+                             + f"), got {self.interrupt_signal!r}")
         as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
