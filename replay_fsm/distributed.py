@@ -41,6 +41,7 @@ from .signals import (
     children_start_blocked,
     handling,
     keeping_handlers,
+    stop_signals_taken,
     unblock_stop_signals,
 )
 from .transfer import available_device
@@ -116,7 +117,7 @@ class AgreedInterrupt:
         return self.signum is not None
 
     def __enter__(self) -> AgreedInterrupt:
-        self._handling = handling(STOP_SIGNALS, self._on_signal)
+        self._handling = handling(stop_signals_taken(), self._on_signal)
         self._handling.__enter__()
         return self
 
@@ -162,7 +163,7 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
             # (Python's handlers run only once torch's wait returns). One sent while
             # the rank started up (``launch`` starts it with them blocked) ends it
             # here: not inside torch's import (a traceback, or swallowed there).
-            with handling(STOP_SIGNALS, signal.SIG_DFL):
+            with handling(stop_signals_taken(), signal.SIG_DFL):
                 unblock_stop_signals()
                 device = local_device(local_rank, config.device)
                 backend = "nccl" if device.type == "cuda" else "gloo"

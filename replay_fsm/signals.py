@@ -15,7 +15,8 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   ends them with SIGKILL if they do not leave when closed (``end_worker``).
 - The command line takes SIGTERM and SIGHUP as it takes Ctrl-C
   (``sigterm_as_interrupt``): the same clean stop, its files written, and the shell's
-  code for the signal (143, 129). The helper processes that ignore SIGTERM ignore
+  code for the signal (143, 129). Under ``nohup`` SIGHUP stays ignored
+  (``stop_signals_taken``). The helper processes that ignore SIGTERM ignore
   SIGHUP too (they take ``STOP_SIGNALS``), and so does multiprocessing's resource
   tracker when the command started it (``start_resource_tracker``).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
@@ -46,6 +47,17 @@ from typing import Any, TypeVar
 # semaphores left in /dev/shm.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
     (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
+
+
+
+def stop_signals_taken() -> tuple[int, ...]:
+    """The stop signals this process takes: ``STOP_SIGNALS`` less SIGHUP while it is
+    ignored, as ``nohup`` starts a command (the run is to outlive its terminal: a
+    handler for it would undo that)."""
+    hangup = getattr(signal, "SIGHUP", None)
+    return tuple(s for s in STOP_SIGNALS
+                 if s != hangup or signal.getsignal(s) is not signal.SIG_IGN)
+
 
 F = TypeVar("F", bound=Callable[..., Any])
 # The code of the functions marked ``step``: a handler finds them on the stack.
@@ -231,7 +243,7 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         return Interrupted(signum)
 
     try:
-        with handling(STOP_SIGNALS, interrupt_after_step(make)):
+        with handling(stop_signals_taken(), interrupt_after_step(make)):
             yield taken
     finally:
         late, DEFERRED[:] = DEFERRED[:], []

@@ -253,6 +253,35 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, signum: int,
     assert _left_in_session(proc.pid, within_s=60) == {}
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(400)
+def test_under_nohup_a_hangup_leaves_the_demo_running(tmp_path: Path) -> None:
+    """``nohup`` starts a command with SIGHUP ignored so that it outlives its
+    terminal: the demo keeps that, and its helper processes too. Still ticking 20
+    ticks after a hangup to its whole group, it stops on SIGTERM as ever."""
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "replay_fsm", "demo", "--ticks", "100000",
+         "--sample-count", "1024", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    try:
+        seen = _wait_for_tick(proc, 5, deadline_s=240)
+        done = max(int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", seen))
+        os.killpg(proc.pid, signal.SIGHUP)
+        _wait_for_tick(proc, done + 20, deadline_s=240)  # raises if it stopped
+        assert proc.poll() is None
+        os.killpg(proc.pid, signal.SIGTERM)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 128 + signal.SIGTERM, stdout.decode() + stderr.decode()
+    assert json.loads((out / "summary.json").read_text())["ticks"] >= done + 20
+    assert _left_in_session(proc.pid, within_s=60) == {}
+
+
 def _read_until_tick(fd: int, tick: int, deadline_s: float) -> bytes:
     """Read a terminal's output until its progress bar shows ``tick`` ticks done."""
     seen, end = b"", time.monotonic() + deadline_s

@@ -32,9 +32,9 @@ class DemoConfig:
     ``verify_data`` checks every batch bit for bit (INV-DATA);
     ``kill_collector_at`` SIGKILLs the collector process at that tick;
     ``interrupt_at`` sends ``interrupt_signal`` (SIGINT, Ctrl-C; SIGTERM, a
-    scheduler's stop; or SIGHUP, a closed terminal) at that tick to this process, or for a rank, to its whole
-    process group as a terminal or a batch scheduler does (start its launcher in a
-    session of its own).
+    scheduler's stop; or SIGHUP, a closed terminal) at that tick to this process, or
+    for a rank, to its whole process group as a terminal or a batch scheduler does
+    (start its launcher in a session of its own).
 
     Raises:
         TypeError, ValueError: a field of the wrong type or out of range (named, with
