@@ -12,13 +12,12 @@ import sys
 from pathlib import Path
 
 from .errors import first_line
-from .signals import exit_code, sigterm_as_interrupt, start_resource_tracker
+from .signals import exit_code, sigterm_as_interrupt, silence_hung_up_output
 from .spec import SlotState
 
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
-    start_resource_tracker()  # a hangup to the process group must not kill it
     args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
@@ -37,7 +36,7 @@ def _demo(args: argparse.Namespace) -> int:
             written = bool(_summaries(args.out).items() - earlier.items())
             print(f"interrupted; {where}" if written else
                   "interrupted before any rank wrote its files")
-            return exit_code(exc)  # the shell's code for Ctrl-C (130) or SIGTERM (143)
+            return exit_code(exc)  # the shell's code: 130 Ctrl-C, 143 SIGTERM, 129 SIGHUP
         for rank, summary in sorted(results.items()):
             print(f"rank {rank}: {summary['ticks']} ticks, {summary['tick_ms']:.2f} ms/tick, "
                   f"stall {summary['stall_pct']:.1f} %, base seed {summary['base_seed']}"
@@ -74,7 +73,6 @@ def _summaries(out: str) -> dict[str, tuple[int, int]]:
 
 def _sac(args: argparse.Namespace) -> int:
     from .trainers.cli import main as sac_main
-    start_resource_tracker()  # as the demo's
     return sac_main(args)
 
 
@@ -203,16 +201,16 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 128 + getattr(signal, "SIGPIPE", 13)
     except OSError as exc:
-        if exc.errno != errno.EIO or not terms:
+        hangup = getattr(signal, "SIGHUP", None)
+        if exc.errno != errno.EIO or exc.filename is not None or hangup not in terms:
             return _failed(args.command, exc, made)
-        # The terminal hung up (SIGHUP, taken as a stop: the files are written) and
-        # its output is gone: the stop's code, with nothing more sent there.
-        _remove_if_empty(made)
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        for stream in (sys.stdout, sys.stderr):
-            with contextlib.suppress(AttributeError, OSError, ValueError):
-                os.dup2(devnull, stream.fileno())
-        return 128 + terms[-1]
+        # A write to the terminal that hung up, before the hangup's handler sent the
+        # output elsewhere (silence_hung_up_output): the stop's code. The error goes to
+        # standard error all the same, where that still writes somewhere.
+        silence_hung_up_output()
+        with contextlib.suppress(OSError):
+            _failed(args.command, exc, made)
+        return 128 + hangup
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
         return _failed(args.command, exc, made)
 

@@ -267,7 +267,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
                           max_restarts=0, monitor_interval=0.1, start_method="spawn",
                           # the launcher's per-rank logs: by default a new folder in
                           # the system's temp folder at every launch, never removed
-                          logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")))
+                          logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")),
+                          **_launcher_signals(LaunchConfig))
     try:
         # torch's launcher installs handlers for these and leaves them: ours come back.
         # The ranks start with the stop signals blocked (rank_main unblocks them once
@@ -295,6 +296,21 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     finally:
         merge_traces(out, nproc)
     return dict(results)
+
+
+def _launcher_signals(config_class: Any) -> dict[str, str]:
+    """The ``signals_to_handle`` argument of torch's ``LaunchConfig``: its default less
+    SIGHUP while this process ignores it (``nohup``): the launcher's own handler for it
+    would undo that, and its ranks, started with SIGHUP at its default, would take it
+    as a stop. Empty where the class has no such field (torch before it)."""
+    fields = {f.name: f for f in dataclasses.fields(config_class)}
+    if "signals_to_handle" not in fields:
+        return {}
+    names = [n.strip() for n in str(fields["signals_to_handle"].default).split(",")]
+    taken = {signal.Signals(s).name for s in stop_signals_taken()}
+    return {"signals_to_handle": ",".join(
+        n for n in names if n not in {signal.Signals(s).name for s in STOP_SIGNALS}
+        or n in taken)}
 
 
 def failure_reason(failure: Any) -> str:

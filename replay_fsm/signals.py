@@ -18,7 +18,9 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   code for the signal (143, 129). Under ``nohup`` SIGHUP stays ignored
   (``stop_signals_taken``). The helper processes that ignore SIGTERM ignore
   SIGHUP too (they take ``STOP_SIGNALS``), and so does multiprocessing's resource
-  tracker when the command started it (``start_resource_tracker``).
+  tracker, which the library starts before its first semaphore
+  (``start_resource_tracker``). On a hangup the command line sends what it prints
+  after to /dev/null where the terminal is gone (``silence_hung_up_output``).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
 - A stop signal taken through this module's handlers (``sigterm_as_interrupt``) waits
   for a pipeline step the main thread is in (``step``): Python runs a handler between
@@ -33,6 +35,8 @@ multi-rank demo, which own their processes, do.
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import sys
 import threading
@@ -47,7 +51,6 @@ from typing import Any, TypeVar
 # semaphores left in /dev/shm.
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM) + (
     (signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
-
 
 
 def stop_signals_taken() -> tuple[int, ...]:
@@ -87,7 +90,7 @@ def signum_of(exc: KeyboardInterrupt) -> int:
 
 def exit_code(exc: KeyboardInterrupt) -> int:
     """The shell's code for the signal behind ``exc``: 128 + its number (130 for a
-    plain Ctrl-C, 143 for SIGTERM)."""
+    plain Ctrl-C, 143 for SIGTERM, 129 for SIGHUP)."""
     return 128 + signum_of(exc)
 
 
@@ -144,15 +147,53 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
 
 
 def start_resource_tracker() -> None:
-    """Start multiprocessing's resource tracker now, unless it runs, with the stop
-    signals ignored. It ignores SIGINT and SIGTERM itself, not SIGHUP: a hangup sent to
-    the process group killed it, and the tracker started in its place printed a
-    traceback for each name it had never seen registered. An ignored signal survives
-    exec (as in ``start_ignoring``: one sent in these milliseconds is lost). For the
-    command line and the multi-rank demo, before their first process or semaphore."""
+    """Start multiprocessing's resource tracker, once per process, with the stop
+    signals ignored; the library calls it before it makes its first semaphore or
+    lock. The tracker ignores SIGINT and SIGTERM itself, not SIGHUP: a hangup sent to
+    the process group killed it, so it could not free what a process killed with it
+    left (semaphores stayed in /dev/shm), and the tracker started in its place printed
+    a traceback for each name it had never seen registered. An ignored signal survives
+    exec (as in ``start_ignoring``: one sent in these milliseconds, from the main
+    thread's start of the tracker, is lost; from another thread nothing changes).
+    Nothing where multiprocessing has no tracker (Windows)."""
+    global _TRACKER_STARTED_IN
+    if _TRACKER_STARTED_IN == os.getpid() or os.name != "posix":
+        return
     from multiprocessing import resource_tracker
     with handling(STOP_SIGNALS, signal.SIG_IGN):
         resource_tracker.ensure_running()
+    _TRACKER_STARTED_IN = os.getpid()
+
+
+# The process that started its tracker with start_resource_tracker (a fork child shares
+# its parent's tracker, and a spawned one is given it).
+_TRACKER_STARTED_IN: int | None = None
+
+
+def hung_up(stream: Any) -> bool:
+    """Whether ``stream`` (a file object) writes to a terminal that hung up: poll says
+    POLLHUP on it, and writes fail with EIO. False where that cannot be told."""
+    try:
+        poller = select.poll()
+        poller.register(stream.fileno(), select.POLLOUT)
+        return any(events & select.POLLHUP for _, events in poller.poll(0))
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: a ValueError
+        return False
+
+
+def silence_hung_up_output() -> None:
+    """Point standard output and error at /dev/null where they write to a terminal
+    that hung up, so that what a stopping run prints (its summary, a progress bar's
+    last line) does not raise EIO, and the files it writes after are written."""
+    for stream in (sys.stdout, sys.stderr):
+        if hung_up(stream):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            try:
+                os.dup2(devnull, stream.fileno())
+            except (OSError, ValueError):
+                pass
+            finally:
+                os.close(devnull)
 
 
 def unblock_stop_signals() -> None:
@@ -239,6 +280,8 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
     def make(signum: int) -> KeyboardInterrupt:
         if signum == signal.SIGINT:
             return KeyboardInterrupt()
+        if signum == getattr(signal, "SIGHUP", None):
+            silence_hung_up_output()  # the terminal is gone: what is printed now goes
         taken.append(signum)
         return Interrupted(signum)
 

@@ -553,3 +553,32 @@ def test_a_rank_that_failed_is_not_hidden_by_another_ranks_stop_signal(
     monkeypatch.setattr(api, "elastic_launch", elastic_launch)
     with pytest.raises(RankFailed, match=r"rank 1 failed \(exit code 1\): CollectorDied: gone"):
         launch(2, options(tmp_path / "out"))
+
+
+def test_under_nohup_the_launcher_leaves_sighup_ignored() -> None:
+    """torch's launcher handles SIGHUP by default and its ranks start with it at its
+    default: a nohup'd launch would stop on a hangup. With SIGHUP ignored, launch asks
+    the launcher to leave it alone; otherwise it keeps torch's list."""
+    import dataclasses
+
+    from torch.distributed.launcher.api import LaunchConfig
+
+    from replay_fsm.distributed import _launcher_signals
+
+    names = str(next(f.default for f in dataclasses.fields(LaunchConfig)
+                     if f.name == "signals_to_handle"))
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        nohup = _launcher_signals(LaunchConfig)["signals_to_handle"]
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        plain = _launcher_signals(LaunchConfig)["signals_to_handle"]
+    finally:
+        signal.signal(signal.SIGHUP, before)
+    assert "SIGHUP" in names.split(",") and plain == names
+    assert nohup.split(",") == [n for n in names.split(",") if n != "SIGHUP"]
+
+    @dataclasses.dataclass
+    class Older:  # a torch whose LaunchConfig has no such field: nothing is passed
+        nproc_per_node: int = 1
+
+    assert _launcher_signals(Older) == {}

@@ -351,6 +351,73 @@ def test_a_terminal_that_hangs_up_stops_the_demo_as_ctrl_c_does(tmp_path: Path) 
         assert {n for n in set(os.listdir(shm)) - before if n.startswith("sem.")} == set()
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux terminal")
+def test_output_to_a_terminal_that_hung_up_is_sent_to_devnull(tmp_path: Path) -> None:
+    """What a stopping run prints after a hangup (its summary, before the files it
+    writes next) raised EIO on the terminal that went; silenced, it goes to /dev/null.
+    Output to a pipe or a file is never touched."""
+    import fcntl
+    import termios
+
+    done = tmp_path / "done"
+    child = (
+        "import os, signal, sys\n"
+        "signal.signal(signal.SIGHUP, signal.SIG_IGN)\n"
+        "from replay_fsm.signals import hung_up, silence_hung_up_output\n"
+        "print('ready', flush=True)\n"
+        "try:\n    os.read(0, 1)  # until the terminal goes: EOF or EIO\n"
+        "except OSError:\n    pass\n"
+        "seen = [hung_up(sys.stdout), hung_up(sys.stderr)]\n"
+        "silence_hung_up_output()\n"
+        "print('the summary', flush=True)\n"
+        "sys.stderr.write('a last line\\n')\n"
+        "sys.stderr.flush()\n"
+        f"open({str(done)!r}, 'w').write(repr(seen + [hung_up(sys.stdout)]))\n")
+    master, slave = os.openpty()
+
+    def own_terminal() -> None:
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    try:
+        proc = subprocess.Popen([sys.executable, "-c", child], stdin=slave, stdout=slave,
+                                stderr=slave, preexec_fn=own_terminal)
+    finally:
+        os.close(slave)
+    try:
+        assert b"ready" in os.read(master, 100)
+    finally:
+        os.close(master)  # the hangup
+    assert proc.wait(timeout=120) == 0
+    assert done.read_text() == "[True, True, False]"
+    with open(tmp_path / "file", "w") as f:
+        assert signals.hung_up(f) is False
+    r, w = os.pipe()
+    with os.fdopen(r) as reader, os.fdopen(w, "w") as writer:
+        assert signals.hung_up(writer) is False and reader.readable()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self"), reason="/proc needed")
+def test_the_resource_tracker_lives_through_a_hangup() -> None:
+    """The first replay buffer starts multiprocessing's resource tracker with SIGHUP
+    ignored (it ignores SIGINT and SIGTERM itself): killed by a hangup to the process
+    group, it could not free what the run's processes left, and its successor printed
+    a traceback for each semaphore it had never seen."""
+    child = (
+        "from multiprocessing import resource_tracker\n"
+        "from replay_fsm import ReplayBuffer\n"
+        "rb = ReplayBuffer(16, 2, 1)\n"
+        "pid = resource_tracker._resource_tracker._pid\n"
+        "for line in open(f'/proc/{pid}/status'):\n"
+        "    if line.startswith('SigIgn:'):\n"
+        "        print(int(line.split()[1], 16))\n")
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    ignored = int(out.split()[-1])
+    for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
+        assert ignored >> (signum - 1) & 1, (signum, hex(ignored))
+
+
 def test_the_interrupts_survive_pickling() -> None:
     """An exception that crosses a process boundary (a multiprocessing result, an
     error file) is pickled: its args must rebuild it."""

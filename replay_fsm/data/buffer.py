@@ -31,6 +31,7 @@ import torch
 
 from ..core import as_count
 from ..errors import ProtocolError, WriterDied
+from ..signals import start_resource_tracker
 from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
 from .layout import Layout
@@ -167,6 +168,7 @@ class ReplayBuffer:
         # point between taking the lock and the block, or between the block and
         # releasing it, where Python would take a Ctrl-C (the Lock's own __enter__ and
         # __exit__ are Python functions: one landing there left every add waiting).
+        start_resource_tracker()  # first: it must live through a hangup (SIGHUP)
         self._write_lock: Any = mp.get_context("spawn").RLock()
         _WRITE_LOCKS.add(self._write_lock)
         # Who holds _write_lock inside an add: a process killed there (SIGKILL) never

@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..signals import start_resource_tracker
+
 
 class ChannelClosed(Exception):
     """The channel was closed; no more messages will come."""
@@ -38,6 +40,7 @@ class Channel:
         if capacity < 1 or width < 1:
             raise ValueError("capacity and width must be >= 1")
         ctx = mp.get_context("spawn")
+        start_resource_tracker()  # first: it must live through a hangup (SIGHUP)
         self.capacity, self.width, self.text_bytes = capacity, width, text_bytes
         self._buf = torch.zeros(capacity, width + 1, dtype=torch.int64).share_memory_()
         self._text = torch.zeros(capacity, max(text_bytes, 1),

@@ -46,8 +46,8 @@ def run(config: DemoConfig | None = None,
     ``summary-rank<k>.json`` for a rank of a multi-rank run). ``all_reduce``
     averages gradients across ranks.
 
-    A run stopped by Ctrl-C or SIGTERM (under the CLI's handlers, ``sigterm_as_
-    interrupt``), or by an error once its pipeline is made, still writes its files:
+    A run stopped by Ctrl-C, SIGTERM or SIGHUP (under the CLI's handlers,
+    ``sigterm_as_interrupt``), or by an error once its pipeline is made, still writes its files:
     its summary has ``interrupted`` true, and ``error`` names an error, which is then
     raised with that summary as its ``summary``.
 

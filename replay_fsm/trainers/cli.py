@@ -59,7 +59,7 @@ def main(args: argparse.Namespace) -> int:
     code, error = 0, None
     try:
         result = compare(config) if args.sampling == "both" else train(config)
-    except RunInterrupted as exc:  # Ctrl-C or SIGTERM: what was done is still written
+    except RunInterrupted as exc:  # a stop signal: what was done is still written
         result, code = exc.result, exit_code(exc)
     except Exception as exc:  # an error after some ticks: written too, then raised
         if not isinstance(getattr(exc, "result", None), dict):

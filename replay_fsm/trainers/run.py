@@ -142,10 +142,11 @@ class SACConfig:
 
 
 class RunInterrupted(Interrupted):
-    """Ctrl-C or SIGTERM stopped a run (``signum`` says which) after everything was
-    stopped and joined; ``result`` is what it did until then, as ``train`` or
-    ``compare`` would return it, with ``interrupted`` true and no speed-up. A
-    KeyboardInterrupt: code that stops on Ctrl-C still does."""
+    """A stop signal (Ctrl-C; under the CLI's handlers SIGTERM or SIGHUP too) stopped
+    a run (``signum`` says which) after everything was stopped and joined; ``result``
+    is what it did until then, as ``train`` or ``compare`` would return it, with
+    ``interrupted`` true and no speed-up. A KeyboardInterrupt: code that stops on
+    Ctrl-C still does."""
 
     def __init__(self, signum: int, result: dict[str, Any]) -> None:
         super().__init__(signum)
@@ -290,7 +291,7 @@ def train(config: SACConfig) -> dict[str, Any]:
     Raises:
         ValueError: a bad option (``SACConfig.validate``), or the env is not SAC's.
         CollectorDied: the collector died or fell silent.
-        RunInterrupted: Ctrl-C or SIGTERM, after everything is stopped and joined;
+        RunInterrupted: a stop signal, after everything is stopped and joined;
             its ``result`` is the run so far.
         Any error after the first tick carries the run so far as its ``result``
         (``interrupted`` true, ``error`` naming it): see ``keep_result``.
@@ -390,7 +391,7 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
     whether the two learners ended bit-identical.
 
     Raises:
-        RunInterrupted: Ctrl-C or SIGTERM; its ``result`` holds both runs so far and
+        RunInterrupted: a stop signal; its ``result`` holds both runs so far and
             the rounds done, with no speed-up (the runs may stand at different ticks).
         Any error after the first tick carries the same as its ``result``, with
         ``error`` (``keep_result``).
