@@ -298,7 +298,7 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     return dict(results)
 
 
-def _launcher_signals(config_class: Any) -> dict[str, str]:
+def _launcher_signals(config_class: Any) -> dict[str, Any]:
     """The ``signals_to_handle`` argument of torch's ``LaunchConfig``: its default less
     SIGHUP while this process ignores it (``nohup``): the launcher's own handler for it
     would undo that, and its ranks, started with SIGHUP at its default, would take it
