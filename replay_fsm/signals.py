@@ -281,7 +281,7 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
         if signum == signal.SIGINT:
             return KeyboardInterrupt()
         if signum == getattr(signal, "SIGHUP", None):
-            silence_hung_up_output()  # the terminal is gone: what is printed now goes
+            silence_hung_up_output()  # what is printed after goes where it can
         taken.append(signum)
         return Interrupted(signum)
 

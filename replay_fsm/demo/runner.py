@@ -47,9 +47,9 @@ def run(config: DemoConfig | None = None,
     averages gradients across ranks.
 
     A run stopped by Ctrl-C, SIGTERM or SIGHUP (under the CLI's handlers,
-    ``sigterm_as_interrupt``), or by an error once its pipeline is made, still writes its files:
-    its summary has ``interrupted`` true, and ``error`` names an error, which is then
-    raised with that summary as its ``summary``.
+    ``sigterm_as_interrupt``), or by an error once its pipeline is made, still writes
+    its files: its summary has ``interrupted`` true, and ``error`` names an error,
+    which is then raised with that summary as its ``summary``.
 
     Raises:
         CollectorDied, PipelineFailed: the collector or the pipeline failed.
