@@ -215,6 +215,12 @@ def _left_in_session(sid: int, within_s: float) -> dict[int, str]:
     return _in_session(sid)
 
 
+def _hangup_at_default() -> None:
+    """In a child before its exec: SIGHUP at its default, as a terminal's shell starts
+    a command, whatever this suite inherited (a runner under nohup ignores it)."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("signum", "to_group"), [
@@ -232,7 +238,8 @@ def test_sigterm_stops_the_demo_as_ctrl_c_does(tmp_path: Path, signum: int,
     proc = subprocess.Popen(
         [sys.executable, "-m", "replay_fsm", "demo", "--ticks", "100000",
          "--sample-count", "1024", "--out", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+        preexec_fn=_hangup_at_default)
     try:
         _wait_for_tick(proc, 5, deadline_s=240)
         if to_group:
@@ -324,6 +331,7 @@ def test_a_terminal_that_hangs_up_stops_the_demo_as_ctrl_c_does(tmp_path: Path) 
     def own_terminal() -> None:  # the terminal becomes the session's: its hangup is ours
         os.setsid()
         fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+        _hangup_at_default()
 
     try:
         proc = subprocess.Popen(
@@ -412,7 +420,7 @@ def test_the_resource_tracker_lives_through_a_hangup() -> None:
         "    if line.startswith('SigIgn:'):\n"
         "        print(int(line.split()[1], 16))\n")
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True,
-                         timeout=120, check=True).stdout
+                         timeout=120, check=True, preexec_fn=_hangup_at_default).stdout
     ignored = int(out.split()[-1])
     for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         assert ignored >> (signum - 1) & 1, (signum, hex(ignored))
