@@ -168,19 +168,32 @@ def test_children_started_in_the_block_start_with_the_stop_signals_blocked() -> 
 def _wait_for_tick(proc: subprocess.Popen[bytes], tick: int, deadline_s: float) -> bytes:
     """Read the progress bar on ``proc``'s stderr until it shows ``tick`` ticks done."""
     assert proc.stderr is not None
+    return _read_until_tick(proc.stderr.fileno(), tick, deadline_s)
+
+
+def _read_until_tick(fd: int, tick: int, deadline_s: float) -> bytes:
+    """Read ``fd`` (a pipe, or a terminal's master side) until the progress bar written
+    to it shows ``tick`` ticks done."""
     seen, end = b"", time.monotonic() + deadline_s
     while time.monotonic() < end:
-        ready, _, _ = select.select([proc.stderr], [], [], 1.0)
+        ready, _, _ = select.select([fd], [], [], 1.0)
         if ready:
-            chunk = os.read(proc.stderr.fileno(), 65536)
+            try:
+                chunk = os.read(fd, 65536)
+            except OSError:  # a terminal's EIO: every process on it left
+                break
             if not chunk:
                 break  # it exited
             seen += chunk
-            done = [int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", seen)]
-            if done and max(done) >= tick:
+            if _ticks_done(seen) >= tick:
                 return seen
     raise AssertionError(f"no tick {tick} within {deadline_s} s:\n"
                          + seen.decode(errors="replace")[-2000:])
+
+
+def _ticks_done(output: bytes) -> int:
+    """The most ticks a tqdm bar in ``output`` shows done (0: none drawn yet)."""
+    return max((int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", output)), default=0)
 
 
 def _in_session(sid: int) -> dict[int, str]:
@@ -274,7 +287,7 @@ def test_under_nohup_a_hangup_leaves_the_demo_running(tmp_path: Path) -> None:
         preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
     try:
         seen = _wait_for_tick(proc, 5, deadline_s=240)
-        done = max(int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", seen))
+        done = _ticks_done(seen)
         os.killpg(proc.pid, signal.SIGHUP)
         _wait_for_tick(proc, done + 20, deadline_s=240)  # raises if it stopped
         assert proc.poll() is None
@@ -287,24 +300,6 @@ def test_under_nohup_a_hangup_leaves_the_demo_running(tmp_path: Path) -> None:
     assert proc.returncode == 128 + signal.SIGTERM, stdout.decode() + stderr.decode()
     assert json.loads((out / "summary.json").read_text())["ticks"] >= done + 20
     assert _left_in_session(proc.pid, within_s=60) == {}
-
-
-def _read_until_tick(fd: int, tick: int, deadline_s: float) -> bytes:
-    """Read a terminal's output until its progress bar shows ``tick`` ticks done."""
-    seen, end = b"", time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        ready, _, _ = select.select([fd], [], [], 1.0)
-        if ready:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:  # EIO: every process on the terminal left
-                break
-            seen += chunk
-            done = [int(n) for n in re.findall(rb"\| *(\d+)/\d+ \[", seen)]
-            if done and max(done) >= tick:
-                return seen
-    raise AssertionError(f"no tick {tick} within {deadline_s} s:\n"
-                         + seen.decode(errors="replace")[-2000:])
 
 
 @pytest.mark.slow
