@@ -122,10 +122,11 @@ def keep_by_machine(path: Path) -> Path:
     """Keep a full run's result file as its machine's latest too
     (``results/by_machine/<name>-<machine>.json``): the README sets the budget's claims
     side by side for every machine kept. Returns the copy's path."""
-    result = json.loads(path.read_text())
+    text = path.read_text()
+    result = json.loads(text)
     BY_MACHINE.mkdir(parents=True, exist_ok=True)
     copy = BY_MACHINE / f"{result['name']}-{machine_slug(result['machine'])}.json"
-    copy.write_text(path.read_text())
+    copy.write_text(text)
     return copy
 
 

@@ -12,7 +12,12 @@ import sys
 from pathlib import Path
 
 from .errors import first_line
-from .signals import exit_code, sigterm_as_interrupt, silence_hung_up_output
+from .signals import (
+    exit_code,
+    send_to_devnull,
+    sigterm_as_interrupt,
+    silence_hung_up_output,
+)
 from .spec import SlotState
 
 
@@ -198,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         # The reader of its output left (| head): quietly, as a command SIGPIPE ends;
         # what is still buffered goes nowhere, not to a warning at exit.
         _remove_if_empty(made)
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        send_to_devnull(sys.stdout)
         return 128 + getattr(signal, "SIGPIPE", 13)
     except OSError as exc:
         hangup = getattr(signal, "SIGHUP", None)

@@ -307,10 +307,9 @@ def _launcher_signals(config_class: Any) -> dict[str, Any]:
     if "signals_to_handle" not in fields:
         return {}
     names = [n.strip() for n in str(fields["signals_to_handle"].default).split(",")]
-    taken = {signal.Signals(s).name for s in stop_signals_taken()}
-    return {"signals_to_handle": ",".join(
-        n for n in names if n not in {signal.Signals(s).name for s in STOP_SIGNALS}
-        or n in taken)}
+    left_alone = {signal.Signals(s).name
+                  for s in set(STOP_SIGNALS) - set(stop_signals_taken())}
+    return {"signals_to_handle": ",".join(n for n in names if n not in left_alone)}
 
 
 def failure_reason(failure: Any) -> str:

@@ -187,13 +187,19 @@ def silence_hung_up_output() -> None:
     last line) does not raise EIO, and the files it writes after are written."""
     for stream in (sys.stdout, sys.stderr):
         if hung_up(stream):
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            try:
-                os.dup2(devnull, stream.fileno())
-            except (OSError, ValueError):
-                pass
-            finally:
-                os.close(devnull)
+            send_to_devnull(stream)
+
+
+def send_to_devnull(stream: Any) -> None:
+    """Point ``stream``'s file descriptor at /dev/null: what is written to it, and what
+    its buffer still holds, goes nowhere. Nothing where it has no descriptor."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, stream.fileno())
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation: a ValueError
+        pass
+    finally:
+        os.close(devnull)
 
 
 def unblock_stop_signals() -> None:
