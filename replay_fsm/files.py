@@ -3,15 +3,23 @@ diagram. Each is written beside its path under a name of its own
 (``.<name>.<pid>-<random>.part``) and renamed over it, so an error or a stop signal
 while it is written (a full disk, a file-size limit, a Ctrl-C) leaves the earlier
 file, or none, and never a half-written one; two writers of one path each write a
-whole file (the last rename wins)."""
+whole file (the last rename wins).
+
+A writer holds a lock on its temporary file (``flock``) while it writes. What a writer
+killed outright left (SIGKILL, the OOM killer: no code of it runs) is removed by the
+next write of the same path (``remove_stale``): a temporary file no process holds,
+last written more than ``STALE_AFTER_S`` ago. A checkpoint's is as large as the
+buffer, and would otherwise keep that much of the disk that the next save needs."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
 import os
+import re
 import secrets
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TextIO
@@ -22,6 +30,18 @@ IN_PLACE = ("/dev/", "/proc/")
 # A temporary name's copy of NAME is cut to this many bytes, so the name stays under
 # a file system's 255-byte limit.
 NAME_BYTES_IN_TEMPORARY = 200
+# A temporary file no process holds is left alone for this long after its last write:
+# its writer may have made it and not taken its lock yet, or closed it (releasing the
+# lock) and not renamed it yet.
+STALE_AFTER_S = 60.0
+# When this process started, as near as it matters: every temporary file it makes, it
+# makes after importing this module.
+STARTED = time.time()
+
+try:
+    import fcntl
+except ImportError:  # not POSIX: no lock taken, nothing ever found stale
+    fcntl = None  # type: ignore[assignment]
 
 
 @contextlib.contextmanager
@@ -52,6 +72,7 @@ def replacing(path: str | os.PathLike[str], newline: str | None = None
             with contextlib.suppress(FileNotFoundError):  # dangling: a file to make
                 os.stat(target)  # a loop raises here
             target = Path(os.path.realpath(target))
+        remove_stale(str(target), ".part")
         try:
             fd, part = _create_beside(str(target))
         except PermissionError:
@@ -89,18 +110,75 @@ def temporary_names(target: str, suffix: str) -> Iterator[str]:
     """Up to 100 names ``.NAME.<pid>-<random><suffix>`` beside ``target`` (NAME cut to
     stay under a file system's 255-byte limit)."""
     directory, name = os.path.split(target)
-    short = name
-    while len(os.fsencode(short)) > NAME_BYTES_IN_TEMPORARY:
-        short = short[:-1]
+    short = _short_name(name)
     for _ in range(100):
         yield os.path.join(directory,
                            f".{short}.{os.getpid()}-{secrets.token_hex(4)}{suffix}")
 
 
+def _short_name(name: str) -> str:
+    """NAME as ``temporary_names`` puts it in a temporary name."""
+    while len(os.fsencode(name)) > NAME_BYTES_IN_TEMPORARY:
+        name = name[:-1]
+    return name
+
+
+def remove_stale(target: str, suffix: str) -> list[str]:
+    """Remove the temporary files beside ``target`` (``temporary_names``, ``suffix``)
+    that their writers left: held by no process (``flock``), last written more than
+    ``STALE_AFTER_S`` ago, and not made by this process (a name with this pid, written
+    since this process started, is a save in another of its threads; one written
+    before is a former process's with the same pid, as in a container restarted).
+    Returns their names. Where the lock cannot be tested (no ``fcntl``, a file system
+    without locks, a file this process may not open) the file is left; so is every
+    error of this clean-up, which never fails the write that calls it."""
+    if fcntl is None:
+        return []
+    directory, name = os.path.split(target)
+    pattern = re.compile(re.escape(f".{_short_name(name)}.") + r"(\d+)-[0-9a-f]{8}"
+                         + re.escape(suffix))
+    try:
+        entries = os.listdir(directory or ".")
+    except OSError:
+        return []
+    removed = []
+    for entry in entries:
+        match = pattern.fullmatch(entry)
+        if match is None:
+            continue
+        path = os.path.join(directory, entry)
+        with contextlib.suppress(OSError):
+            if _remove_if_stale(path, int(match.group(1)) == os.getpid()):
+                removed.append(path)
+    return removed
+
+
+def _remove_if_stale(path: str, this_pid: bool) -> bool:
+    """Remove ``path`` if its writer left it (``remove_stale``); ``this_pid``: its name
+    has this process's pid. Raises OSError where it cannot tell or remove."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
+                 | getattr(os, "O_NONBLOCK", 0))  # a FIFO of that name: no wait
+    try:
+        st = os.fstat(fd)
+        if (not stat.S_ISREG(st.st_mode) or time.time() - st.st_mtime < STALE_AFTER_S
+                or (this_pid and st.st_mtime >= STARTED)):
+            return False
+        try:  # shared: a writer's exclusive lock refuses it
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        os.unlink(path)  # under the lock: no writer takes it meanwhile
+        return True
+    finally:
+        os.close(fd)
+
+
 def create_temporary(tmp: str, target: str) -> int:
     """Create ``tmp`` (FileExistsError if there is one) and return its descriptor, with
     the mode the file would get from ``open(target, "w")``: the existing file's, else
-    0o666 less the umask (which the kernel applies)."""
+    0o666 less the umask (which the kernel applies). The descriptor holds the file's
+    lock (``flock``, exclusive; none where the file system has no locks): a file held
+    so is never taken for one a killed writer left (``remove_stale``)."""
     try:
         mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
     except FileNotFoundError:
@@ -108,12 +186,15 @@ def create_temporary(tmp: str, target: str) -> int:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     # Never more open than the file it replaces, not even until the fchmod.
     fd = os.open(tmp, flags, 0o666 if mode is None else mode)
-    if mode is not None:
-        try:
+    try:
+        if mode is not None:
             os.fchmod(fd, mode)
-        except BaseException:
-            os.close(fd)
-            raise
+        if fcntl is not None:
+            with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: written unheld
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 

@@ -67,7 +67,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm import Pipeline, ReplayBuffer, files
 from replay_fsm.data import buffer as buffer_module
 from replay_fsm.data import checkpoint
 from replay_fsm.data.checkpoint import HEADER_BYTES, CheckpointError
@@ -918,6 +918,42 @@ def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
                 ReplayBuffer.load(tmp[0])
         elif tmp:
             assert_state(ReplayBuffer.load(tmp[0]), new_ptr, 24)
+        age(tmp)
+        rb.save(path)  # the next save removes what the killed one left
+        assert temporaries(work) == [], where
+        assert_state(ReplayBuffer.load(path), new_ptr, 24)
+
+
+def age(paths: list[Path]) -> None:
+    """Date the files' last write back past ``files.STALE_AFTER_S``."""
+    then = time.time() - 2 * files.STALE_AFTER_S
+    for p in paths:
+        os.utime(p, (then, then))
+
+
+def test_a_save_in_progress_in_another_process_keeps_its_temporary(tmp_path: Path
+                                                                   ) -> None:
+    """A save stopped midway (a slow disk, a process stopped) holds its temporary
+    file: another process's save of the same path leaves it, however old its last
+    write; once the writer is killed, the next save removes it."""
+    ctx = forkserver()
+    path = tmp_path / "b.ckpt"
+    rb = filled(24, 30)
+    reached = ctx.Event()
+    child = ctx.Process(target=save_and_stop_at, args=(rb, str(path), 3, 4 * 32, reached))
+    child.start()
+    try:
+        assert reached.wait(WAIT), "the child never reached its third write"
+        (theirs,) = temporaries(tmp_path)
+        age([theirs])
+        rb.save(path)
+        assert temporaries(tmp_path) == [theirs]
+    finally:
+        os.kill(child.pid, signal.SIGKILL)
+        child.join(WAIT)
+    rb.save(path)
+    assert temporaries(tmp_path) == []
+    assert_state(ReplayBuffer.load(path), 30, 24)
 
 
 def save_in_a_loop(rb: ReplayBuffer, path: str, batch: int, saved_ptr: Any,

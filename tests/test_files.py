@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +162,107 @@ def test_a_name_near_the_file_systems_limit_is_written(tmp_path: Path) -> None:
     path = tmp_path / ("x" * 250)
     write_text(path, "whole")
     assert path.read_text() == "whole" and os.listdir(tmp_path) == ["x" * 250]
+
+
+# What a writer killed outright left --------------------------------------------------
+
+OTHER_PID = 1  # init's: never this process, so a temporary "of another process"
+
+
+def left_behind(directory: Path, target: str, suffix: str = ".part", *,
+                pid: int = OTHER_PID, age_s: float = 2 * files.STALE_AFTER_S) -> Path:
+    """A temporary file as a writer of ``pid`` killed ``age_s`` ago leaves it."""
+    path = directory / f".{target}.{pid}-0123abcd{suffix}"
+    path.write_text("half of it")
+    then = time.time() - age_s
+    os.utime(path, (then, then))
+    return path
+
+
+def test_the_next_write_removes_what_a_killed_writer_left(tmp_path: Path) -> None:
+    """A writer killed outright (SIGKILL, the OOM killer) runs no code: its temporary
+    file stayed for good (a checkpoint's as large as the buffer)."""
+    stale = left_behind(tmp_path, "summary.json")
+    write_text(tmp_path / "summary.json", "{}")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]
+    assert not stale.exists()
+
+
+def test_a_temporary_a_writer_holds_or_just_wrote_or_of_this_process_stays(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Left: one whose writer holds its lock (a save slower than a minute, in another
+    process), one written less than a minute ago (made, not locked yet; or closed,
+    not renamed yet), one of this process's own (a save in another thread), and
+    those of other paths and of the user's."""
+    monkeypatch.setattr(files, "STARTED", time.time() - 10 * files.STALE_AFTER_S)
+    held = left_behind(tmp_path, "summary.json", pid=OTHER_PID)
+    fd = os.open(held, os.O_WRONLY)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process's lock
+    fresh = left_behind(tmp_path, "summary.json", pid=2, age_s=1.0)
+    own = left_behind(tmp_path, "summary.json", pid=os.getpid())
+    kept = [held, fresh, own,
+            left_behind(tmp_path, "summary.json.bak"),  # another path's
+            left_behind(tmp_path, "summary.json", suffix=".tmp"),  # a checkpoint's
+            left_behind(tmp_path, "summary.json.7", suffix="")]  # not a temporary name
+    try:
+        write_text(tmp_path / "summary.json", "{}")
+    finally:
+        os.close(fd)
+    assert all(p.exists() for p in kept)
+    write_text(tmp_path / "summary.json", "{}")  # the lock is gone: so is the file
+    assert not held.exists() and all(p.exists() for p in kept[1:])
+
+
+def test_what_cannot_be_judged_stays_and_never_fails_the_write(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file system without locks (flock raises), a folder that cannot be listed,
+    a temporary name that is a folder or a FIFO: nothing removed, the write done."""
+    stale = left_behind(tmp_path, "t.json")
+    folder = tmp_path / f".t.json.{OTHER_PID}-0123abce.part"
+    folder.mkdir()
+    fifo = tmp_path / f".t.json.{OTHER_PID}-0123abcf.part"
+    os.mkfifo(fifo)
+    then = time.time() - 2 * files.STALE_AFTER_S
+    os.utime(fifo, (then, then))
+
+    def no_locks(fd: int, operation: int) -> None:
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    with monkeypatch.context() as m:
+        m.setattr(files.fcntl, "flock", no_locks)
+        write_text(tmp_path / "t.json", "1")  # its own file written unheld, too
+    assert stale.exists()
+    with monkeypatch.context() as m:
+        m.setattr(files.os, "listdir", lambda path: (_ for _ in ()).throw(
+            PermissionError(errno.EACCES, "Permission denied", path)))
+        write_text(tmp_path / "t.json", "2")
+    assert stale.exists()
+    write_text(tmp_path / "t.json", "3")
+    assert (tmp_path / "t.json").read_text() == "3"
+    assert not stale.exists() and folder.is_dir() and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_a_writers_temporary_is_held_while_it_writes(tmp_path: Path) -> None:
+    """The lock another write tests (from another process: locks taken through two
+    opens of the file conflict as between processes)."""
+    with replacing(tmp_path / "log.txt") as f:
+        f.write("x")
+        (part,) = [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+        probe = os.open(part, os.O_RDONLY)
+        try:
+            with pytest.raises(BlockingIOError):
+                fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        finally:
+            os.close(probe)
+    assert os.listdir(tmp_path) == ["log.txt"]
+
+
+def test_a_former_process_with_this_pid_left_it_it_goes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A container's process restarted after the OOM killer often has the pid of the
+    one killed: a temporary with this pid, last written before this process started,
+    is that one's."""
+    monkeypatch.setattr(files, "STARTED", time.time() - files.STALE_AFTER_S / 2)
+    former = left_behind(tmp_path, "summary.json", pid=os.getpid())
+    write_text(tmp_path / "summary.json", "{}")
+    assert os.listdir(tmp_path) == ["summary.json"] and not former.exists()

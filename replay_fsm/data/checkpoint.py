@@ -14,14 +14,16 @@ File format, version 1 (integers little-endian)::
 Every byte is under a checksum, so a flipped byte anywhere is reported, and the header
 states the file's length, so a truncated file is too.
 
-Atomic: the file is written under a temporary name in the same directory (header
-last), fsynced, renamed over ``path`` and the directory fsynced. A save killed before
-the rename leaves ``path`` as it was, plus a ``.NAME.<pid>-<random>.tmp`` file that
-load rejects unless the save got as far as writing its header (then it is the complete
-new file). A symlink at ``path`` is followed: its target is replaced (its folder must
-be writable) and the link stays. The file keeps the mode of the one it replaces (a
-read-only one too: the rename needs only the folder's permission), or gets 0o666 less
-the umask, as a new file from ``open`` does.
+Atomic: the file is written under a temporary name in the same directory (header last),
+fsynced, renamed over ``path`` and the directory fsynced. A save killed before the
+rename leaves ``path`` as it was, plus a ``.NAME.<pid>-<random>.tmp`` file that load
+rejects unless the save got as far as writing its header (then it is the complete new
+file). The next save of ``path`` removes it once no process holds its lock and it is a
+minute old (``replay_fsm.files.remove_stale``): a killed save never costs the disk
+space of a second buffer for good. A symlink at ``path`` is followed: its target is
+replaced (its folder must be writable) and the link stays. The file keeps the mode of
+the one it replaces (a read-only one too: the rename needs only the folder's
+permission), or gets 0o666 less the umask, as a new file from ``open`` does.
 
 Streamed: rows go from the shared storage to the file chunk by chunk, and are read
 back into a new buffer's storage the same way; no second in-memory copy is made. A
@@ -63,7 +65,7 @@ import numpy as np
 from ..core import as_count
 from ..errors import ReplayFSMError
 from ..files import create_temporary as _create_temporary  # a global: tests replace it
-from ..files import temporary_names
+from ..files import remove_stale, temporary_names
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -322,6 +324,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     target = _target(path)
     directory = os.path.dirname(target)
     chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
+    remove_stale(target, ".tmp")  # a killed save's, first: the disk this one needs
     checksummer = _Checksummer()
     fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
     try:
