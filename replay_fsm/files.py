@@ -31,8 +31,8 @@ IN_PLACE = ("/dev/", "/proc/")
 # a file system's 255-byte limit.
 NAME_BYTES_IN_TEMPORARY = 200
 # A temporary file no process holds is left alone for this long after its last write:
-# its writer may have made it and not taken its lock yet, or closed it (releasing the
-# lock) and not renamed it yet.
+# its writer may have made it and not taken its lock yet, or (a text file's) closed it
+# and not renamed it yet. A checkpoint's save keeps its lock through the rename.
 STALE_AFTER_S = 60.0
 # When this process started, as near as it matters: every temporary file it makes, it
 # makes after importing this module.
@@ -123,6 +123,19 @@ def _short_name(name: str) -> str:
     return name
 
 
+def _lock(fd: int) -> bool:
+    """Take the exclusive lock of a new temporary file; False where a ``remove_stale``
+    holds it or has removed the file. Where the file system has no locks (ENOLCK,
+    EOPNOTSUPP...), the file is written unheld: True."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return os.fstat(fd).st_nlink > 0
+
+
 def remove_stale(target: str, suffix: str) -> list[str]:
     """Remove the temporary files beside ``target`` (``temporary_names``, ``suffix``)
     that their writers left: held by no process (``flock``), last written more than
@@ -189,9 +202,11 @@ def create_temporary(tmp: str, target: str) -> int:
     try:
         if mode is not None:
             os.fchmod(fd, mode)
-        if fcntl is not None:
-            with contextlib.suppress(OSError):  # ENOLCK, EOPNOTSUPP: written unheld
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if fcntl is not None and not _lock(fd):
+            # A remove_stale of another process's took the new file for a killed
+            # writer's (its clock, or this process stopped for a minute): its name
+            # is given up, as one taken.
+            raise FileExistsError(errno.EEXIST, "being removed as stale", tmp)
     except BaseException:
         os.close(fd)
         raise

@@ -43,6 +43,7 @@ of fsync, rename and directory fsync is pinned by ``sigkill_at_every_step_of_a_s
 from __future__ import annotations
 
 import errno
+import fcntl
 import functools
 import gc
 import json
@@ -931,6 +932,33 @@ def age(paths: list[Path]) -> None:
         os.utime(p, (then, then))
 
 
+def test_a_save_holds_its_temporary_until_the_rename(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its lock was released with its descriptor, before the rename: a save whose
+    fsync took over a minute could have its file removed there by another save."""
+    probed: list[bool] = []
+    replace = os.replace
+
+    def probing_replace(src: str, dst: str) -> None:
+        probe = os.open(src, os.O_RDONLY)
+        try:  # another open file's lock: as another process's remove_stale
+            fcntl.flock(probe, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            probed.append(True)
+        else:
+            probed.append(False)
+        finally:
+            os.close(probe)
+        replace(src, dst)
+
+    monkeypatch.setattr(checkpoint.os, "replace", probing_replace)
+    filled(8, 5).save(tmp_path / "b.ckpt")
+    monkeypatch.undo()
+    assert probed == [True]
+    assert not open_files_under(tmp_path)  # its second descriptor closed too
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
+
+
 def test_a_save_in_progress_in_another_process_keeps_its_temporary(tmp_path: Path
                                                                    ) -> None:
     """A save stopped midway (a slow disk, a process stopped) holds its temporary
@@ -1747,13 +1775,20 @@ def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
 def test_a_temporary_file_whose_descriptor_was_lost_is_closed_and_removed(
         tmp_path: Path) -> None:
     """A Ctrl-C as the temporary file's open returned loses its descriptor with the
-    return value: the failed save's clean-up finds it by the file's name."""
+    return value, and so does one as the second descriptor's dup returns (the one
+    that keeps the lock through the rename): the failed save's clean-up finds it by
+    the file's name."""
     folder = os.path.realpath(tmp_path)  # a save's names are its target's real path
     tmp, another = os.path.join(folder, ".b.ckpt.1-abcd.tmp"), os.path.join(folder, "another")
     other = os.open(another, os.O_WRONLY | os.O_CREAT)
     os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # its descriptor "lost"
     assert sorted(open_files_under(tmp_path)) == sorted([tmp, another])
-    checkpoint._discard(-1, tmp)
+    checkpoint._discard(-1, -1, tmp)
+    assert open_files_under(tmp_path) == [another]
+    assert os.listdir(tmp_path) == ["another"]
+    known = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+    os.dup(known)  # "lost"
+    checkpoint._discard(known, -1, tmp)
     assert open_files_under(tmp_path) == [another]
     assert os.listdir(tmp_path) == ["another"]
     os.close(other)

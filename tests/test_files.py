@@ -166,7 +166,9 @@ def test_a_name_near_the_file_systems_limit_is_written(tmp_path: Path) -> None:
 
 # What a writer killed outright left --------------------------------------------------
 
-OTHER_PID = 1  # init's: never this process, so a temporary "of another process"
+# Another process's pid for a temporary's name (init's, unless this is init: a test
+# run as a container's first process).
+OTHER_PID = 1 if os.getpid() != 1 else 2
 
 
 def left_behind(directory: Path, target: str, suffix: str = ".part", *,
@@ -198,7 +200,7 @@ def test_a_temporary_a_writer_holds_or_just_wrote_or_of_this_process_stays(
     held = left_behind(tmp_path, "summary.json", pid=OTHER_PID)
     fd = os.open(held, os.O_WRONLY)
     fcntl.flock(fd, fcntl.LOCK_EX)  # another open file: as another process's lock
-    fresh = left_behind(tmp_path, "summary.json", pid=2, age_s=1.0)
+    fresh = left_behind(tmp_path, "summary.json", pid=OTHER_PID + 2, age_s=1.0)
     own = left_behind(tmp_path, "summary.json", pid=os.getpid())
     kept = [held, fresh, own,
             left_behind(tmp_path, "summary.json.bak"),  # another path's
@@ -266,3 +268,30 @@ def test_a_former_process_with_this_pid_left_it_it_goes(
     former = left_behind(tmp_path, "summary.json", pid=os.getpid())
     write_text(tmp_path / "summary.json", "{}")
     assert os.listdir(tmp_path) == ["summary.json"] and not former.exists()
+
+
+@pytest.mark.parametrize("remover", ["holds it", "removed it"])
+def test_a_new_temporary_a_remover_took_is_given_up_for_another_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remover: str) -> None:
+    """Between the new file's open and its lock, another process's ``remove_stale``
+    may take it (this process stopped for a minute there, or clocks a minute apart):
+    it holds the file's shared lock, or has removed it already. The writer then took
+    no lock, or wrote a file no longer there, and failed at its rename."""
+    flock = fcntl.flock
+    made: list[int] = []
+
+    def taken_first(fd: int, operation: int) -> None:
+        made.append(fd)
+        if len(made) == 1:
+            if remover == "holds it":
+                raise BlockingIOError(errno.EWOULDBLOCK, "Resource temporarily unavailable")
+            (part,) = [p for p in tmp_path.iterdir() if p.name.endswith(".part")]
+            part.unlink()
+        flock(fd, operation)
+
+    monkeypatch.setattr(files.fcntl, "flock", taken_first)
+    write_text(tmp_path / "trace.json", "{}")
+    monkeypatch.undo()
+    assert len(made) == 2 and (tmp_path / "trace.json").read_text() == "{}"
+    given_up = [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]
+    assert len(given_up) == (1 if remover == "holds it" else 0)  # the remover's to remove

@@ -18,12 +18,13 @@ Atomic: the file is written under a temporary name in the same directory (header
 fsynced, renamed over ``path`` and the directory fsynced. A save killed before the
 rename leaves ``path`` as it was, plus a ``.NAME.<pid>-<random>.tmp`` file that load
 rejects unless the save got as far as writing its header (then it is the complete new
-file). The next save of ``path`` removes it once no process holds its lock and it is a
-minute old (``replay_fsm.files.remove_stale``): a killed save never costs the disk
-space of a second buffer for good. A symlink at ``path`` is followed: its target is
-replaced (its folder must be writable) and the link stays. The file keeps the mode of
-the one it replaces (a read-only one too: the rename needs only the folder's
-permission), or gets 0o666 less the umask, as a new file from ``open`` does.
+file: rename it to recover it). The next save of ``path`` removes it once no process
+holds its lock and it is a minute old (``replay_fsm.files.remove_stale``; a save holds
+the lock until its rename): a killed save never costs the disk space of a second buffer
+for good. A symlink at ``path`` is followed: its target is replaced (its folder must be
+writable) and the link stays. The file keeps the mode of the one it replaces (a
+read-only one too: the rename needs only the folder's permission), or gets 0o666 less
+the umask, as a new file from ``open`` does.
 
 Streamed: rows go from the shared storage to the file chunk by chunk, and are read
 back into a new buffer's storage the same way; no second in-memory copy is made. A
@@ -327,6 +328,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     remove_stale(target, ".tmp")  # a killed save's, first: the disk this one needs
     checksummer = _Checksummer()
     fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
+    held = -1  # a second descriptor of it, which keeps its lock through the rename
     try:
         for tmp in temporary_names(target, ".tmp"):
             try:
@@ -360,11 +362,21 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
                 writer.rewrite_changed(size)
         file_bytes = _write_tail(rb, fd, writer, ptr, size)
         os.fsync(fd)
+        # The file's lock (flock) stays held until the rename, after the first
+        # descriptor's close has reported its error, if any: a save whose fsync took
+        # longer than files.STALE_AFTER_S would otherwise look like a killed one's to
+        # another process's save (files.remove_stale) in between.
+        held = os.dup(fd)
         closing, fd = fd, -1  # closed even if close reports an error: never twice
         os.close(closing)
         os.replace(tmp, target)
+        closing, held = held, -1  # no point a Ctrl-C is taken at until the close:
+        try:  # a with-block's calls would be such points, and lose the descriptor
+            os.close(closing)
+        except OSError:
+            pass  # the file is in place, synced
     except OSError as exc:
-        _discard(fd, tmp)
+        _discard(fd, held, tmp)
         if exc.errno is not None and exc.filename != path:
             # A write's error names no file, the rename's and the temporary file's
             # creation the temporary one: name the file asked for.
@@ -372,7 +384,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
             raise OSError(exc.errno, exc.strerror, path) from exc
         raise
     except BaseException:
-        _discard(fd, tmp)
+        _discard(fd, held, tmp)
         raise
     finally:
         checksummer.close()
@@ -380,24 +392,26 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes)
 
 
-def _discard(fd: int, tmp: str) -> None:
-    """Close ``fd`` (unless -1) and remove the temporary file of a save that failed.
-    Its own errors are dropped: the save's is the one raised (a folder where files
-    can be made but not removed keeps the temporary file)."""
-    if fd >= 0:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    elif tmp:
-        _close_lost(tmp)
+def _discard(fd: int, held: int, tmp: str) -> None:
+    """Close ``fd`` and ``held`` (each unless -1), and any other descriptor of ``tmp``
+    (``_close_lost``), and remove the temporary file of a save that failed. Its own
+    errors are dropped: the save's is the one raised (a folder where files can be made
+    but not removed keeps the temporary file)."""
+    for each in (fd, held):
+        if each >= 0:
+            with contextlib.suppress(OSError):
+                os.close(each)
     if tmp:
+        _close_lost(tmp)  # one whose number a Ctrl-C lost (its open or dup returning)
         with contextlib.suppress(OSError):  # FileNotFoundError: never made
             os.unlink(tmp)
 
 
 def _close_lost(tmp: str) -> None:
     """Close what this process holds open of ``tmp`` (Linux: /proc/self/fd): a Ctrl-C
-    as the file's open returned lost its descriptor with the return value. The name
-    is this save's own (a random part), so no other file's descriptor is closed."""
+    as the file's open (or its dup) returned lost the descriptor with the return
+    value. The name is this save's own (a random part), so no other file's descriptor
+    is closed."""
     try:
         held = os.listdir("/proc/self/fd")
     except OSError:
