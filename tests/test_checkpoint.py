@@ -932,6 +932,25 @@ def age(paths: list[Path]) -> None:
         os.utime(p, (then, then))
 
 
+def test_what_a_killed_save_left_is_removed_before_the_save_writes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The leftover is as large as the buffer: on a disk it filled, the save that
+    removes it after writing its own file would fail for want of that room."""
+    left = tmp_path / f".b.ckpt.{os.getppid()}-0123abcd.tmp"  # another process's pid
+    left.write_bytes(b"rows of a killed save")
+    age([left])
+    create = checkpoint._create_temporary
+    there: list[bool] = []
+
+    def creating(tmp: str, target: str) -> int:
+        there.append(left.exists())
+        return create(tmp, target)
+
+    monkeypatch.setattr(checkpoint, "_create_temporary", creating)
+    filled(8, 5).save(tmp_path / "b.ckpt")
+    assert there == [False] and os.listdir(tmp_path) == ["b.ckpt"]
+
+
 def test_a_save_holds_its_temporary_until_the_rename(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Its lock was released with its descriptor, before the rename: a save whose
