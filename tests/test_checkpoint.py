@@ -920,8 +920,9 @@ def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
         elif tmp:
             assert_state(ReplayBuffer.load(tmp[0]), new_ptr, 24)
         age(tmp)
-        rb.save(path)  # the next save removes what the killed one left
+        ck = rb.save(path)  # the next save removes what the killed one left
         assert temporaries(work) == [], where
+        assert ck.removed == tuple(str(t) for t in tmp), where
         assert_state(ReplayBuffer.load(path), new_ptr, 24)
 
 

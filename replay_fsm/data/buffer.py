@@ -579,6 +579,8 @@ class ReplayBuffer:
         with ``CollectorDied`` meanwhile). A symlink at ``path`` is followed (its target,
         whose folder must be writable, is replaced; the link stays); the file keeps
         the mode of the one it replaces, read-only too, or gets 0o666 less the umask.
+        What a killed save of ``path`` left beside it (its temporary file, held by no
+        process and a minute old) is removed first; ``Checkpoint.removed`` names it.
 
         Raises:
             ValueError: ``chunk_bytes`` is not a positive int.

@@ -102,12 +102,15 @@ class CheckpointError(ReplayFSMError, ValueError):
 
 @dataclass(frozen=True)
 class Checkpoint:
-    """What ``ReplayBuffer.save`` wrote: the buffer after its first ``ptr`` rows."""
+    """What ``ReplayBuffer.save`` wrote: the buffer after its first ``ptr`` rows;
+    ``removed``: the temporary files of killed saves of ``path`` it removed first
+    (``replay_fsm.files.remove_stale``)."""
 
     path: str
     ptr: int
     size: int
     file_bytes: int
+    removed: tuple[str, ...] = ()
 
 
 def _layout_record(layout: Layout) -> dict[str, Any]:
@@ -325,7 +328,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     target = _target(path)
     directory = os.path.dirname(target)
     chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
-    remove_stale(target, ".tmp")  # a killed save's, first: the disk this one needs
+    removed = remove_stale(target, ".tmp")  # a killed save's, first: the room it needs
     checksummer = _Checksummer()
     fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
     held = -1  # a second descriptor of it, which keeps its lock through the rename
@@ -389,7 +392,8 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     finally:
         checksummer.close()
     _fsync_directory(directory, path)
-    return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes)
+    return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes,
+                      removed=tuple(removed))
 
 
 def _discard(fd: int, held: int, tmp: str) -> None:
