@@ -35,7 +35,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--collector", choices=["process", "thread"], default="process")
     ap.add_argument("--quick", action="store_true", help="a short smoke run")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=RESULTS,
+                    help="the folder of the result files (default: %(default)s)")
     ap.add_argument("--no-progress", action="store_true")
     args = ap.parse_args(argv)
     config = SACConfig(env=args.env, ticks=args.ticks, device=args.device,

@@ -1,4 +1,4 @@
-"""The ``replay-fsm`` command: demo, sac, diagram, check-trace, explore."""
+"""The replay-fsm command: demo, sac, diagram, check-trace, explore."""
 
 from __future__ import annotations
 

@@ -421,11 +421,19 @@ def compare(config: SACConfig, block: int = 250) -> dict[str, Any]:
                 keep_result(exc, so_far)
             raise
         runs = {"pipeline": pipe.result(), "sync": sync.result()}
+    return _comparison(runs, block, rounds)
+
+
+def _comparison(runs: dict[str, dict[str, Any]], block: int, rounds: list[float]
+                ) -> dict[str, Any]:
+    """``compare``'s result from its two finished runs."""
     p, s = runs["pipeline"], runs["sync"]
     return {"runs": runs, "bit_identical": p["digest"] == s["digest"], "block_ticks": block,
             "speedup_vs_sync": s["loop_s"] / p["loop_s"],
+            # None with one tick: nothing is left after tick 0 but noise.
             "speedup_after_startup": ((s["loop_s"] - s["startup_s"])
-                                      / (p["loop_s"] - p["startup_s"])),
+                                      / (p["loop_s"] - p["startup_s"])
+                                      if min(p["ticks"], s["ticks"]) > 1 else None),
             "round_ratios": rounds, "round_ratio_median": float(np.median(rounds)),
             "interrupted": False}
 
