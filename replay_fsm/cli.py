@@ -26,7 +26,9 @@ def _demo(args: argparse.Namespace) -> int:
     args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
-                        sample_count=args.sample_count, progress=not args.no_progress,
+                        sample_count=args.sample_count,
+                        # no bar where standard error is closed (2>&-): tqdm would fail
+                        progress=not args.no_progress and sys.stderr is not None,
                         learner_threads=args.learner_threads or None)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
@@ -53,6 +55,11 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import format_summary, run
     try:
         summary = run(config)
+    except KeyboardInterrupt:  # a stop (a second one, mostly) before its files were written
+        with contextlib.suppress(OSError):  # a terminal gone must not replace the stop
+            print(f"interrupted before the run's files were all written; {args.out}/ "
+                  "may still hold an earlier run's")  # as --nproc's line
+        raise
     except Exception as exc:
         if isinstance(getattr(exc, "summary", None), dict):  # the run so far, written
             print(format_summary(exc.summary, args.out))  # type: ignore[attr-defined]
@@ -93,8 +100,13 @@ def _diagram(args: argparse.Namespace) -> int:
     out = getattr(args, "out", None)  # not given: standard output
     if out:
         from .files import write_text
-        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as demo's --out
+        folder = Path(out).parent
+        if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
+            raise NotADirectoryError(f"{folder} is a file; --out names the diagram's file")
+        folder.mkdir(parents=True, exist_ok=True)  # as demo's --out
         write_text(out, text)  # whole or not at all: a failed write keeps the old file
+    elif sys.stdout is None:  # started with its standard output closed (>&-)
+        raise OSError("standard output is closed; name a file with --out")
     else:
         sys.stdout.write(text)
     return 0
@@ -226,7 +238,8 @@ def _failed(command: str, exc: Exception, made: list[Path]) -> int:
     if os.environ.get("REPLAY_FSM_DEBUG"):
         raise exc
     text = first_line(str(exc)) or type(exc).__name__
-    print(f"replay-fsm {command}: error: {text}", file=sys.stderr)
+    if sys.stderr is not None:  # closed (2>&-): print would put it in the output
+        print(f"replay-fsm {command}: error: {text}", file=sys.stderr)
     return 2
 
 

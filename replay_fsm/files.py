@@ -19,8 +19,9 @@ import os
 import re
 import secrets
 import stat
+import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
 
@@ -104,6 +105,33 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     with replacing(path) as f:
         f.write(text)
     return Path(path)
+
+
+def check_writable(paths: Iterable[str | os.PathLike[str]]) -> None:
+    """Raise now where ``replacing`` could not write one of ``paths``, naming its
+    folder: a run finds out before it runs, not once it writes its files. A file that
+    is there and writable passes in a folder where no file can be made (``replacing``
+    writes it in place), as does a path that is not a regular file or is under /dev or
+    /proc.
+
+    Raises:
+        OSError: as making a file in a path's folder raised (a read-only mount,
+            another user's folder, a missing folder), naming the folder.
+    """
+    for given in paths:
+        path = os.fspath(given)
+        if path.startswith(IN_PLACE) or (os.path.exists(path)
+                                         and not os.path.isfile(path)):
+            continue
+        folder = os.path.dirname(os.path.realpath(path))  # a link's target's, as written
+        try:
+            with tempfile.TemporaryFile(dir=folder):
+                pass
+        except PermissionError as exc:
+            if not os.access(path, os.W_OK):
+                raise _naming(exc, folder) from exc
+        except OSError as exc:
+            raise _naming(exc, folder) from exc
 
 
 def temporary_names(target: str, suffix: str) -> Iterator[str]:

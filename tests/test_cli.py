@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -403,3 +404,55 @@ def test_a_dot_that_fails_is_quoted(capsys: pytest.CaptureFixture[str], tmp_path
     err = one_line_error(capsys, main(["diagram", "--format", "svg"]))
     assert err.rstrip().endswith(
         "-Tsvg failed (exit code 1): Error: <stdin>: syntax error in line 3"), err
+
+
+def _closing(fd: int) -> Any:
+    """A ``preexec_fn`` that starts the command with ``fd`` closed (``>&-``, ``2>&-``):
+    its ``sys.stdout`` or ``sys.stderr`` is None."""
+    import os
+    return lambda: os.close(fd)
+
+
+def test_a_diagram_to_a_closed_standard_output_says_so(tmp_path: Path) -> None:
+    """It said "error: 'NoneType' object has no attribute 'write'" (helper-54)."""
+    done = command("diagram", preexec_fn=_closing(1))
+    assert done.returncode == 2
+    assert done.stderr == ("replay-fsm diagram: error: standard output is closed; name a "
+                           "file with --out\n"), done.stderr
+
+
+def test_a_demo_with_standard_error_closed_runs_without_its_bar(tmp_path: Path) -> None:
+    """The progress bar wrote to a None stderr: the run failed at tick 0 with
+    "'NoneType' object has no attribute 'write'" (helper-54). An error then went to
+    standard output, into what the command writes."""
+    done = command("demo", "--ticks", "3", "--collector", "thread", "--sample-count", "64",
+                   "--out", str(tmp_path), preexec_fn=_closing(2))
+    assert done.returncode == 0 and "error" not in done.stdout, done.stdout
+    assert json.loads((tmp_path / "summary.json").read_text())["ticks"] == 3
+    failed = command("check-trace", str(tmp_path / "missing.jsonl"), preexec_fn=_closing(2))
+    assert failed.returncode == 2 and failed.stdout == ""
+
+
+def test_a_diagram_out_under_a_file_says_it_is_a_file(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """It said "[Errno 17] File exists", the demo and sac "is a file" (helper-54)."""
+    (tmp_path / "afile").write_text("x")
+    err = one_line_error(capsys, main(["diagram", "--out", str(tmp_path / "afile" / "x.mmd")]))
+    assert f"{tmp_path / 'afile'} is a file" in err
+
+
+def test_a_demo_stopped_before_its_files_were_written_says_so(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """A second Ctrl-C while the collector is joined leaves run() before its files:
+    the command ended with nothing said, and the folder's files an earlier run's."""
+    import replay_fsm.demo
+
+    def stopped(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(replay_fsm.demo, "run", stopped)
+    assert main(["demo", "--ticks", "3", "--out", str(tmp_path), "--no-progress"]) == 130
+    assert capsys.readouterr().out == (f"interrupted before the run's files were all "
+                                       f"written; {tmp_path}/ may still hold an earlier "
+                                       "run's\n")

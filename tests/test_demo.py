@@ -287,6 +287,57 @@ def test_a_stop_signal_while_the_pipeline_is_made_still_writes_the_files(
         assert (tmp_path / name).exists(), name
 
 
+def test_a_stop_signal_while_the_files_are_written_waits_for_the_last_of_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM (or Ctrl-C) under the CLI's handlers as the trace is written: the run's
+    other files are written too, then the stop goes on. Before, it left this run's
+    trace beside an earlier run's transition log and summary (helper-54), and the CLI
+    showed no summary."""
+    from replay_fsm.runtime.tracer import Tracer
+    from replay_fsm.signals import sigterm_as_interrupt
+
+    (tmp_path / "summary.json").write_text('{"ticks": -1}\n')  # an earlier run's
+    write_chrome = Tracer.write_chrome
+
+    def signalled(self: Tracer, *args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)  # lands as trace.json is written
+        write_chrome(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Tracer, "write_chrome", signalled)
+    summaries = []
+    with pytest.raises(KeyboardInterrupt):  # once the with-block ends: never lost
+        with sigterm_as_interrupt() as terms:
+            summaries.append(run(DemoConfig(ticks=5, collector="thread", out=tmp_path,
+                                            sample_count=256, capacity=10_000, envs=32,
+                                            progress=False)))
+    assert terms == [signal.SIGTERM] and summaries[0]["ticks"] == 5
+    assert json.loads((tmp_path / "summary.json").read_text())["ticks"] == 5
+    assert check(load(tmp_path / "transitions.jsonl")).ok
+
+
+def test_an_out_folder_no_file_can_be_made_in_fails_before_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only mount: the run went to its end, then failed to write its files
+    (helper-54). Now it fails before the collector starts, naming the folder."""
+    import errno
+
+    from replay_fsm import files
+    from replay_fsm.demo import runner
+
+    def read_only(*args: object, dir: str, **kwargs: object) -> None:  # noqa: A002
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.path.join(dir, "tmp1"))
+
+    def never(*args: object) -> None:
+        raise AssertionError("the run started")
+
+    monkeypatch.setattr(files.tempfile, "TemporaryFile", read_only)
+    monkeypatch.setattr(runner, "_make_collector", never)
+    with pytest.raises(OSError) as info:
+        run(DemoConfig(ticks=5, collector="thread", out=tmp_path / "out", progress=False))
+    assert info.value.errno == errno.EROFS
+    assert info.value.filename == str(tmp_path / "out")
+
+
 @pytest.mark.slow
 def test_a_failure_before_the_first_tick_still_ends_the_collector_process(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

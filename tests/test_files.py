@@ -295,3 +295,39 @@ def test_a_new_temporary_a_remover_took_is_given_up_for_another_name(
     assert len(made) == 2 and (tmp_path / "trace.json").read_text() == "{}"
     given_up = [p.name for p in tmp_path.iterdir() if p.name.endswith(".part")]
     assert len(given_up) == (1 if remover == "holds it" else 0)  # the remover's to remove
+
+
+def test_a_folder_no_file_can_be_made_in_is_named_before_anything_is_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only mount (EROFS) fails every path; a folder closed to new files
+    (EACCES: another user's) fails the paths ``replacing`` could not write in place,
+    those not there or not writable. The error names the folder, not a probe's
+    temporary name."""
+    there = tmp_path / "summary.json"
+    there.write_text("{}")
+    code = errno.EROFS
+
+    def refused(*args: object, dir: str, **kwargs: object) -> None:  # noqa: A002
+        raise OSError(code, os.strerror(code), os.path.join(dir, "tmpk2f9x1"))
+
+    monkeypatch.setattr(files.tempfile, "TemporaryFile", refused)
+    for paths in ([there], [tmp_path / "new.json"]):
+        with pytest.raises(OSError) as info:
+            files.check_writable(paths)
+        assert info.value.errno == errno.EROFS and info.value.filename == str(tmp_path)
+    code = errno.EACCES
+    files.check_writable([there])  # written in place
+    with pytest.raises(PermissionError) as denied:
+        files.check_writable([there, tmp_path / "new.json"])
+    assert denied.value.filename == str(tmp_path)
+    there.chmod(0o444)
+    if not os.access(there, os.W_OK):  # root may write it all the same
+        with pytest.raises(PermissionError):
+            files.check_writable([there])
+    files.check_writable(["/dev/null", tmp_path])  # not regular files: written in place
+    monkeypatch.undo()
+    files.check_writable([tmp_path / "new.json"])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no probe left
+    with pytest.raises(FileNotFoundError) as missing:
+        files.check_writable([tmp_path / "no" / "such.json"])
+    assert missing.value.filename == str(tmp_path / "no")

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
-from ..files import write_text
+from ..files import check_writable, write_text
 from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
@@ -187,6 +187,7 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
     out_dir = output_folder(config.out)
     device = available_device(config.device)  # before any folder is made
     out_dir.mkdir(parents=True, exist_ok=True)
+    check_writable(_outputs(config, out_dir).values())  # found now, not after the run
     rb = ReplayBuffer(config.capacity, OBS, ACT)
     pipe = Pipeline(rb, device=device,
                     sample_count=config.sample_count, base_seed=config.batch_seed,
@@ -196,18 +197,30 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
     return out_dir, rb, pipe
 
 
+def _outputs(config: DemoConfig, out_dir: Path) -> dict[str, Path]:
+    """The files a run writes in ``out_dir``, by what they hold."""
+    suffix = config.suffix
+    return {"trace": out_dir / f"trace{suffix}.json",
+            "transitions": out_dir / f"transitions{suffix}.jsonl",
+            "diagram": out_dir / "slot.mmd", "summary": out_dir / f"summary{suffix}.json"}
+
+
+@step
 def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
                  run: dict[str, Any]) -> dict[str, Any]:
     """Write the trace, the transition log, the diagram and the summary of a run
-    (``run``: what ``run`` measured); returns the summary."""
+    (``run``: what ``run`` measured); returns the summary. A step
+    (``replay_fsm.signals``): a stop signal taken while they are written waits for
+    the last of them (the same signal again stops at once), so that the folder does
+    not hold this run's trace beside an earlier run's summary."""
     assert pipe.tracer is not None
-    suffix = config.suffix
+    paths = _outputs(config, out_dir)
     pipe.tracer.write_chrome(
-        out_dir / f"trace{suffix}.json",
+        paths["trace"],
         process_name="replay_fsm" if config.rank is None else f"rank {config.rank}",
         pid_base=0 if config.rank is None else 10 * (config.rank + 1))
-    pipe.tracer.write_transitions(out_dir / f"transitions{suffix}.jsonl")
-    write_text(out_dir / "slot.mmd", diagram.mermaid())
+    pipe.tracer.write_transitions(paths["transitions"])
+    write_text(paths["diagram"], diagram.mermaid())
     if pipe.tracer.dropped_transitions:  # a run longer than the trace holds
         conforms, conformance = None, "not checked: " + truncated(
             pipe.tracer.dropped_transitions, pipe.tracer.capacity)
@@ -237,7 +250,7 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
         "trace_conforms": conforms, "invariants": list(INVARIANTS),
         "dwell_s": stats.dwell_s,
     }
-    write_text(out_dir / f"summary{suffix}.json", json.dumps(summary, indent=2) + "\n")
+    write_text(paths["summary"], json.dumps(summary, indent=2) + "\n")
     return summary
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from importlib.util import find_spec
 
 
@@ -54,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device, sampling="pipeline" if args.sampling == "both" else args.sampling,
         ring_depth=args.ring_depth, collector=args.collector, hidden=args.hidden,
         seed=args.seed, learner_threads=args.learner_threads or None,
-        progress=not args.no_progress)
+        progress=not args.no_progress and sys.stderr is not None)  # 2>&-: no bar
     output_path(args.out, before_run=True)  # fails now, not after the run
     code, error = 0, None
     try:

@@ -41,7 +41,6 @@ import contextlib
 import json
 import os
 import platform
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
@@ -53,7 +52,7 @@ import torch
 
 from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
 from replay_fsm.core import as_seed
-from replay_fsm.files import write_text
+from replay_fsm.files import check_writable, write_text
 from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
@@ -463,8 +462,7 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
     plot = path.with_suffix(".png")
     if before_run and plot.is_dir():  # else found after the run
         raise IsADirectoryError(f"{plot} is a folder, where the run writes its plot")
-    with tempfile.TemporaryFile(dir=path.parent):
-        pass  # writable (a read-only mount or a folder of another user raise here)
+    check_writable([path, plot] if before_run else [path])
     return path
 
 
