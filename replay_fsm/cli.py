@@ -23,13 +23,14 @@ from .spec import SlotState
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
+    from .trainers.cli import learner_threads  # torch-free
     args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
                         sample_count=args.sample_count,
                         # no bar where standard error is closed (2>&-): tqdm would fail
                         progress=not args.no_progress and sys.stderr is not None,
-                        learner_threads=args.learner_threads or None)
+                        learner_threads=learner_threads(args.learner_threads))
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc > 1:

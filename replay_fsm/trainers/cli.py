@@ -54,7 +54,7 @@ def main(args: argparse.Namespace) -> int:
         ticks=args.ticks, warmup_steps=args.warmup_steps, capacity=args.capacity,
         device=args.device, sampling="pipeline" if args.sampling == "both" else args.sampling,
         ring_depth=args.ring_depth, collector=args.collector, hidden=args.hidden,
-        seed=args.seed, learner_threads=args.learner_threads or None,
+        seed=args.seed, learner_threads=learner_threads(args.learner_threads),
         progress=not args.no_progress and sys.stderr is not None)  # 2>&-: no bar
     output_path(args.out, before_run=True)  # fails now, not after the run
     code, error = 0, None
@@ -74,6 +74,19 @@ def main(args: argparse.Namespace) -> int:
     if error is not None:
         raise error  # the command's one-line error, exit code 2
     return code
+
+
+def learner_threads(option: int) -> int | None:
+    """``--learner-threads`` as the configs take it: 0 is torch's default (None).
+
+    Raises:
+        ValueError: a negative count, named as the option (the configs' own error
+            says "None or an int >= 1", which no command line can give).
+    """
+    if option < 0:
+        raise ValueError(f"--learner-threads must be >= 0 (0: torch's default), got "
+                         f"{option}")
+    return option or None
 
 
 def summary(result: dict) -> str:
