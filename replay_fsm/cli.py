@@ -15,6 +15,7 @@ from .errors import first_line
 from .signals import (
     exit_code,
     send_to_devnull,
+    signum_of,
     sigterm_as_interrupt,
     silence_hung_up_output,
 )
@@ -56,10 +57,16 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import format_summary, run
     try:
         summary = run(config)
-    except KeyboardInterrupt:  # a stop (a second one, mostly) before its files were written
+    except KeyboardInterrupt as exc:
+        so_far = getattr(exc, "summary", None)
         with contextlib.suppress(OSError):  # a terminal gone must not replace the stop
-            print(f"interrupted before the run's files were all written; {args.out}/ "
-                  "may still hold an earlier run's")  # as --nproc's line
+            if isinstance(so_far, dict):  # it came while the files were written
+                print(format_summary(so_far, args.out))
+                print(f"stopped by {signal.Signals(signum_of(exc)).name} once its files "
+                      "were written")
+            else:  # a second stop, mostly (as --nproc's line)
+                print(f"interrupted before the run's files were all written; "
+                      f"{args.out}/ may still hold an earlier run's")
         raise
     except Exception as exc:
         if isinstance(getattr(exc, "summary", None), dict):  # the run so far, written
@@ -207,9 +214,10 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             _remove_if_empty(made)  # a run stopped before it wrote anything (sac on Ctrl-C)
         return code
-    except KeyboardInterrupt as exc:  # a second one, while the first was handled
-        _remove_if_empty(made)
-        return exit_code(exc)
+    except KeyboardInterrupt as exc:  # a second one, while the first was handled, or
+        _remove_if_empty(made)  # one a step deferred past the command's end
+        code = exit_code(exc)
+        return 128 + terms[-1] if code == 130 and terms else code
     except BrokenPipeError as exc:
         if not _stdout_closed():  # another pipe (an --out FIFO): the command's error
             return _failed(args.command, exc, made)

@@ -111,17 +111,27 @@ def check_writable(paths: Iterable[str | os.PathLike[str]]) -> None:
     """Raise now where ``replacing`` could not write one of ``paths``, naming its
     folder: a run finds out before it runs, not once it writes its files. A file that
     is there and writable passes in a folder where no file can be made (``replacing``
-    writes it in place), as does a path that is not a regular file or is under /dev or
-    /proc.
+    writes it in place), as does a path under /dev or /proc, or one that is neither a
+    regular file nor a folder (a FIFO). Not foreseen: a rename the folder refuses (a
+    sticky folder, another user's file there).
 
     Raises:
+        IsADirectoryError: a path is a folder.
         OSError: as making a file in a path's folder raised (a read-only mount,
-            another user's folder, a missing folder), naming the folder.
+            another user's folder, a missing folder), naming the folder; as ``stat``
+            raised for a path (a loop of symbolic links).
     """
     for given in paths:
         path = os.fspath(given)
-        if path.startswith(IN_PLACE) or (os.path.exists(path)
-                                         and not os.path.isfile(path)):
+        if path.startswith(IN_PLACE):
+            continue
+        try:
+            mode: int | None = os.stat(path).st_mode
+        except FileNotFoundError:
+            mode = None  # a file to make (a dangling link's target too)
+        if mode is not None and stat.S_ISDIR(mode):
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), path)
+        if mode is not None and not stat.S_ISREG(mode):
             continue
         folder = os.path.dirname(os.path.realpath(path))  # a link's target's, as written
         try:

@@ -458,3 +458,28 @@ def test_a_demo_stopped_before_its_files_were_written_says_so(
     assert capsys.readouterr().out == (f"interrupted before the run's files were all "
                                        f"written; {tmp_path}/ may still hold an earlier "
                                        "run's\n")
+
+
+def test_a_demo_stopped_while_it_writes_its_files_shows_them_and_the_stop(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """SIGTERM as the trace is written: every file is this run's, the summary is
+    shown, and the exit code is SIGTERM's."""
+    import os
+    import signal
+
+    from replay_fsm.runtime.tracer import Tracer
+
+    write_chrome = Tracer.write_chrome
+
+    def signalled(self: Tracer, *args: object, **kwargs: object) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
+        write_chrome(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Tracer, "write_chrome", signalled)
+    assert main(["demo", "--ticks", "3", "--collector", "thread", "--sample-count", "64",
+                 "--out", str(tmp_path), "--no-progress"]) == 143
+    out = capsys.readouterr().out
+    assert f"{tmp_path}/trace.json" in out and "trace conformance            ok" in out, out
+    assert out.endswith("stopped by SIGTERM once its files were written\n"), out
+    assert json.loads((tmp_path / "summary.json").read_text())["ticks"] == 3

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -324,10 +325,46 @@ def test_a_folder_no_file_can_be_made_in_is_named_before_anything_is_written(
     if not os.access(there, os.W_OK):  # root may write it all the same
         with pytest.raises(PermissionError):
             files.check_writable([there])
-    files.check_writable(["/dev/null", tmp_path])  # not regular files: written in place
     monkeypatch.undo()
     files.check_writable([tmp_path / "new.json"])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["summary.json"]  # no probe left
     with pytest.raises(FileNotFoundError) as missing:
         files.check_writable([tmp_path / "no" / "such.json"])
     assert missing.value.filename == str(tmp_path / "no")
+
+
+def test_what_replacing_writes_in_place_or_refuses_is_checked_as_it_would(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link is written through to its target's folder; a FIFO or a path under /dev
+    in place; a folder and a loop of links are refused (by ``replacing`` too, after
+    the run)."""
+    closed, open_ = tmp_path / "closed", tmp_path / "open"
+    closed.mkdir()
+    open_.mkdir()
+    make = tempfile.TemporaryFile
+
+    def refused_in_closed(*args: object, dir: str, **kwargs: object) -> object:  # noqa: A002
+        if dir == str(closed):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), dir)
+        return make(*args, dir=dir, **kwargs)  # type: ignore[call-overload]
+
+    monkeypatch.setattr(files.tempfile, "TemporaryFile", refused_in_closed)
+    (open_ / "link.json").symlink_to(closed / "target.json")  # dangling: made there
+    with pytest.raises(OSError) as info:
+        files.check_writable([open_ / "link.json"])
+    assert info.value.filename == str(closed)
+    (closed / "link.json").symlink_to(open_ / "target.json")
+    files.check_writable([closed / "link.json"])  # written in the target's folder
+    os.mkfifo(closed / "fifo")
+    files.check_writable([closed / "fifo", "/dev/null"])  # written in place
+    with pytest.raises(IsADirectoryError):
+        files.check_writable([open_])
+    (open_ / "loop").symlink_to(open_ / "loop")
+    with pytest.raises(OSError) as loop:
+        files.check_writable([open_ / "loop"])
+    assert loop.value.errno == errno.ELOOP
+    with pytest.raises(IsADirectoryError):  # as replacing refuses them, after a run
+        write_text(open_, "x")
+    with pytest.raises(OSError) as written:
+        write_text(open_ / "loop", "x")
+    assert written.value.errno == errno.ELOOP

@@ -49,7 +49,9 @@ def run(config: DemoConfig | None = None,
     A run stopped by Ctrl-C, SIGTERM or SIGHUP (under the CLI's handlers,
     ``sigterm_as_interrupt``), or by an error once its pipeline is made, still writes
     its files: its summary has ``interrupted`` true, and ``error`` names an error,
-    which is then raised with that summary as its ``summary``.
+    which is then raised with that summary as its ``summary``. A stop that comes
+    while the files are written waits for them, then is raised (a KeyboardInterrupt)
+    with the summary as its ``summary``; the same signal again stops at once.
 
     Raises:
         CollectorDied, PipelineFailed: the collector or the pipeline failed.
@@ -145,6 +147,13 @@ def run(config: DemoConfig | None = None,
             if error is None:
                 raise
             raise error  # noqa: B904 - the run's own error, the write's its context
+    try:  # a stop taken while the files were written (a step): raised here, with them
+        raise_deferred()
+    except KeyboardInterrupt as stop:
+        stop.summary = summary  # type: ignore[attr-defined]
+        if error is not None:
+            stop.__context__ = error
+        raise
     if error is not None:
         with contextlib.suppress(AttributeError, TypeError):  # a frozen exception
             error.summary = summary  # type: ignore[attr-defined] # (sac's: .result)
@@ -154,8 +163,8 @@ def run(config: DemoConfig | None = None,
 
 @contextlib.contextmanager
 def _after(error: Exception | None) -> Iterator[None]:
-    """Whatever escapes the block (a second Ctrl-C while the collector is joined or
-    the files written) keeps ``error``, the run's own, as its context: it is not
+    """Whatever escapes the block (a second Ctrl-C while the collector is joined, a
+    third while the files are written) keeps ``error``, the run's own, as its context: it is not
     handled any more when the block runs, so Python would not chain it."""
     try:
         yield
