@@ -164,8 +164,9 @@ def run(config: DemoConfig | None = None,
 @contextlib.contextmanager
 def _after(error: Exception | None) -> Iterator[None]:
     """Whatever escapes the block (a second Ctrl-C while the collector is joined, a
-    third while the files are written) keeps ``error``, the run's own, as its context: it is not
-    handled any more when the block runs, so Python would not chain it."""
+    third while the files are written) keeps ``error``, the run's own, as its
+    context: it is not handled any more when the block runs, so Python would not
+    chain it."""
     try:
         yield
     except BaseException as late:
