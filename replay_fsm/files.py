@@ -107,6 +107,18 @@ def write_text(path: str | os.PathLike[str], text: str) -> Path:
     return Path(path)
 
 
+def write_bytes(path: str | os.PathLike[str], data: bytes) -> Path:
+    """Write ``data`` to ``path`` whole (``replacing``: through its text file's binary
+    buffer, empty of text); returns ``path``.
+
+    Raises:
+        OSError: as ``replacing``.
+    """
+    with replacing(path) as f:
+        f.buffer.write(data)
+    return Path(path)
+
+
 def check_writable(paths: Iterable[str | os.PathLike[str]]) -> None:
     """Raise now where ``replacing`` could not write one of ``paths``, naming its
     folder: a run finds out before it runs, not once it writes its files. A file that

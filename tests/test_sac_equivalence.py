@@ -398,3 +398,34 @@ def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
     else:
         collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
         assert rb.ptr == 30 and clock.now == pytest.approx(8.0)
+
+
+def test_a_plot_that_cannot_be_written_whole_keeps_the_earlier_one(tmp_path: Path) -> None:
+    """savefig wrote the PNG in place: a file-size limit (or a full disk, or a stop)
+    cut it, and a cut PNG took the earlier plot's place. It is written beside it, then
+    renamed, as the result beside it."""
+    import resource
+    import subprocess
+    import sys
+
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "sac.png"
+    out.write_bytes(b"the earlier plot")
+    runs = {"pipeline": {"episodes": [{"env_steps": s, "wall_s": s / 10, "return": -s}
+                                      for s in range(1, 20)],
+                         "config": {"num_envs": 2}, "loop_s": 2.0, "updates": 40}}
+    script = ("import json, sys\nfrom replay_fsm.trainers.report import plot\n"
+              "plot(json.loads(sys.argv[1]), sys.argv[2])\n")
+
+    def limit() -> None:  # the PNG is tens of kB
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    done = subprocess.run([sys.executable, "-c", script, json.dumps(runs), str(out)],
+                          capture_output=True, text=True, preexec_fn=limit, timeout=120)
+    assert done.returncode == 1 and "File too large" in done.stderr, done.stderr
+    assert out.read_bytes() == b"the earlier plot"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sac.png"]  # no .part left
+    from replay_fsm.trainers.report import plot
+
+    assert plot(runs, out) == out  # type: ignore[arg-type]
+    assert out.read_bytes().startswith(b"\x89PNG") and len(out.read_bytes()) > 4096

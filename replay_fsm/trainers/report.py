@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from replay_fsm.files import write_bytes
 
 
 def curve(episodes: list[dict[str, Any]], window: int) -> dict[str, list[float]]:
@@ -63,6 +66,9 @@ def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> 
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    image = io.BytesIO()
+    fig.savefig(image, format="png", dpi=110)
     plt.close(fig)
-    return out
+    # Whole or not at all, as the result beside it: savefig wrote in place, and a stop
+    # or a full disk meanwhile left a cut PNG where the earlier plot was.
+    return write_bytes(out, image.getvalue())
