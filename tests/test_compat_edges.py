@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -192,6 +193,56 @@ def answers_after_close(pipe: CPUPinnedDoubleBufferReplayPipeline, tick: int) ->
                        r"pipeline\.close\(\)$"):
         pipe.sample_large_batch(tick, N)
     pipe.after_tick()
+
+
+def test_batch_ready_after_close_is_false_for_the_hot_tick_too() -> None:
+    """It was True, as the seed's, and the sample it promised raised: the README
+    says batch_ready is False after close()."""
+    with Hand() as h:
+        h.sample(0)
+        h.pipe.close()
+        answers_after_close(h.pipe, 0)
+
+
+@pytest.mark.parametrize("given, sent", [(72.0, 72), (np.float64(72.7), 72),
+                                         (torch.tensor(72), 72), (-1, 0)])
+def test_min_snapshot_ptr_is_taken_as_the_seed_took_it(given: Any, sent: int) -> None:
+    """The seed took ``int()`` of it: a float (UniLab's ptr + num_envs * steps, from
+    a float config) raised TypeError here, and a negative one ValueError."""
+    with Hand() as h:
+        assert h.pipe.start_prepare(0, N, min_snapshot_ptr=given)
+        request = h.serve()
+        assert request["min_snapshot_ptr"] == sent and type(request["min_snapshot_ptr"]) is int
+        assert h.pipe.wait_until_ready(0, N)
+
+
+def test_a_ctrl_c_in_the_recorder_as_the_batch_is_taken_leaves_the_class_as_the_pipeline(
+        ) -> None:
+    """The trace slices of a sample came after the pipeline had made the batch hot and
+    before the class recorded it: a Ctrl-C in the recorder's add_slice (UniLab's
+    TraceRecorder) left the class open with no hot batch, and a retry swapped its
+    slots a second time, against the pipeline's hot slot."""
+    with Hand() as h:
+        add_slice = h.rec.add_slice
+
+        def interrupted_once(name: str, **kw: Any) -> None:
+            if name == "replay_pipeline/batch_h2d_wait" and not hasattr(h, "stopped"):
+                h.stopped = True  # type: ignore[attr-defined]
+                raise KeyboardInterrupt
+            add_slice(name, **kw)
+
+        h.rec.add_slice = interrupted_once  # type: ignore[method-assign]
+        assert h.pipe.start_prepare(0, N)
+        h.serve()
+        with pytest.raises(KeyboardInterrupt):
+            h.pipe.sample_large_batch(0, N)
+        hot = h.pipe.pipeline.hot
+        assert hot is not None and (h.pipe._has_hot_batch, h.pipe._hot) == (True, hot[1])
+        again = h.pipe.sample_large_batch(0, N)  # the hot batch, not a second swap
+        assert h.pipe._hot == hot[1] and set(again) == set(h.pipe._hot_batch)
+        h.pipe.after_tick()
+        # The interrupted sample's own slices are lost; no later one swapped again.
+        assert not [a for n, a in h.rec.slices if n == "replay_pipeline/hot_cold_swap"]
 
 
 def test_calls_after_close_raise_the_seeds_messages() -> None:

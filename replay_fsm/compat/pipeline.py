@@ -225,6 +225,10 @@ class CPUPinnedDoubleBufferReplayPipeline:
                 return False
             raise errors.ProtocolError(
                 "Cannot prepare a new replay batch before the previous batch is consumed")
+        if min_snapshot_ptr is not None:
+            # The seed took int() of it: a float (ptr + num_envs * 1.0) or a tensor
+            # works as it did there; a negative one waits for no row, as 0 does.
+            min_snapshot_ptr = max(int(min_snapshot_ptr), 0)
         number = self._requests + 1
         self._link.label(number, tick)
         self._call(self._pipe.start_prepare, number, self._sample_count, min_snapshot_ptr)
@@ -235,10 +239,10 @@ class CPUPinnedDoubleBufferReplayPipeline:
         """Whether ``tick_id`` can be sampled now: it is the hot batch, or its copy
         is done while no batch is hot. Never blocks."""
         self._validate_sample_count(sample_count)
+        if self._closed:  # its slots are gone: sample_large_batch would raise
+            return False
         if self._has_hot_batch:
             return self._hot_tick == int(tick_id)
-        if self._closed:
-            return False
         pending = self._pending
         if pending is None or pending[0] != int(tick_id):
             self._refresh()
@@ -303,17 +307,20 @@ class CPUPinnedDoubleBufferReplayPipeline:
         waited_ns = time.perf_counter_ns()
         batch = self._call(self._pipe.sample_large_batch, pending[1], self._sample_count)
         ready_ns = time.perf_counter_ns()
-        where = {"tick_id": tick_id, "batch_gpu_slot": slot}
-        self._slice("replay_pipeline/batch_h2d_wait", waited_ns, ready_ns, where)
-        self._slice("replay_pipeline/gpu_wait_for_batch", waited_ns, ready_ns, dict(where))
+        # The batch is hot from here: record it before the trace slices, so that a
+        # Ctrl-C in the recorder's add_slice leaves the class as the pipeline is.
         swap_ns = time.perf_counter_ns()
         old_hot, old_cold = self._hot, self._cold
         self._hot, self._cold = old_cold, old_hot  # slot == old_cold: requests alternate
-        self._slice("replay_pipeline/hot_cold_swap", swap_ns, time.perf_counter_ns(), {
-            "tick_id": tick_id, "old_hot": old_hot, "old_cold": old_cold,
-            "new_hot": self._hot, "new_cold": self._cold})
+        swapped_ns = time.perf_counter_ns()
         self._has_hot_batch, self._hot_tick, self._hot_batch = True, pending[0], batch
         self._pending = None
+        where = {"tick_id": tick_id, "batch_gpu_slot": slot}
+        self._slice("replay_pipeline/batch_h2d_wait", waited_ns, ready_ns, where)
+        self._slice("replay_pipeline/gpu_wait_for_batch", waited_ns, ready_ns, dict(where))
+        self._slice("replay_pipeline/hot_cold_swap", swap_ns, swapped_ns, {
+            "tick_id": tick_id, "old_hot": old_hot, "old_cold": old_cold,
+            "new_hot": self._hot, "new_cold": self._cold})
         return dict(batch)
 
     def after_tick(self) -> None:
