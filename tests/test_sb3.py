@@ -135,6 +135,28 @@ def test_discrete_actions_come_back_as_sb3_integers() -> None:
     assert set(samples.actions.flatten().tolist()) <= {0, 1, 2}
 
 
+def test_an_integer_float32_rows_would_round_is_refused_and_nothing_added() -> None:
+    """A Discrete(2**30) observation 1073741821 came back as 1073741824: silently
+    wrong data. 2**24 and below come back exact."""
+    big = 2**24
+    buf = PipelineReplayBuffer(32, spaces.Discrete(2**30), spaces.Discrete(2**30), "cpu",
+                               1, base_seed=0)
+    try:
+        for obs, act in ((big + 1, 0), (0, -big - 3)):
+            with pytest.raises(ValueError, match=f"{abs(obs or act)} is past 2\\*\\*24"):
+                buf.add(np.array([obs]), np.array([0]), np.array([act]), np.zeros(1),
+                        np.zeros(1), [{}])
+        assert buf.replay.ptr == 0
+        buf.add(np.array([big]), np.array([big - 1]), np.array([-big]), np.zeros(1),
+                np.zeros(1), [{}])
+        samples = buf.sample(4)
+    finally:
+        buf.close()
+    assert samples.observations.flatten().tolist() == [big] * 4
+    assert samples.next_observations.flatten().tolist() == [big - 1] * 4
+    assert samples.actions.flatten().tolist() == [-big] * 4
+
+
 def test_pickles_for_save_replay_buffer_keeping_the_oldest_row_first() -> None:
     buf = PipelineReplayBuffer(6, OBS, ACT, "cpu", 2, base_seed=5)
     rng = np.random.default_rng(2)

@@ -40,6 +40,25 @@ from stable_baselines3.common.vec_env import VecNormalize
 import replay_fsm
 from replay_fsm.core import as_ring_depth, as_seconds, as_seed
 
+# float32 holds every integer of at most this magnitude, and not every one past it.
+EXACT_IN_FLOAT32 = 2**24
+
+
+def _exact_in_float32(what: str, value: Any) -> None:
+    """Raise where an integer array ``value`` holds a number the buffer's float32 rows
+    would change (a Discrete(2**30) observation came back rounded, silently).
+
+    Raises:
+        ValueError: naming ``what`` and the first such number.
+    """
+    array = np.asarray(value)
+    if array.dtype.kind not in "iu" or array.size == 0:
+        return
+    if array.max() > EXACT_IN_FLOAT32 or array.min() < -EXACT_IN_FLOAT32:
+        wide = array[(array > EXACT_IN_FLOAT32) | (array < -EXACT_IN_FLOAT32)].flat[0]
+        raise ValueError(f"{what} {wide} is past 2**24: the buffer's float32 rows cannot "
+                         "hold it exactly; use SB3's own ReplayBuffer for such a space")
+
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype=dtype)).dtype
@@ -60,8 +79,9 @@ class PipelineReplayBuffer(ReplayBuffer):
         liveness_timeout: seconds a silent packer may keep ``sample`` waiting.
 
     Observations are stored as float32 rows (image observations take four times the
-    memory SB3's uint8 arrays do) and come back in the observation space's dtype
-    (normalised by a ``VecNormalize``: as SB3 normalises them).
+    memory SB3's uint8 arrays do; an integer past 2**24 is refused by ``add``) and
+    come back in the observation space's dtype (normalised by a ``VecNormalize``: as
+    SB3 normalises them).
 
     Raises:
         ValueError: ``optimize_memory_usage`` (rows hold next_obs explicitly), a Dict
@@ -117,9 +137,13 @@ class PipelineReplayBuffer(ReplayBuffer):
         """Store one step of ``n_envs`` transitions (SB3's call, after each env step).
 
         Raises:
-            ValueError: a field has the wrong size.
+            ValueError: a field has the wrong size, or holds an integer float32 rows
+                cannot hold exactly (past 2**24); nothing is added.
             CollectorDied, PipelineFailed: a prefetch this add waits for failed.
         """
+        for what, value in (("observation", obs), ("next observation", next_obs),
+                            ("action", action)):
+            _exact_in_float32(what, value)
         n = self.n_envs
         truncated = np.array([info.get("TimeLimit.truncated", False) for info in infos],
                              dtype=np.float32)
