@@ -90,6 +90,9 @@ class PipelineReplayBuffer(ReplayBuffer):
         TypeError: a ring depth or ``base_seed`` that is not an integer.
     """
 
+    # Set by __init__; these defaults serve a buffer pickled before add checked them.
+    _integer_obs = _integer_action = True
+
     def __init__(self, buffer_size: int, observation_space: spaces.Space,
                  action_space: spaces.Space, device: torch.device | str = "auto",
                  n_envs: int = 1, optimize_memory_usage: bool = False,
@@ -115,6 +118,9 @@ class PipelineReplayBuffer(ReplayBuffer):
         self.base_seed = (int(np.random.randint(0, 2**31 - 1)) if base_seed is None
                           else base_seed)
         self.liveness_timeout = liveness_timeout
+        # What add checks against float32's rounding: the integer spaces' values.
+        self._integer_obs = np.dtype(observation_space.dtype).kind in "iu"
+        self._integer_action = np.dtype(action_space.dtype).kind in "iu"
         self.obs_dim = int(np.prod(self.obs_shape))
         self.obs_dtype = _torch_dtype(observation_space.dtype)
         self.action_dtype = _torch_dtype(self._maybe_cast_dtype(action_space.dtype))
@@ -141,9 +147,11 @@ class PipelineReplayBuffer(ReplayBuffer):
                 cannot hold exactly (past 2**24); nothing is added.
             CollectorDied, PipelineFailed: a prefetch this add waits for failed.
         """
-        for what, value in (("observation", obs), ("next observation", next_obs),
-                            ("action", action)):
-            _exact_in_float32(what, value)
+        if self._integer_obs:
+            _exact_in_float32("observation", obs)
+            _exact_in_float32("next observation", next_obs)
+        if self._integer_action:
+            _exact_in_float32("action", action)
         n = self.n_envs
         truncated = np.array([info.get("TimeLimit.truncated", False) for info in infos],
                              dtype=np.float32)
