@@ -207,18 +207,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt() as terms:  # kill, timeout, a scheduler: as Ctrl-C
             try:
-                code = int(args.fn(args))
+                code = _stop_code(int(args.fn(args)), terms)
             except KeyboardInterrupt as exc:
-                code = exit_code(exc)
-            if code == 130 and terms:  # the command took SIGTERM for Ctrl-C and said 130
-                code = 128 + terms[-1]
+                code = _stop_code(exit_code(exc), terms)
         if code:
             _remove_if_empty(made)  # a run stopped before it wrote anything (sac on Ctrl-C)
         return code
     except KeyboardInterrupt as exc:  # a second one, while the first was handled, or
         _remove_if_empty(made)  # one a step deferred past the command's end
-        code = exit_code(exc)
-        return 128 + terms[-1] if code == 130 and terms else code
+        return _stop_code(exit_code(exc), terms)
     except BrokenPipeError as exc:
         if not _stdout_closed():  # another pipe (an --out FIFO): the command's error
             return _failed(args.command, exc, made)
@@ -240,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
         return 128 + hangup
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
         return _failed(args.command, exc, made)
+
+
+def _stop_code(code: int, terms: list[int]) -> int:
+    """``code``, or the code of the last signal other than SIGINT that
+    ``sigterm_as_interrupt`` took (``terms``) where ``code`` is Ctrl-C's 130: the
+    command took SIGTERM (or SIGHUP) for a Ctrl-C and said 130."""
+    return 128 + terms[-1] if code == 130 and terms else code
 
 
 def _failed(command: str, exc: Exception, made: list[Path]) -> int:
