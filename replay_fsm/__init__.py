@@ -21,6 +21,7 @@ never imports torch.
 from __future__ import annotations
 
 import importlib
+import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
@@ -56,7 +57,12 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    """The exported names, the module's dunders and the subpackages imported so far;
+    not the names this file imports for itself (``importlib``, ``Any``...)."""
+    own = {name for name, value in globals().items()
+           if name.startswith("__") or (isinstance(value, types.ModuleType)
+                                        and value.__name__.startswith(f"{__name__}."))}
+    return sorted(own | set(__all__))
 
 
 if TYPE_CHECKING:

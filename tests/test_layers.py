@@ -109,6 +109,16 @@ def test_top_level_names_load_lazily_and_all_resolve() -> None:
         replay_fsm.Nope  # noqa: B018
 
 
+def test_dir_lists_the_exports_not_the_modules_own_imports() -> None:
+    import replay_fsm.core  # noqa: F401 - a loaded subpackage is an attribute too
+
+    names = dir(replay_fsm)
+    assert set(replay_fsm.__all__) <= set(names)
+    assert {"core", "__version__"} <= set(names)
+    public = {n for n in names if not n.startswith("_")}
+    assert not {"importlib", "types", "Any", "TYPE_CHECKING", "annotations"} & public
+
+
 @pytest.mark.parametrize("old,new", [
     ("replay_fsm.sampling", "replay_fsm.data.sampling"),
     ("replay_fsm.explore", "replay_fsm.verify.explore"),
