@@ -38,6 +38,10 @@ def test_check_trace_of_a_file_that_is_not_json(capsys: pytest.CaptureFixture[st
     # the line of the file, not of the record (each record is read alone)
     bad.write_text('{"kind": "transition"}\n\n{"kind": "transition"}\n{"kind": \n')
     assert "not JSON lines: line 4:" in one_line_error(capsys, main(["check-trace", str(bad)]))
+    # a file that starts with '[' was read as one JSON list, and says so
+    bad.write_text('[{"slot": 0,\n "from": 1')
+    assert "is not a JSON list (it starts with '['): line 2:" in one_line_error(
+        capsys, main(["check-trace", str(bad)]))
 
 
 def test_check_trace_of_a_chrome_trace_points_to_the_log(

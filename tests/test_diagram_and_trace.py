@@ -256,17 +256,17 @@ def test_a_request_or_acquire_without_its_tick_is_malformed(
     assert report.violation == f"malformed record: a {event} record must name its tick", report
 
 
-@pytest.mark.parametrize("text,why", [
-    ('{"slot": 0, "tick": ' + "9" * 5000 + "}\n", "line 1: Exceeds the limit"),
-    ("[" * 100_000, "maximum recursion depth exceeded"),
+@pytest.mark.parametrize("text,kind,why", [
+    ('{"slot": 0, "tick": ' + "9" * 5000 + "}\n", "JSON lines", "line 1: Exceeds the limit"),
+    ("[" * 100_000, "a JSON list (it starts with '[')", "maximum recursion depth exceeded"),
 ])
 def test_a_log_json_cannot_hold_is_refused_with_the_files_name(
-        tmp_path: Path, text: str, why: str) -> None:
+        tmp_path: Path, text: str, kind: str, why: str) -> None:
     path = tmp_path / "log.jsonl"
     path.write_text(text)
     with pytest.raises(TraceFileError) as info:
         load(path)
-    assert str(info.value).startswith(f"{path} is not JSON lines: ") and why in str(
+    assert str(info.value).startswith(f"{path} is not {kind}: ") and why in str(
         info.value), info.value
 
 

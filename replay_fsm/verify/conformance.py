@@ -64,6 +64,11 @@ class Report:
         return f"violation{where}: {self.violation}\n  context:\n{ctx}"
 
 
+def _kind(text: str) -> str:
+    """What a log was read as: a JSON list where it starts with '[' (after blanks)."""
+    return "a JSON list (it starts with '[')" if text.startswith("[") else "JSON lines"
+
+
 def load(path: str | Path) -> list[dict[str, Any]]:
     """The records of a JSON-lines or JSON-list transition log.
 
@@ -92,12 +97,12 @@ def load(path: str | Path) -> list[dict[str, Any]]:
                 if line.strip():
                     records.append(json.loads(line))
     except json.JSONDecodeError as exc:
-        raise TraceFileError(f"{path} is not JSON lines: line {number or exc.lineno}: "
-                             f"{exc.msg}") from exc
+        raise TraceFileError(f"{path} is not {_kind(stripped)}: line "
+                             f"{number or exc.lineno}: {exc.msg}") from exc
     except (ValueError, RecursionError) as exc:  # a number too long, nesting too deep
         where = f"line {number}: " if number else ""
-        raise TraceFileError(f"{path} is not JSON lines: {where}{first_line(str(exc))}"
-                             ) from exc
+        raise TraceFileError(f"{path} is not {_kind(stripped)}: {where}"
+                             f"{first_line(str(exc))}") from exc
     if len(records) == 1 and isinstance(records[0], dict) and "traceEvents" in records[0]:
         raise TraceFileError(f"{path} is a Chrome trace (trace.json); check-trace reads the "
                              "transition log (transitions.jsonl)")
