@@ -10,6 +10,7 @@ import select
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from .errors import first_line
 from .signals import (
@@ -129,7 +130,22 @@ def _check_trace(args: argparse.Namespace) -> int:
 
 def _explore(args: argparse.Namespace) -> int:
     from .verify.explore import explore
-    result = explore(args.depth, args.ticks, faults=args.faults)
+    bars: list[Any] = []  # a count of the states on standard error, once there are some
+
+    def progress(states: int) -> None:
+        if not bars:
+            from tqdm import tqdm
+            bars.append(tqdm(unit=" states", desc="explored", dynamic_ncols=True,
+                             leave=False))
+        bars[0].update(states - bars[0].n)
+
+    try:
+        result = explore(args.depth, args.ticks, faults=args.faults,
+                         progress=None if args.no_progress or sys.stderr is None  # 2>&-
+                         else progress)
+    finally:
+        for bar in bars:
+            bar.close()  # erased: the summary follows on standard output
     print(result.summary())
     if result.violation:
         print("\nregression test:\n" + result.regression_test())
@@ -194,6 +210,8 @@ def main(argv: list[str] | None = None) -> int:
                      "few, so 5 to 10 is plenty: the time grows faster than the ticks, and "
                      "much faster with --depth (3 slots and 20 ticks: about a minute)")
     exp.add_argument("--faults", action="store_true", help="also explore fail and close")
+    exp.add_argument("--no-progress", action="store_true",
+                     help="no count of the states explored on standard error")
     exp.set_defaults(fn=_explore)
 
     args, unknown = ap.parse_known_args(argv)

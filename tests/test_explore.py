@@ -62,4 +62,22 @@ def test_a_core_without_the_release_dependency_is_caught() -> None:
 
 def test_cli_explore(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["explore", "--depth", "2", "--ticks", "3"]) == 0
-    assert "no violation" in capsys.readouterr().out
+    out, err = capsys.readouterr()
+    assert "no violation" in out
+    assert err == ""  # fewer states than one step of the count: no bar at all
+
+
+def test_explore_reports_its_progress_every_thousand_states() -> None:
+    seen: list[int] = []
+    result = explore(3, 6, progress=seen.append)
+    assert result.ok and result.states > 2000
+    assert seen == list(range(1000, result.states, 1000))
+
+
+@pytest.mark.parametrize("flag", [[], ["--no-progress"]])
+def test_cli_explore_counts_the_states_on_stderr_unless_told_not_to(
+        capsys: pytest.CaptureFixture[str], flag: list[str]) -> None:
+    assert main(["explore", "--depth", "3", "--ticks", "6", *flag]) == 0
+    out, err = capsys.readouterr()
+    assert "no violation" in out and "explored" not in out
+    assert ("explored: " in err and " states" in err) is not bool(flag), err

@@ -213,10 +213,16 @@ class Result:
         return head + "\nno violation; every state can reach completion"
 
 
+# States found between two calls of explore's ``progress``.
+PROGRESS_EVERY = 1000
+
+
 def explore(depth: int, ticks: int, *, faults: bool = False,
-            core_factory: Callable[[int], Core] = Core, limit: int = 2_000_000) -> Result:
+            core_factory: Callable[[int], Core] = Core, limit: int = 2_000_000,
+            progress: Callable[[int], None] | None = None) -> Result:
     """BFS over every interleaving of ``ticks`` ticks (>= 1) on a ring of ``depth``
-    slots; stops at the first (shortest) violation.
+    slots; stops at the first (shortest) violation. ``progress``, if given, is called
+    with the number of states found so far, every ``PROGRESS_EVERY`` of them.
 
     Raises:
         ValueError, TypeError: ``ticks`` is not an int >= 1 (``depth``: as ``Core``).
@@ -258,6 +264,8 @@ def explore(depth: int, ticks: int, *, faults: bool = False,
                 if cid >= limit:
                     raise RuntimeError(f"more than {limit} states; lower depth or ticks")
                 seen[key] = cid
+                if progress is not None and cid % PROGRESS_EVERY == 0:
+                    progress(cid)
                 paths.append([*path, action])
                 edges.append([])
                 terminal.append(child.terminal)
