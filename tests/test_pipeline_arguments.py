@@ -129,3 +129,41 @@ def test_a_source_other_than_a_replay_buffer_needs_its_own_link() -> None:
         Pipeline(Source(), sample_count=8)  # type: ignore[arg-type]
     assert str(info.value) == ("collector='thread' packs with a replay_fsm.ReplayBuffer; "
                                "a Source needs a CollectorLink of its own")
+
+
+class NoSpan:
+    def transition(self, record: object, time_ns: int) -> None:
+        """Only one of the two hooks."""
+
+
+@pytest.mark.parametrize("observer,lacks", [
+    (object(), "object lacks transition and span"),
+    (NoSpan(), "NoSpan lacks span"),
+])
+def test_an_observer_without_its_methods_is_refused_at_once(observer: object,
+                                                             lacks: str) -> None:
+    """Accepted, it failed the run at the next step, or made close() raise."""
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        with pytest.raises(TypeError, match=lacks):
+            pipe.add_observer(observer)  # type: ignore[arg-type]
+        pipe.start_prepare(0, 8)
+        pipe.sample_large_batch(0, 8)  # nothing was added: the run goes on
+    assert pipe.closed
+
+
+class NotCallable:
+    pid, exitcode, is_alive = 1, None, True
+
+
+@pytest.mark.parametrize("process,lacks", [
+    (None, "NoneType lacks is_alive, pid, exitcode"),
+    (NotCallable(), "NotCallable lacks a callable is_alive"),
+])
+def test_watch_refuses_what_is_not_a_process_at_once(process: object, lacks: str) -> None:
+    """Accepted, it raised AttributeError from close()."""
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        with pytest.raises(TypeError, match=lacks):
+            pipe.watch(process)
+        pipe.start_prepare(0, 8)
+        pipe.sample_large_batch(0, 8)
+    assert pipe.closed

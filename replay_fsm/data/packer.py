@@ -272,7 +272,12 @@ class Packer:
     @classmethod
     def attach(cls, handle: PackerHandle, replay_buffer: ReplayBuffer) -> Packer:
         """Become the packer of ``handle`` in this (collector) process; the learner
-        side then watches this process's pid for liveness."""
+        side then watches this process's pid for liveness.
+
+        Raises:
+            ValueError: ``handle`` is the pipeline's of another replay buffer, or its
+                slots are not as wide as ``replay_buffer``'s rows.
+        """
         packer = cls(handle, replay_buffer)
         handle.packer_state[1] = time.monotonic_ns()
         handle.packer_state[0] = os.getpid()

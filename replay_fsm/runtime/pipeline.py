@@ -136,6 +136,9 @@ class Pipeline:
     Raises:
         ValueError: a bad argument (unknown device, backend, collector, ring depth,
             count, timeout).
+        TypeError: an argument of the wrong type (a replay buffer without
+            ``ReplayBuffer``'s interface, a flag that is not a bool, a count that is
+            not an int, a collector name for a source that needs a ``CollectorLink``).
     """
 
     def __init__(self, replay_buffer: ReplaySource, *, device: str | torch.device = "cpu",
@@ -293,7 +296,16 @@ class Pipeline:
         ``multiprocessing.Process``, or anything with ``is_alive()``, ``pid`` and
         ``exitcode`` (the error names them). A watched collector still running when
         the pipeline closes, not attached yet, can still open the handle's semaphores:
-        the pipeline keeps them until it goes, and the collector attaches and leaves."""
+        the pipeline keeps them until it goes, and the collector attaches and leaves.
+
+        Raises:
+            TypeError: ``process`` lacks ``is_alive()``, ``pid`` or ``exitcode``.
+        """
+        missing = [a for a in ("is_alive", "pid", "exitcode") if not hasattr(process, a)]
+        if missing or not callable(process.is_alive):
+            raise TypeError(f"watch takes a process: a multiprocessing.Process, or anything "
+                            f"with is_alive(), pid and exitcode; {type(process).__name__} "
+                            f"lacks {', '.join(missing or ['a callable is_alive'])}")
         with self._lock:
             self._link.watch(process, what)
 
@@ -355,9 +367,12 @@ class Pipeline:
             return True
 
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
-        """Whether ``tick_id`` can be sampled without waiting. Never blocks. When it
+        """Whether ``tick_id`` can be sampled without waiting (False for a tick not
+        requested: unlike a wait, a poll does not raise for it). Never blocks. When it
         cannot, the watchdog is asked, as by every slice of a wait: a learner that
-        only polls learns of a dead collector or copy engine too.
+        only polls learns of a dead collector or copy engine too. Rows that stopped
+        coming (``min_snapshot_ptr``) are judged by a wait, from its own start, never
+        by a poll: ``DataStalled`` comes from ``wait_until_ready`` or the sample.
 
         Raises:
             CollectorDied, TransferFailed: the other side is gone (as a wait raises).
@@ -480,7 +495,18 @@ class Pipeline:
 
     def add_observer(self, observer: Observer) -> None:
         """Report every later transition and span to ``observer`` (see
-        ``replay_fsm.runtime.observers``)."""
+        ``replay_fsm.runtime.observers``).
+
+        Raises:
+            TypeError: ``observer`` lacks a callable ``transition`` or ``span`` (an
+                ``Observer`` subclass has both).
+        """
+        missing = [m for m in ("transition", "span")
+                   if not callable(getattr(observer, m, None))]
+        if missing:
+            raise TypeError(f"an observer needs the methods transition and span (subclass "
+                            f"replay_fsm.runtime.observers.Observer); "
+                            f"{type(observer).__name__} lacks {' and '.join(missing)}")
         with self._lock:
             self._observers += (observer,)
 
