@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -247,22 +248,34 @@ def test_critic_fields_come_in_pairs() -> None:
         ReplayBuffer(8, 3, 2, critic_dim=2).add(*base, critic=f["critic"])
     assert str(info.value) == ("critic and next_critic: required, shape (5, 2), since "
                                "critic_dim=2")
-    for one in ({"critic": f["critic"]}, {"next_critic": f["next_critic"]}):
+    for one in ({"critic": f["critic"]}, {"next_critic": f["next_critic"]},
+                {"terminal_next_critic": f["next_critic"],
+                 "terminal_mask": np.ones(5, bool), "terminal_next_obs": f["next_obs"]}):
         rb = ReplayBuffer(8, 3, 2)
         with pytest.raises(ValueError) as info:
             rb.add(*base, **one)
-        assert str(info.value) == "critic, next_critic: given, but this buffer has critic_dim=0"
+        assert str(info.value) == ("critic, next_critic, terminal_next_critic: given, but "
+                                   "this buffer has critic_dim=0")
         assert rb.ptr == 0
 
 
 def test_terminal_fields_need_the_mask() -> None:
-    """terminal_next_obs without terminal_mask is an error's message; terminal
-    next-critic values without a mask change nothing. Kills xǁReplayBufferǁadd
-    mutants 85, 100 and 136."""
+    """terminal_next_obs without terminal_mask is an error's message, and so are
+    terminal next-obs or next-critic values without a mask (they were dropped without
+    a word: the rows they were for kept the next_obs of the reset). Kills
+    xǁReplayBufferǁadd mutants 85, 100 and 136."""
     f = all_fields()
     mask = f.pop("terminal_mask")
     rb = ReplayBuffer(8, 3, 2, critic_dim=2)
-    rb.add(**f)  # type: ignore[arg-type]
+    for alone in ("terminal_next_obs", "terminal_next_critic"):
+        other = "terminal_next_critic" if alone == "terminal_next_obs" else (
+            "terminal_next_obs")
+        with pytest.raises(ValueError) as info:
+            rb.add(**{k: v for k, v in f.items() if k != other})  # type: ignore[arg-type]
+        assert str(info.value) == (f"{alone}: given without terminal_mask, which says "
+                                   "the rows it replaces")
+        assert rb.ptr == 0
+    rb.add(**f, terminal_mask=np.zeros(5, bool))  # type: ignore[arg-type]
     assert torch.equal(rb.storage[:5, rb.layout.next_critic],
                        torch.from_numpy(f["next_critic"]).float())
     f.pop("terminal_next_obs")
@@ -314,6 +327,41 @@ def test_add_packed_takes_a_numpy_array(dtype: type) -> None:
     rb.add_packed(rows)
     assert rb.ptr == 5
     assert torch.equal(rb.storage[:5], torch.from_numpy(rows.astype(np.float32)))
+
+
+@pytest.mark.parametrize("dtype", [">f4", ">f8", ">i4", "<f8"])
+@pytest.mark.parametrize("writeable", [True, False])
+def test_arrays_of_either_byte_order_read_only_or_not_are_taken(
+        dtype: str, writeable: bool, recwarn: pytest.WarningsRecorder) -> None:
+    """torch refused a big-endian array with its own message naming no field, and
+    warned of "undefined behavior" for a read-only one, which the buffer only reads."""
+    rb = ReplayBuffer(8, 3, 2)
+    rows = np.arange(2 * rb.width).reshape(2, rb.width).astype(dtype)
+    obs, action = np.ones((2, 3), dtype=dtype), np.full((2, 2), 2, dtype=dtype)
+    scalar = np.zeros(2, dtype=dtype)
+    for a in (rows, obs, action, scalar):
+        a.flags.writeable = writeable
+    rb.add_packed(rows)
+    rb.add(obs, action, scalar, obs, scalar, scalar)
+    assert torch.equal(rb.storage[:2], torch.from_numpy(rows.astype(np.float32)))
+    assert torch.equal(rb.storage[2:4, rb.layout.actions], torch.full((2, 2), 2.0))
+    assert not [w for w in recwarn if "not writable" in str(w.message)]
+
+
+@pytest.mark.parametrize("make", [lambda *shape: torch.ones(*shape).to_sparse(),
+                                  lambda *shape: torch.ones(*shape, device="meta")],
+                         ids=["sparse", "meta"])
+def test_a_tensor_without_dense_data_is_refused_before_the_write_lock(
+        make: Callable[..., torch.Tensor]) -> None:
+    """A sparse one failed inside the lock (NotImplementedError), and counted as an
+    add cut short, which sends every later save down its slow path."""
+    rb = ReplayBuffer(8, 3, 2)
+    with pytest.raises(TypeError, match="rows must be a dense tensor with data"):
+        rb.add_packed(make(2, 11))
+    with pytest.raises(TypeError, match="obs must be a dense tensor with data"):
+        rb.add(make(2, 3), *[torch.zeros(2, 2), torch.zeros(2), torch.zeros(2, 3),
+                             torch.zeros(2), torch.zeros(2)])
+    assert (rb.ptr, rb.adds_cut_short) == (0, 0)
 
 
 @pytest.mark.parametrize("bad,error,expected", [

@@ -191,13 +191,26 @@ def test_a_file_that_shrinks_while_it_is_read_is_reported_truncated(
         str(path), "truncated while reading rows [8, 12)")
 
 
-@pytest.mark.parametrize("ptr", [-1, 2**63])
-def test_adopt_rows_refuses_a_count_out_of_range(ptr: int) -> None:
+@pytest.mark.parametrize("ptr,message", [
+    (-1, "ptr must be an int >= 0, got -1"),
+    (2**63, f"ptr must be in [0, {2**63 - 1}], got {2**63}")])
+def test_adopt_rows_refuses_a_count_out_of_range(ptr: int, message: str) -> None:
     """Negative, or past what the int64 counters hold. Kills
     xǁReplayBufferǁadopt_rows mutant 3 (the message)."""
     with pytest.raises(ValueError) as info:
         ReplayBuffer(4, 2, 1).adopt_rows(ptr)
-    assert str(info.value) == f"ptr must be in [0, {2**63 - 1}], got {ptr}"
+    assert str(info.value) == message
+
+
+@pytest.mark.parametrize("ptr", [3.7, np.float64(2.5), True, "3"])
+def test_adopt_rows_refuses_what_is_not_a_count(ptr: object) -> None:
+    """A float was truncated (3.7 rows adopted as 3), True adopted 1 row."""
+    rb = ReplayBuffer(4, 2, 1)
+    with pytest.raises(TypeError, match="ptr must be an int"):
+        rb.adopt_rows(ptr)  # type: ignore[arg-type]
+    assert rb.ptr == 0
+    rb.adopt_rows(np.int64(3))
+    assert (rb.ptr, rb.size) == (3, 3)
 
 
 def test_an_add_past_the_counters_limit_writes_nothing_and_the_rest_round_trips(

@@ -54,8 +54,15 @@ def _as_float32(name: str, value: Array, shape: tuple[int, ...]) -> torch.Tensor
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "biuf":
             raise TypeError(f"{name} must hold real numbers, got dtype {value.dtype}")
+        if not value.dtype.isnative or not value.flags.writeable:
+            # torch takes neither another byte order nor (without a warning) an array
+            # it may not write, though it only reads it here: a native copy.
+            value = np.array(value, dtype=value.dtype.newbyteorder("="))
         tensor = torch.from_numpy(np.ascontiguousarray(value))
     elif isinstance(value, torch.Tensor):
+        if value.layout is not torch.strided or value.is_meta:
+            raise TypeError(f"{name} must be a dense tensor with data, got a "
+                            f"{'meta' if value.is_meta else value.layout} tensor")
         tensor = value.detach()
     else:
         raise TypeError(f"{name} must be a torch.Tensor or numpy.ndarray, got "
@@ -258,11 +265,13 @@ class ReplayBuffer:
         counters are written after the rows, as ``add`` does.
 
         Raises:
+            TypeError: ``ptr`` is not an int (a numpy integer is one, a bool is not).
             ValueError: ``ptr`` is negative or above ``MAX_PTR``.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
             WriterDied: a process died inside an add, holding the write lock.
         """
-        if not 0 <= ptr <= self.MAX_PTR:
+        ptr = as_count("ptr", ptr)
+        if ptr > self.MAX_PTR:
             raise ValueError(f"ptr must be in [0, {self.MAX_PTR}], got {ptr}")
         self._refuse_inside_pause("adopt_rows()")
         self._wait_out_add("adopt_rows()")
@@ -370,6 +379,12 @@ class ReplayBuffer:
         rows[:, lay.dones] = _as_float32("dones", dones, (n,))
         rows[:, lay.truncated] = _as_float32("truncated", truncated, (n,))
         mask = None
+        if terminal_mask is None and (terminal_next_obs is not None
+                                      or terminal_next_critic is not None):
+            given = "terminal_next_obs" if terminal_next_obs is not None else (
+                "terminal_next_critic")
+            raise ValueError(f"{given}: given without terminal_mask, which says the rows "
+                             "it replaces")
         if terminal_mask is not None:
             mask = _as_float32("terminal_mask", terminal_mask, (n,)) != 0
             if terminal_next_obs is None:
@@ -386,8 +401,10 @@ class ReplayBuffer:
             if mask is not None and terminal_next_critic is not None:
                 rows[mask, lay.next_critic] = _as_float32(
                     "terminal_next_critic", terminal_next_critic, (n, c))[mask]
-        elif critic is not None or next_critic is not None:
-            raise ValueError("critic, next_critic: given, but this buffer has critic_dim=0")
+        elif critic is not None or next_critic is not None or (
+                terminal_next_critic is not None):
+            raise ValueError("critic, next_critic, terminal_next_critic: given, but this "
+                             "buffer has critic_dim=0")
         self._append(rows)
 
     def add_packed(self, rows: Array) -> None:
@@ -402,7 +419,8 @@ class ReplayBuffer:
             WriterDied: a process died inside an add, holding the write lock.
         """
         if (isinstance(rows, torch.Tensor) and rows.dtype == torch.float32
-                and rows.dim() == 2 and rows.shape[1] == self.width):
+                and rows.dim() == 2 and rows.shape[1] == self.width
+                and rows.layout is torch.strided and not rows.is_meta):
             self._append(rows.detach().cpu())  # the common case, without the general checks
             return
         shape = tuple(getattr(rows, "shape", ()))
