@@ -12,6 +12,7 @@ import contextlib
 import multiprocessing as mp
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
@@ -268,12 +269,12 @@ class Interleaved:
         self.got: list[object] = []
         self.rows: list[int] = []  # per call, in the order the gathers start
 
-    def __call__(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def __call__(self, indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
         self.calls += 1
         self.rows.append(len(indices))
         if self.calls == self.at:
             self.got.append(self.meanwhile())
-        return self.gather(indices, out)
+        return self.gather(indices, out, **kw)
 
 
 def split_run(learner_first: bool, at: int = 1) -> tuple[ReplayBuffer, PackerHandle,
@@ -324,11 +325,11 @@ def test_a_chunk_that_fails_abandons_the_request_with_one_message() -> None:
     rb, h, packer, learner, peer = split_run(learner_first=False)
     gather = peer.gather
 
-    def failing(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def failing(indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
         failing.calls += 1  # type: ignore[attr-defined]
         if failing.calls == 2:  # type: ignore[attr-defined]
             raise OSError("gather failed")
-        return gather(indices, out)
+        return gather(indices, out, **kw)
     failing.calls = 0  # type: ignore[attr-defined]
     peer.gather = failing  # the learner's calls come through here
     assert packer.service(timeout=0) is True
@@ -352,7 +353,7 @@ def test_a_chunk_that_fails_under_a_held_claim_lock_is_still_reported() -> None:
         h = PackerHandle.create(2, N, rb.width)
     learner = Packer(h, rb)
 
-    def stuck_then_fail(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def stuck_then_fail(indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
         assert h.claim_lock.acquire(timeout=1.0)
         raise OSError("gather failed")
     rb.gather = stuck_then_fail  # type: ignore[method-assign]
@@ -498,11 +499,11 @@ def test_two_threads_waiting_for_one_tick_take_it_once() -> None:
             assert waited.wait(MARGIN_S) or gathered.is_set()
         gather = rb.gather
 
-        def hooked(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        def hooked(indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
             if threading.current_thread() is not first:
                 gathered.set()
                 waited.set()
-            return gather(indices, out)
+            return gather(indices, out, **kw)
         rb.gather = hooked  # type: ignore[method-assign]
         rb.gather = Interleaved(rb, 1, second_thread)  # type: ignore[method-assign]
         pipe.start_prepare(0, N)
@@ -559,6 +560,133 @@ def test_a_packer_that_cannot_count_its_chunk_stops_when_its_channel_closes() ->
     finally:
         h.claim_lock.release()
     assert ok and got == [False] and h.done.backlog == 0 and packer.packed_count == 0
+
+
+# -- a writer stopped inside its add --------------------------------------------
+
+
+@contextlib.contextmanager
+def add_in_progress(rb: ReplayBuffer) -> Iterator[None]:
+    """Every region of ``rb`` marked as being written, as by a writer stopped
+    (SIGSTOP, a debugger) inside its add: a gather of any row reads it again until
+    the region is even. No process is recorded as the add's, so none is found dead."""
+    rb._seq += 1
+    try:
+        yield
+    finally:
+        rb._seq += 1
+
+
+def test_a_learners_gather_held_up_by_an_add_asks_give_up_and_abandons_its_chunk() -> None:
+    """The learner's gather of its chunk waited for the add as long as the writer
+    lived (a stopped one: for ever). Now it asks ``give_up`` (the pipeline's
+    watchdog, a stop signal) while it reads again; what that raises ends the take,
+    and the chunk is abandoned (no writer claims or completes the request)."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    learner = Packer(h, rb)
+    asked: list[int] = []
+
+    def give_up() -> None:
+        asked.append(1)
+        if len(asked) == 3:
+            raise OSError("the collector is gone")
+    with add_in_progress(rb):
+        ok, got = finishes_within(lambda: raised_by(
+            lambda: learner.take(request(), 1.0, give_up)))
+    assert ok and isinstance(got[0], OSError) and len(asked) == 3, (got, asked)
+    assert h.done.get(timeout=0) is None
+    assert h.claims[0].tolist()[:4] == [1, 4, 0, 1]  # every chunk handed out, failed
+
+
+def test_a_learners_gather_held_up_by_an_add_fails_after_its_patience() -> None:
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    learner = Packer(h, rb)
+    with add_in_progress(rb), mock.patch.object(packer_module, "HOLD_PATIENCE_S", 0.05):
+        ok, got = finishes_within(lambda: raised_by(lambda: learner.take(request(), 1.0)))
+    assert ok and isinstance(got[0], RuntimeError), got
+    assert str(got[0]) == ("rows to gather have been written by an add for 0 s: its "
+                           "writer is stopped or hung inside it")
+    assert h.done.get(timeout=0) is None
+
+
+def test_a_packers_gather_held_up_by_an_add_stops_when_its_channel_closes() -> None:
+    """The packer's side waits for the add while its learner lives; a closed channel
+    (the learner closed the pipeline) ends it: no message, no error, the thread free
+    to leave."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    packer = Packer(h, rb)
+    h.requests.put(encode(request())[0])
+    got: list[bool] = []
+    worker = threading.Thread(target=lambda: got.append(packer.service(timeout=0)),
+                              daemon=True)
+    with add_in_progress(rb):
+        worker.start()
+        worker.join(0.2)
+        assert worker.is_alive()  # held up by the add, as long as its learner lives
+        h.requests.close()
+        worker.join(MARGIN_S)
+        assert not worker.is_alive() and got == [False]
+    assert h.done.backlog == 0 and packer.packed_count == 0
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_a_writer_stopped_inside_its_add_ends_the_learners_wait_in_collector_died(
+        collector: str) -> None:
+    """The learner packing for itself (learner_packs=True, the default) spun in its
+    gather for as long as the writer was stopped; with learner_packs=False the same
+    run ended in CollectorDied within liveness_timeout (the packer, held up in its
+    own gather, stops beating). Now both do, and close leaves no packer behind. Which
+    verdict comes first depends on who claimed the chunk: the packer's silence, or
+    the learner's own pack held up for liveness_timeout while the packer idles."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector=collector, liveness_timeout=1.0)
+    with pipe:
+        pipe.start_prepare(0, N)
+        assert pipe.wait_until_ready(0, N, timeout=MARGIN_S)  # attached and serving
+        pipe.sample_large_batch(0, N)
+        pipe.after_tick()
+        with add_in_progress(rb):
+            pipe.start_prepare(1, N)
+            ok, got = finishes_within(lambda: collector_died(pipe, 1))
+            assert ok and ("no heartbeat from the packer" in got[0] or (
+                "tick 1: the learner's pack of it has been held up for" in got[0])), got
+            pipe.close()
+        assert pipe.forced == []
+
+
+def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_timeout(
+        ) -> None:
+    """The learner claimed every chunk (the packer, attached and beating, has none):
+    only the learner waits on the add, and the watchdog sees nothing wrong. The
+    pipeline's ``give_up`` ends it after liveness_timeout held up."""
+    rb = buffer()
+    with chunks_of(4):
+        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=0.5)
+    with pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)  # attached, never serving
+        stop = threading.Event()
+
+        def beat() -> None:  # as a collector's service calls beat, with no request
+            while not stop.wait(0.01):
+                packer.handle.packer_state[1] = time.monotonic_ns()
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
+        try:
+            with add_in_progress(rb):
+                pipe.start_prepare(0, N)
+                ok, got = finishes_within(lambda: collector_died(pipe, 0))
+        finally:
+            stop.set()
+            beating.join(MARGIN_S)
+        assert ok and got[0].startswith("the pipeline failed: tick 0: the learner's pack "
+                                        "of it has been held up for "), got
+        assert "s (liveness_timeout): rows it gathers are being written by an add" in got[0]
 
 
 def reference_rows(rb: ReplayBuffer, done: PackDone) -> torch.Tensor:
@@ -713,7 +841,7 @@ def test_the_learner_takes_only_the_chunks_the_packer_has_not_reached() -> None:
         inside, go_on = threading.Event(), threading.Event()
         gather, learner_calls = rb.gather, []
 
-        def hooked(indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        def hooked(indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
             if threading.current_thread() is worker:
                 inside.set()
                 assert go_on.wait(MARGIN_S)  # the packer sits in chunk 0 ...
@@ -721,7 +849,7 @@ def test_the_learner_takes_only_the_chunks_the_packer_has_not_reached() -> None:
                 learner_calls.append(1)
                 if len(learner_calls) == 3:  # ... until the learner claimed chunk 3
                     go_on.set()
-            return gather(indices, out)
+            return gather(indices, out, **kw)
         rb.gather = hooked  # type: ignore[method-assign]
         pipe.start_prepare(0, N)
         worker = threading.Thread(target=packer.service, args=(MARGIN_S,), daemon=True)

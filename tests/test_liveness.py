@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from typing import Any
 
 import pytest
 import torch
@@ -132,9 +133,9 @@ class StuckBuffer(ReplayBuffer):
 
     release = threading.Event()
 
-    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def gather(self, indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
         self.release.wait(MARGIN_S)
-        return super().gather(indices, out)
+        return super().gather(indices, out, **kw)
 
 
 def test_a_packer_thread_hung_inside_a_pack_raises_collector_died() -> None:

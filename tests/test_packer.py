@@ -670,6 +670,33 @@ def test_attaching_beats_the_heartbeat_and_names_the_packer() -> None:
     assert before <= h.heartbeat_ns <= time.monotonic_ns()
 
 
+def test_a_second_process_cannot_attach_while_the_first_lives() -> None:
+    """Two collectors attached to one handle read one request channel, which has one
+    reader: requests were lost or read twice, and the learner waited for ever with
+    both alive (helper-58). A second attach raises while the first process lives
+    (this process's parent stands in for it); once it died, a restarted collector
+    attaches, and so does this process again."""
+    import os
+    import subprocess
+
+    from replay_fsm import ProtocolError
+
+    rb, h = make()
+    h.packer_state[0] = os.getppid()
+    with pytest.raises(ProtocolError) as info:
+        Packer.attach(h, rb)
+    assert str(info.value).startswith(f"process {os.getppid()} is attached to this packer "
+                                      "handle already: one packer process per pipeline")
+    assert h.packer_pid == os.getppid()  # unchanged
+    child = subprocess.Popen(["true"])
+    child.wait()  # exited and reaped: its pid names no process
+    h.packer_state[0] = child.pid
+    Packer.attach(h, rb)
+    assert h.packer_pid == os.getpid()
+    Packer.attach(h, rb)  # this process again: its own attach, not another's
+    assert h.packer_pid == os.getpid()
+
+
 def test_a_pipelines_handle_refuses_another_buffer_of_the_same_width() -> None:
     """A collector that built its own buffer (same width, other dims) instead of using
     the learner's: attaching it to the pipeline's handle raises, where the batches

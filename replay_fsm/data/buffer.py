@@ -24,6 +24,7 @@ import os
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import numpy as np
@@ -44,6 +45,8 @@ Array = Any  # torch.Tensor or np.ndarray
 # that add's process is alive (a /proc read): a live writer finishes a region in
 # microseconds to milliseconds, a dead one never does.
 WRITER_CHECK_RETRIES = 1024
+# A gather's ``retrying`` hook is called this often while it reads rows again.
+RETRY_CALL_EVERY = 64
 # A pause (and so a save) or adopt_rows finding an add in progress asks this often
 # whether its process is alive, until it is done, before waiting for the lock (a wait
 # for the semaphore itself could not be told that its holder died).
@@ -499,13 +502,17 @@ class ReplayBuffer:
     def _end_region_write(self, r0: int, r1: int) -> None:
         self._seq[r0:r1] += 1  # even again
 
-    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    def gather(self, indices: torch.Tensor, out: torch.Tensor, *,
+               retrying: Callable[[float], None] | None = None) -> torch.Tensor:
         """``out[:] = storage[indices]`` with no torn row (INV-ROW).
 
         Rows of regions that an ``add`` wrote during the copy are read again, one
         region-stable row at a time, until none is being written. A gather that meets
         no add allocates nothing after the calling thread's first: its check goes
-        into that thread's ``GatherScratch``.
+        into that thread's ``GatherScratch``. While it reads again, ``retrying`` (if
+        given) is called every ``RETRY_CALL_EVERY`` retries with the seconds since
+        the first: what it raises ends the gather, ``out`` then partly written (a
+        writer stopped inside its add is otherwise waited for as long as it lives).
 
         Raises:
             TypeError: ``indices`` or ``out`` is not a tensor.
@@ -536,7 +543,7 @@ class ReplayBuffer:
         if changed is None:
             return out
         todo = changed[indices // self.region_rows].nonzero().squeeze(1)
-        retries = 0
+        retries, first = 0, time.monotonic()
         while todo.numel():
             rows = indices[todo]
             regions = rows // self.region_rows
@@ -549,6 +556,8 @@ class ReplayBuffer:
                 retries += 1
                 if not retries % WRITER_CHECK_RETRIES:
                     self._refuse_if_writer_died(f"a gather of {todo.numel()} of them")
+                if retrying is not None and not retries % RETRY_CALL_EVERY:
+                    retrying(time.monotonic() - first)
                 self._yield_to_writer()
         return out
 

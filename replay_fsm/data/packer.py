@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from ..errors import ProtocolError
 from ..signals import ignore
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
 from .buffer import ReplayBuffer
@@ -272,15 +273,32 @@ class Packer:
     @classmethod
     def attach(cls, handle: PackerHandle, replay_buffer: ReplayBuffer) -> Packer:
         """Become the packer of ``handle`` in this (collector) process; the learner
-        side then watches this process's pid for liveness.
+        side then watches this process's pid for liveness. One packer process per
+        handle: its request channel has one reader. A collector restarted after its
+        packer process died attaches again.
 
         Raises:
             ValueError: ``handle`` is the pipeline's of another replay buffer, or its
                 slots are not as wide as ``replay_buffer``'s rows.
+            ProtocolError: another live process is attached to ``handle`` (two would
+                take each other's requests, and the learner would wait for ever).
         """
         packer = cls(handle, replay_buffer)
-        handle.packer_state[1] = time.monotonic_ns()
-        handle.packer_state[0] = os.getpid()
+        # Under the claim lock: of two processes attaching at once, one sees the other.
+        locked = handle.claim_lock.acquire(timeout=LEARNER_CHECK_S)
+        try:
+            pid = handle.packer_pid
+            if pid not in (0, os.getpid()) and process_alive(pid):
+                raise ProtocolError(
+                    f"process {pid} is attached to this packer handle already: one "
+                    "packer process per pipeline (the request channel has one reader); "
+                    "let that process serve every request, or give each collector a "
+                    "pipeline of its own")
+            handle.packer_state[1] = time.monotonic_ns()
+            handle.packer_state[0] = os.getpid()
+        finally:
+            if locked:
+                handle.claim_lock.release()
         return packer
 
     @property
@@ -434,11 +452,24 @@ class Packer:
         except Exception:
             error = traceback.format_exc()
         out, bounds = handle.host_slots[request.slot], handle.chunk_bounds
+        stopped: list[BaseException] = []  # what ended a gather waiting on a writer
+
+        def retrying(waited_s: float) -> None:
+            try:
+                self._writer_wait(waited_s, local, give_up)
+            except BaseException as exc:
+                stopped.append(exc)
+                raise
+
         while error is None and chunk != NO_CHUNK:
             lo, hi = bounds[chunk], bounds[chunk + 1]
             try:
-                rb.gather(indices[lo:hi], out=out[lo:hi])
-            except Exception:
+                rb.gather(indices[lo:hi], out=out[lo:hi], retrying=retrying)
+            except Exception as exc:
+                if stopped and exc is stopped[0]:
+                    # Not the pack's error: no traceback posted; its chunk never comes.
+                    handle.abandon(request.slot, request.generation, LEARNER_CHECK_S)
+                    raise
                 error = traceback.format_exc()
                 break
             written += 1
@@ -463,6 +494,31 @@ class Packer:
             else:
                 deliver(done)
         return written
+
+    def _writer_wait(self, waited_s: float, learner: bool,
+                     give_up: Callable[[], None] | None) -> None:
+        """A gather of this writer has read rows again for ``waited_s`` seconds: an add
+        writes them, or its writer is stopped inside it (SIGSTOP, a debugger), for
+        which the gather would wait as long as it lives. Ends it as ``_advance``
+        ends a wait for the claim lock: when the channel closed (ChannelClosed), the
+        packer's learner is gone, or, for the learner, what ``give_up`` (its
+        watchdog, a stop signal) raises, and after HOLD_PATIENCE_S (RuntimeError)."""
+        if self.handle.requests.closed:
+            raise ChannelClosed()
+        if not learner:
+            now = time.monotonic_ns()
+            if now >= self._next_learner_check_ns:
+                self._next_learner_check_ns = now + int(LEARNER_CHECK_S * 1e9)
+                if not self._learner_alive():
+                    self._orphaned()
+                    raise ChannelClosed()
+            return
+        if give_up is not None:
+            give_up()
+        if waited_s > HOLD_PATIENCE_S:
+            raise RuntimeError(f"rows to gather have been written by an add for "
+                               f"{HOLD_PATIENCE_S:.0f} s: its writer is stopped or hung "
+                               "inside it")
 
     def _draw(self, seed: int, size: int) -> torch.Tensor:
         if (seed, size) == self._drawn:
