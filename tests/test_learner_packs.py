@@ -601,16 +601,49 @@ def test_a_learners_gather_held_up_by_an_add_asks_give_up_and_abandons_its_chunk
 
 
 def test_a_learners_gather_held_up_by_an_add_fails_after_its_patience() -> None:
+    """Its patience (the pipeline's liveness_timeout) counts from the gather's first
+    retry: the time a gather waits at a stretch, not since the take began."""
     with chunks_of(4):
         rb = buffer()
         h = PackerHandle.create(2, N, rb.width)
     learner = Packer(h, rb)
-    with add_in_progress(rb), mock.patch.object(packer_module, "HOLD_PATIENCE_S", 0.05):
+    assert learner.writer_patience_s == packer_module.HOLD_PATIENCE_S
+    learner.writer_patience_s = 0.05
+    with add_in_progress(rb):
         ok, got = finishes_within(lambda: raised_by(lambda: learner.take(request(), 1.0)))
-    assert ok and isinstance(got[0], RuntimeError), got
-    assert str(got[0]) == ("rows to gather have been written by an add for 0 s: its "
-                           "writer is stopped or hung inside it")
+    assert ok and isinstance(got[0], CollectorDied), got
+    assert str(got[0]).startswith("tick 0: the learner's gather of it has waited 0.")
+    assert str(got[0]).endswith(" s (liveness_timeout 0.05 s) for rows an add is writing: "
+                                "its writer is stopped or hung inside it")
     assert h.done.get(timeout=0) is None
+
+
+def test_a_learners_patience_counts_each_wait_not_the_whole_take() -> None:
+    """Each of the take's four gathers waits half its patience for an add to finish
+    (the add ends then, as a live writer's does): together twice its patience, and
+    the take completes, exactly."""
+    with chunks_of(4):
+        rb = buffer()
+        h = PackerHandle.create(2, N, rb.width)
+    learner = Packer(h, rb)
+    learner.writer_patience_s = 1.0
+    gather, waits = rb.gather, []
+
+    def held_up(indices: torch.Tensor, out: torch.Tensor, *,
+                retrying: Callable[[float], None]) -> torch.Tensor:
+        def until_half(waited_s: float) -> None:
+            retrying(waited_s)
+            if waited_s >= 0.5 and rb._seq[0] % 2:
+                waits.append(waited_s)
+                rb._seq += 1  # the add is done
+        rb._seq += 1  # an add begins
+        return gather(indices, out, retrying=until_half)
+    rb.gather = held_up  # type: ignore[method-assign]
+    ok, got = finishes_within(lambda: raised_by(lambda: learner.take(request(), 1.0)))
+    assert ok and got == [4] and len(waits) == 4, (got, waits)
+    done = h.done.get(timeout=0)
+    assert done is not None and done[1] is None
+    assert torch.equal(h.host_slots[0], reference_rows(rb, decode(PackDone, *done)))
 
 
 def test_a_packers_gather_held_up_by_an_add_stops_when_its_channel_closes() -> None:
@@ -655,7 +688,7 @@ def test_a_writer_stopped_inside_its_add_ends_the_learners_wait_in_collector_die
             pipe.start_prepare(1, N)
             ok, got = finishes_within(lambda: collector_died(pipe, 1))
             assert ok and ("no heartbeat from the packer" in got[0] or (
-                "tick 1: the learner's pack of it has been held up for" in got[0])), got
+                "tick 1: the learner's gather of it has waited" in got[0])), got
             pipe.close()
         assert pipe.forced == []
 
@@ -663,8 +696,8 @@ def test_a_writer_stopped_inside_its_add_ends_the_learners_wait_in_collector_die
 def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_timeout(
         ) -> None:
     """The learner claimed every chunk (the packer, attached and beating, has none):
-    only the learner waits on the add, and the watchdog sees nothing wrong. The
-    pipeline's ``give_up`` ends it after liveness_timeout held up."""
+    only the learner waits on the add, and the watchdog sees nothing wrong. Its
+    gather ends after the pipeline's liveness_timeout."""
     rb = buffer()
     with chunks_of(4):
         pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=0.5)
@@ -684,9 +717,9 @@ def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_time
         finally:
             stop.set()
             beating.join(MARGIN_S)
-        assert ok and got[0].startswith("the pipeline failed: tick 0: the learner's pack "
-                                        "of it has been held up for "), got
-        assert "s (liveness_timeout): rows it gathers are being written by an add" in got[0]
+        assert ok and got[0].startswith("the pipeline failed: tick 0: the learner's "
+                                        "gather of it has waited "), got
+        assert " s (liveness_timeout 0.5 s) for rows an add is writing" in got[0]
 
 
 def reference_rows(rb: ReplayBuffer, done: PackDone) -> torch.Tensor:

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ProtocolError
+from ..errors import CollectorDied, ProtocolError
 from ..signals import ignore
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
 from .buffer import ReplayBuffer
@@ -260,6 +260,10 @@ class Packer:
         self._drawn: tuple[int, int] | None = None  # (seed, size) of _next_indices
         self._last_seed: int | None = None
         self.drawn_ahead = 0  # packs whose indices were drawn while the packer idled
+        # How long the learner's gather (``take``) waits for rows an add is writing
+        # before it raises CollectorDied: a writer stopped inside its add holds them
+        # for ever. The pipeline sets its liveness_timeout.
+        self.writer_patience_s = HOLD_PATIENCE_S
         self._beat = handle.packer_state[1:2].numpy()  # heartbeat cell: per call, chunk
         self._learner_pid = handle.learner_pid
         # A packer the learner spawned is orphaned the moment the learner exits, even
@@ -456,7 +460,7 @@ class Packer:
 
         def retrying(waited_s: float) -> None:
             try:
-                self._writer_wait(waited_s, local, give_up)
+                self._writer_wait(request.tick, waited_s, local, give_up)
             except BaseException as exc:
                 stopped.append(exc)
                 raise
@@ -495,14 +499,14 @@ class Packer:
                 deliver(done)
         return written
 
-    def _writer_wait(self, waited_s: float, learner: bool,
+    def _writer_wait(self, tick: int, waited_s: float, learner: bool,
                      give_up: Callable[[], None] | None) -> None:
-        """A gather of this writer has read rows again for ``waited_s`` seconds: an add
-        writes them, or its writer is stopped inside it (SIGSTOP, a debugger), for
-        which the gather would wait as long as it lives. Ends it as ``_advance``
-        ends a wait for the claim lock: when the channel closed (ChannelClosed), the
-        packer's learner is gone, or, for the learner, what ``give_up`` (its
-        watchdog, a stop signal) raises, and after HOLD_PATIENCE_S (RuntimeError)."""
+        """A gather of ``tick``'s rows has read some again for ``waited_s`` seconds: an
+        add writes them, or its writer is stopped inside it (SIGSTOP, a debugger),
+        which the gather would wait for as long as the writer lives. The packer stops
+        when its channel closed or its learner is gone (ChannelClosed); the learner
+        when ``give_up`` (its watchdog, a stop signal) raises, or after
+        ``writer_patience_s`` (CollectorDied: the writer is the collector side)."""
         if self.handle.requests.closed:
             raise ChannelClosed()
         if not learner:
@@ -515,10 +519,11 @@ class Packer:
             return
         if give_up is not None:
             give_up()
-        if waited_s > HOLD_PATIENCE_S:
-            raise RuntimeError(f"rows to gather have been written by an add for "
-                               f"{HOLD_PATIENCE_S:.0f} s: its writer is stopped or hung "
-                               "inside it")
+        if waited_s > self.writer_patience_s:
+            raise CollectorDied(
+                f"tick {tick}: the learner's gather of it has waited {waited_s:.1f} s "
+                f"(liveness_timeout {self.writer_patience_s:g} s) for rows an add is "
+                "writing: its writer is stopped or hung inside it")
 
     def _draw(self, seed: int, size: int) -> torch.Tensor:
         if (seed, size) == self._drawn:

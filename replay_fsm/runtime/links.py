@@ -147,7 +147,11 @@ class ChannelLink(CollectorLink):
     writes."""
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
-                 attach_timeout: float = 60.0) -> None:
+                 attach_timeout: float = 60.0, writer_patience: float | None = None
+                 ) -> None:
+        """``writer_patience``: how long the learner's own pack (``take``) waits for
+        rows an add is writing (the pipeline's liveness_timeout; None: the packer's
+        HOLD_PATIENCE_S)."""
         super().__init__()
         # Until a packer attaches, a request may wait at most this long from the first.
         self.attach_timeout = attach_timeout
@@ -159,6 +163,8 @@ class ChannelLink(CollectorLink):
         self._ring_depth = ring_depth
         # The learner's own packs (``take``); it holds the handle too.
         self._learner_packer: Packer | None = Packer(self._handle, replay_buffer)
+        if writer_patience is not None:
+            self._learner_packer.writer_patience_s = writer_patience
         self._deliver: Callable[[PackDone], None] | None = None  # deliver_here's
 
     @property
@@ -241,9 +247,10 @@ class ThreadCollector(ChannelLink):
 
     kind = "thread"
 
-    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int
-                 ) -> None:
-        super().__init__(replay_buffer, ring_depth, sample_count)
+    def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
+                 *, writer_patience: float | None = None) -> None:
+        super().__init__(replay_buffer, ring_depth, sample_count,
+                         writer_patience=writer_patience)
         self._packer: Packer | None = Packer.attach(self.handle, replay_buffer)
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -286,8 +293,10 @@ class ProcessCollector(ChannelLink):
     kind = "process"
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
-                 threads: int | None = None, attach_timeout: float = 60.0) -> None:
-        super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout)
+                 threads: int | None = None, attach_timeout: float = 60.0, *,
+                 writer_patience: float | None = None) -> None:
+        super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout,
+                         writer_patience)
         self.process: Any = mp.get_context("spawn").Process(
             target=serve_forever, args=(self.handle, replay_buffer, WAIT_SLICE_S, threads),
             name="replay_fsm-packer", daemon=True)
@@ -346,8 +355,9 @@ class ExternalCollector(ChannelLink):
     beats_while_rows_come = False
 
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
-                 attach_timeout: float) -> None:
-        super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout)
+                 attach_timeout: float, *, writer_patience: float | None = None) -> None:
+        super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout,
+                         writer_patience)
         self._unattached: PackerHandle | None = None  # kept by stop (see there)
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
@@ -381,18 +391,22 @@ class ExternalCollector(ChannelLink):
 
 
 def make_link(kind: str, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
-              *, packer_threads: int | None, attach_timeout: float) -> CollectorLink:
-    """The link for a collector kind: "thread", "process" or "external".
+              *, packer_threads: int | None, attach_timeout: float,
+              writer_patience: float | None = None) -> CollectorLink:
+    """The link for a collector kind: "thread", "process" or "external";
+    ``writer_patience`` as ``ChannelLink``'s.
 
     Raises:
         ValueError: an unknown kind.
     """
     if kind == "thread":
-        return ThreadCollector(replay_buffer, ring_depth, sample_count)
+        return ThreadCollector(replay_buffer, ring_depth, sample_count,
+                               writer_patience=writer_patience)
     if kind == "process":
         return ProcessCollector(replay_buffer, ring_depth, sample_count, packer_threads,
-                                attach_timeout)
+                                attach_timeout, writer_patience=writer_patience)
     if kind == "external":
-        return ExternalCollector(replay_buffer, ring_depth, sample_count, attach_timeout)
+        return ExternalCollector(replay_buffer, ring_depth, sample_count, attach_timeout,
+                                 writer_patience=writer_patience)
     raise ValueError(f"unknown collector {kind!r}; supported: thread, process, external, "
                      "or a CollectorLink instance")

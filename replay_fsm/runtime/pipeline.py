@@ -206,7 +206,8 @@ class Pipeline:
         elif isinstance(replay_buffer, ReplayBuffer):
             self._link = make_link(collector, replay_buffer, self.ring_depth,
                                    self.sample_count, packer_threads=packer_threads,
-                                   attach_timeout=float(attach_timeout))
+                                   attach_timeout=float(attach_timeout),
+                                   writer_patience=self.liveness_timeout)
         else:
             raise TypeError(f"collector={collector!r} packs with a replay_fsm.ReplayBuffer; "
                             f"a {type(replay_buffer).__name__} needs a CollectorLink of its "
@@ -772,28 +773,16 @@ class Pipeline:
         start = time.monotonic_ns()
         error: Exception | None = None
 
-        held_since: list[int] = []
-
         def give_up() -> None:
             # Called, without the lock, while the pack is held up: a written chunk
             # cannot be counted (the claim lock's holder is stopped or dead), or rows
-            # it gathers are being written by an add (whose writer may be stopped).
-            # A stop signal, the watchdog's verdict, or liveness_timeout held up (the
-            # packer may be idle and beating, its chunks all the learner's) ends it:
-            # the chunk is lost, and the pipeline closes or fails.
+            # it gathers are being written by an add: a stop signal or the watchdog's
+            # verdict ends it (either way the chunk is lost, and the pipeline closes
+            # or fails). The packer bounds the second by liveness_timeout itself.
             if DEFERRED:
                 raise_deferred(within_step=True)
-            now = time.monotonic_ns()
             failure = self._watchdog.verdict(tick, slot, SlotState.REQUESTED, 0.0,
-                                             now_ns=now)
-            held_since[:] = held_since or [now]
-            held_s = (now - held_since[0]) / 1e9
-            if failure is None and held_s > self.liveness_timeout:
-                failure = CollectorDied(
-                    f"tick {tick}: the learner's pack of it has been held up for "
-                    f"{held_s:.1f} s (liveness_timeout): rows it gathers are being "
-                    "written by an add whose writer is stopped or hung, or the "
-                    "packer's claim lock is held by one")
+                                             now_ns=time.monotonic_ns())
             if failure is not None:
                 raise failure
         self._cv.release()
