@@ -646,6 +646,36 @@ def test_a_learners_patience_counts_each_wait_not_the_whole_take() -> None:
     assert torch.equal(h.host_slots[0], reference_rows(rb, decode(PackDone, *done)))
 
 
+def test_an_external_collector_silent_while_it_made_the_rows_is_not_judged_by_a_gather(
+        ) -> None:
+    """An external collector's silence counts only liveness_timeout after the learner
+    saw the request's rows (it makes them meanwhile, between service calls). A wait
+    judges it so; the learner's own gather, held up by one of the collector's adds,
+    asked the watchdog as if the silence counted at once: CollectorDied, for a
+    collector whose last beat was long ago but whose rows had just come."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=5.0)
+    with pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)  # attached, serving nothing
+        packer.handle.packer_state[1] = time.monotonic_ns() - 60 * 10**9  # a minute ago
+        gather, calls = rb.gather, []
+
+        def meets_an_add(indices: torch.Tensor, out: torch.Tensor, *,
+                         retrying: Callable[[float], None]) -> torch.Tensor:
+            def until_asked(waited_s: float) -> None:
+                retrying(waited_s)  # give_up: the watchdog's verdict
+                calls.append(waited_s)
+                if len(calls) == 3:
+                    rb._seq += 1  # the add is done
+            rb._seq += 1  # an add of the collector's is under way
+            return gather(indices, out, retrying=until_asked)
+        rb.gather = meets_an_add  # type: ignore[method-assign]
+        pipe.start_prepare(0, N)
+        ok, got = finishes_within(lambda: raised_by(lambda: pipe.sample_large_batch(0, N)))
+        assert ok and isinstance(got[0], dict), got
+        assert len(calls) == 3 and exact(pipe, 0, got[0])
+
+
 def test_a_packers_gather_held_up_by_an_add_stops_when_its_channel_closes() -> None:
     """The packer's side waits for the add while its learner lives; a closed channel
     (the learner closed the pipeline) ends it: no message, no error, the thread free

@@ -781,8 +781,13 @@ class Pipeline:
             # or fails). The packer bounds the second by liveness_timeout itself.
             if DEFERRED:
                 raise_deferred(within_step=True)
+            now = time.monotonic_ns()
+            # Owed as a wait judges it: an external collector's silence counts only
+            # liveness_timeout after the learner saw the rows (they are there: the
+            # take began only then). Without the lock: its clock's first sighting is
+            # set once, by whichever thread comes first.
             failure = self._watchdog.verdict(tick, slot, SlotState.REQUESTED, 0.0,
-                                             now_ns=time.monotonic_ns())
+                                             self._owed(slot, True, now), now)
             if failure is not None:
                 raise failure
         self._cv.release()
