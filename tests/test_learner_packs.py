@@ -676,6 +676,24 @@ def test_an_external_collector_silent_while_it_made_the_rows_is_not_judged_by_a_
         assert len(calls) == 3 and exact(pipe, 0, got[0])
 
 
+class OwnGather(ReplayBuffer):
+    """A subclass whose gather predates ``retrying``."""
+
+    def gather(self, indices: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.gathers = getattr(self, "gathers", 0) + 1
+        return super().gather(indices, out)
+
+
+@pytest.mark.parametrize("learner_packs", [True, False])
+def test_a_buffer_whose_gather_takes_no_retrying_still_packs(learner_packs: bool) -> None:
+    rb = OwnGather(512, 5, 3, critic_dim=2, region_rows=32)
+    rb.add_packed(torch.randn(300, rb.width))
+    with Pipeline(rb, sample_count=N, learner_packs=learner_packs) as pipe:
+        for tick, batch in pipe.ticks(0, 3):
+            assert exact(pipe, tick, batch)
+    assert rb.gathers >= 3
+
+
 def test_a_packers_gather_held_up_by_an_add_stops_when_its_channel_closes() -> None:
     """The packer's side waits for the add while its learner lives; a closed channel
     (the learner closed the pipeline) ends it: no message, no error, the thread free

@@ -673,24 +673,39 @@ def test_attaching_beats_the_heartbeat_and_names_the_packer() -> None:
 def test_a_second_process_cannot_attach_while_the_first_lives() -> None:
     """Two collectors attached to one handle read one request channel, which has one
     reader: requests were lost or read twice, and the learner waited for ever with
-    both alive (helper-58). A second attach raises while the first process lives
-    (this process's parent stands in for it); once it died, a restarted collector
-    attaches, and so does this process again."""
+    both alive (helper-58). A second attach raises while the first process lives;
+    once it died, a restarted collector attaches, and so does this process again."""
     import os
     import subprocess
 
     from replay_fsm import ProtocolError
+    from replay_fsm.data import owner
 
     rb, h = make()
-    h.packer_state[0] = os.getppid()
-    with pytest.raises(ProtocolError) as info:
+    other = subprocess.Popen(["sleep", "600"])  # the first collector, alive
+    try:
+        h.packer_state[0] = other.pid
+        with pytest.raises(ProtocolError) as info:
+            Packer.attach(h, rb)
+        assert str(info.value).startswith(
+            f"process {other.pid} is attached to this packer handle already: one packer "
+            "process per pipeline")
+        assert h.packer_pid == other.pid  # unchanged
+        # Its record, as its attach wrote it, names it by pid and start time: alive.
+        pid_bits = owner.PID_BITS
+        token, pid_ns, time_ns = owner.me()
+        start = owner._stat(other.pid)[2]
+        h.packer_state[3:6] = torch.tensor([other.pid | start << pid_bits, pid_ns, time_ns])
+        with pytest.raises(ProtocolError):
+            Packer.attach(h, rb)
+        # The pid names another process since (reused after a SIGKILL): attaches.
+        h.packer_state[3] = other.pid | (start + 1) << pid_bits
         Packer.attach(h, rb)
-    assert str(info.value).startswith(f"process {os.getppid()} is attached to this packer "
-                                      "handle already: one packer process per pipeline")
-    assert h.packer_pid == os.getppid()  # unchanged
-    child = subprocess.Popen(["true"])
-    child.wait()  # exited and reaped: its pid names no process
-    h.packer_state[0] = child.pid
+        assert h.packer_pid == os.getpid() and h.packer_record == owner.me()
+        h.packer_state[0], h.packer_state[3:6] = other.pid, torch.zeros(3)
+    finally:
+        other.kill()
+        other.wait()  # exited and reaped: its pid names no process
     Packer.attach(h, rb)
     assert h.packer_pid == os.getpid()
     Packer.attach(h, rb)  # this process again: its own attach, not another's

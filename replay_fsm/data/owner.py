@@ -136,23 +136,31 @@ class Owner:
         its holder lives (a zombie is dead), or it cannot be judged (another pid or
         time namespace, no /proc)."""
         record = self._read()
-        token, pid_namespace, time_namespace = record
-        mine = me()
-        if not token or not mine[1] or (pid_namespace, time_namespace) != mine[1:]:
-            return None
-        pid, start = token & PID_MASK, token >> PID_BITS
-        try:
-            _, state, started = _stat(pid)
-        except (FileNotFoundError, ProcessLookupError):
-            dead = _gone(pid)  # no entry: died and reaped, or hidden from this process
-        except (OSError, ValueError, IndexError):
-            return None
-        else:
-            dead = state in (b"Z", b"X") or started != start
         # Read again, token first: a holder that released the lock and then exited
         # cleared its token first, and a later holder writes its namespaces before
         # its token; a record unchanged after its process was seen dead was its last.
-        return pid if dead and self._read() == record else None
+        if lives(record) is False and self._read() == record:
+            return record[0] & PID_MASK
+        return None
+
+
+def lives(record: tuple[int, int, int]) -> bool | None:
+    """Whether the process a (token, pid namespace, time namespace) record names
+    still runs: False once it exited (a zombie has) or its pid names another process
+    since (a start time of its own); None where that cannot be judged: no token,
+    another pid or time namespace, no /proc."""
+    token, pid_namespace, time_namespace = record
+    mine = me()
+    if not token or not mine[1] or (pid_namespace, time_namespace) != mine[1:]:
+        return None
+    pid, start = token & PID_MASK, token >> PID_BITS
+    try:
+        _, state, started = _stat(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        return not _gone(pid)  # no entry: died and reaped, or hidden from this process
+    except (OSError, ValueError, IndexError):
+        return None
+    return state not in (b"Z", b"X") and started == start
 
 
 os.register_at_fork(after_in_child=forget_me)

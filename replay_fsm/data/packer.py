@@ -15,6 +15,7 @@ the request's one pack-done message.
 
 from __future__ import annotations
 
+import inspect
 import multiprocessing as mp
 import os
 import time
@@ -28,6 +29,7 @@ import torch
 from ..errors import CollectorDied, ProtocolError
 from ..signals import ignore
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
+from . import owner
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed, semaphore_name, unlink_semaphore
 from .sampling import sample_indices
@@ -71,6 +73,16 @@ def process_alive(pid: int) -> bool:
         return True  # no /proc here: kill(0) is all we know
 
 
+def _takes_retrying(gather: Callable[..., Any]) -> bool:
+    """Whether ``gather`` takes the keyword ``retrying`` (or any keyword)."""
+    try:
+        parameters = inspect.signature(gather).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == "retrying" or p.kind is inspect.Parameter.VAR_KEYWORD
+               for p in parameters)
+
+
 @dataclass
 class PackerHandle:
     """What the learner side gives a packer: channels, host slots, a pid cell, the
@@ -85,8 +97,10 @@ class PackerHandle:
     # views of one: a write into one slot must not bump the autograd version counter
     # of the batch views the learner holds on another.
     host_slots: list[torch.Tensor]
-    # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), and the
-    # pid of the learner that created the handle; shared.
+    # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), the pid
+    # of the learner that created the handle, and the attached packer's (token, pid
+    # namespace, time namespace) record as ``owner`` makes it (a pid may be reused,
+    # the record names one process); shared.
     packer_state: torch.Tensor
     # Per slot (int64, shared; read and set only under claim_lock, a spawn Lock): the
     # generation of the request being written, its next chunk to claim, its chunks
@@ -100,7 +114,7 @@ class PackerHandle:
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int, buffer_id: int = 0
                ) -> PackerHandle:
-        state = torch.zeros(3, dtype=torch.int64).share_memory_()
+        state = torch.zeros(6, dtype=torch.int64).share_memory_()
         state[2] = os.getpid()
         return cls(
             # Twice the ring: besides one live request per slot, at most ring_depth
@@ -144,6 +158,12 @@ class PackerHandle:
     @property
     def learner_pid(self) -> int:
         return int(self._state_np[2])
+
+    @property
+    def packer_record(self) -> tuple[int, int, int]:
+        """The attached packer's (token, pid namespace, time namespace): ``owner``'s."""
+        state = self._state_np
+        return int(state[3]), int(state[4]), int(state[5])
 
     @property
     def semaphore_names(self) -> tuple[str, ...]:
@@ -264,6 +284,8 @@ class Packer:
         # before it raises CollectorDied: a writer stopped inside its add holds them
         # for ever. The pipeline sets its liveness_timeout.
         self.writer_patience_s = HOLD_PATIENCE_S
+        # A subclass's gather written before ``retrying`` existed is called without it.
+        self._gather_retries = _takes_retrying(replay_buffer.gather)
         self._beat = handle.packer_state[1:2].numpy()  # heartbeat cell: per call, chunk
         self._learner_pid = handle.learner_pid
         # A packer the learner spawned is orphaned the moment the learner exits, even
@@ -291,13 +313,18 @@ class Packer:
         # Under the claim lock: of two processes attaching at once, one sees the other.
         locked = handle.claim_lock.acquire(timeout=LEARNER_CHECK_S)
         try:
-            pid = handle.packer_pid
-            if pid not in (0, os.getpid()) and process_alive(pid):
+            pid, record = handle.packer_pid, handle.packer_record
+            # Judged by its record: its pid may name another process since (a collector
+            # restarted after a SIGKILL); from another pid namespace (a restarted
+            # container) it cannot be judged, and the restart attaches.
+            alive = owner.lives(record) if record[0] else process_alive(pid)
+            if pid not in (0, os.getpid()) and alive:
                 raise ProtocolError(
                     f"process {pid} is attached to this packer handle already: one "
                     "packer process per pipeline (the request channel has one reader); "
                     "let that process serve every request, or give each collector a "
                     "pipeline of its own")
+            handle.packer_state[3:6] = torch.tensor(owner.me())
             handle.packer_state[1] = time.monotonic_ns()
             handle.packer_state[0] = os.getpid()
         finally:
@@ -468,7 +495,10 @@ class Packer:
         while error is None and chunk != NO_CHUNK:
             lo, hi = bounds[chunk], bounds[chunk + 1]
             try:
-                rb.gather(indices[lo:hi], out=out[lo:hi], retrying=retrying)
+                if self._gather_retries:
+                    rb.gather(indices[lo:hi], out=out[lo:hi], retrying=retrying)
+                else:
+                    rb.gather(indices[lo:hi], out=out[lo:hi])
             except Exception as exc:
                 if stopped and exc is stopped[0]:
                     # Not the pack's error: no traceback posted; its chunk never comes.
