@@ -136,7 +136,7 @@ def _explore(args: argparse.Namespace) -> int:
         if not bars:
             from tqdm import tqdm
             bars.append(tqdm(unit=" states", desc="explored", dynamic_ncols=True,
-                             leave=False))
+                             leave=False, initial=states))
         bars[0].update(states - bars[0].n)
 
     try:

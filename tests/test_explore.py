@@ -81,3 +81,4 @@ def test_cli_explore_counts_the_states_on_stderr_unless_told_not_to(
     out, err = capsys.readouterr()
     assert "no violation" in out and "explored" not in out
     assert ("explored: " in err and " states" in err) is not bool(flag), err
+    assert "explored: 0 states" not in err  # the first count shown is the first call's

@@ -9,6 +9,7 @@ import torch
 
 from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.runtime.links import ThreadCollector
+from replay_fsm.runtime.observers import Observer
 
 
 def buffer() -> ReplayBuffer:
@@ -139,6 +140,7 @@ class NoSpan:
 @pytest.mark.parametrize("observer,lacks", [
     (object(), "object lacks transition and span"),
     (NoSpan(), "NoSpan lacks span"),
+    (Observer, r"an instance: got the class Observer \(call it: Observer\(\)\)"),
 ])
 def test_an_observer_without_its_methods_is_refused_at_once(observer: object,
                                                              lacks: str) -> None:

@@ -417,9 +417,10 @@ class Packer:
         claim lock stayed taken for ``timeout`` seconds. A chunk that raises is
         reported as the packer's are: its traceback in the pack-done message.
 
-        A written chunk must be counted under the claim lock. While it cannot be,
-        ``give_up`` is called at every retry (the pipeline's watchdog: what it raises
-        ends the take).
+        A written chunk must be counted under the claim lock, and a chunk's gather
+        waits for rows an add is writing. While either is held up, ``give_up`` is
+        called at every retry (the pipeline's watchdog, a stop signal): what it
+        raises ends the take, the request abandoned and nothing posted.
 
         Raises:
             ChannelClosed: the channel closed while packing.
@@ -427,6 +428,8 @@ class Packer:
                 holding the claim lock died, or the lock stayed taken for
                 HOLD_PATIENCE_S (its holder is stopped or hung). The request can
                 never complete; the caller fails its run.
+            CollectorDied: a gather waited ``writer_patience_s`` at a stretch for
+                rows an add is writing (its writer is stopped inside it).
         """
         chunk = self.handle.claim(request.slot, request.generation,
                                   self.replay_buffer.ptr, timeout)

@@ -103,8 +103,9 @@ class CollectorLink(abc.ABC):
         Returns how many parts (chunks) this call packed, 0 when none is left to
         take; None when it could not look now (the claim lock stayed taken for
         ``timeout`` seconds, or too many requests wait unread): ask again later.
-        ``give_up`` is called while a part written cannot be counted (the collector
-        holds the claim lock); what it raises ends the take. By default a link's
+        ``give_up`` is called while the take is held up: a part written cannot be
+        counted (the collector holds the claim lock), or rows it gathers are being
+        written by an add; what it raises ends the take. By default a link's
         collector cannot be relieved: 0.
 
         Raises:
@@ -149,9 +150,10 @@ class ChannelLink(CollectorLink):
     def __init__(self, replay_buffer: ReplayBuffer, ring_depth: int, sample_count: int,
                  attach_timeout: float = 60.0, writer_patience: float | None = None
                  ) -> None:
-        """``writer_patience``: how long the learner's own pack (``take``) waits for
-        rows an add is writing (the pipeline's liveness_timeout; None: the packer's
-        HOLD_PATIENCE_S)."""
+        """``writer_patience``: how long a gather of the learner's own pack (``take``)
+        waits at a stretch for rows an add is writing (the pipeline passes its
+        liveness_timeout to the links it makes; None, as for a link you build: the
+        packer's HOLD_PATIENCE_S)."""
         super().__init__()
         # Until a packer attaches, a request may wait at most this long from the first.
         self.attach_timeout = attach_timeout

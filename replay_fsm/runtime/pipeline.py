@@ -504,6 +504,9 @@ class Pipeline:
         """
         missing = [m for m in ("transition", "span")
                    if not callable(getattr(observer, m, None))]
+        if isinstance(observer, type):
+            raise TypeError(f"add_observer takes an observer, an instance: got the class "
+                            f"{observer.__name__} (call it: {observer.__name__}())")
         if missing:
             raise TypeError(f"an observer needs the methods transition and span (subclass "
                             f"replay_fsm.runtime.observers.Observer); "
