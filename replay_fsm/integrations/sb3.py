@@ -27,6 +27,7 @@ others sample what SB3's own buffer would. A Ctrl-C anywhere in ``sample`` or
 
 from __future__ import annotations
 
+import contextlib
 import weakref
 from typing import Any
 
@@ -254,7 +255,11 @@ class PipelineReplayBuffer(ReplayBuffer):
                     base_seed=self.base_seed, ring_depth=self.ring_depth,
                     collector="thread", liveness_timeout=self.liveness_timeout)
             except BaseException:
-                self._pipe = None  # its constructor closed what it had started
+                # A constructor that raised closed what it had started; one that had
+                # returned when a Ctrl-C landed here runs until closed now.
+                self._pipe = None
+                with contextlib.suppress(Exception):  # a half-built one: close what it can
+                    pipe.close()
                 raise
             self._pipe_key = key
             self._finalizer = weakref.finalize(self, self._pipe.close)
