@@ -317,8 +317,8 @@ class Packer:
             # Judged by its record: its pid may name another process since (a collector
             # restarted after a SIGKILL); from another pid namespace (a restarted
             # container) it cannot be judged, and the restart attaches.
-            alive = owner.lives(record) if record[0] else process_alive(pid)
-            if pid not in (0, os.getpid()) and alive:
+            if pid not in (0, os.getpid()) and (
+                    owner.lives(record) if record[0] else process_alive(pid)):
                 raise ProtocolError(
                     f"process {pid} is attached to this packer handle already: one "
                     "packer process per pipeline (the request channel has one reader); "
@@ -346,11 +346,8 @@ class Packer:
         that tick's failure posted with the traceback text.
         """
         now = self._beat[0] = time.monotonic_ns()
-        if now >= self._next_learner_check_ns:
-            self._next_learner_check_ns = now + int(LEARNER_CHECK_S * 1e9)
-            if not self._learner_alive():
-                self._orphaned()
-                return False
+        if self._left_by_learner(now):
+            return False
         try:
             if self._pending is None:
                 got = self.handle.requests.get(timeout=0)
@@ -448,6 +445,17 @@ class Packer:
                            out=self._next_indices, generator=self._generator)
             self._drawn = key
 
+    def _left_by_learner(self, now: int) -> bool:
+        """Whether the learner is gone (``_orphaned`` has run then), asked at most every
+        LEARNER_CHECK_S: a serving or waiting packer calls it often."""
+        if now < self._next_learner_check_ns:
+            return False
+        self._next_learner_check_ns = now + int(LEARNER_CHECK_S * 1e9)
+        if self._learner_alive():
+            return False
+        self._orphaned()
+        return True
+
     def _learner_alive(self) -> bool:
         pid = self._learner_pid
         if pid in (0, os.getpid()):
@@ -543,12 +551,8 @@ class Packer:
         if self.handle.requests.closed:
             raise ChannelClosed()
         if not learner:
-            now = time.monotonic_ns()
-            if now >= self._next_learner_check_ns:
-                self._next_learner_check_ns = now + int(LEARNER_CHECK_S * 1e9)
-                if not self._learner_alive():
-                    self._orphaned()
-                    raise ChannelClosed()
+            if self._left_by_learner(time.monotonic_ns()):
+                raise ChannelClosed()
             return
         if give_up is not None:
             give_up()
