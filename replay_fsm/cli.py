@@ -25,13 +25,12 @@ from .spec import SlotState
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
-    from .trainers.cli import learner_threads  # torch-free
+    from .trainers.cli import learner_threads, progress  # torch-free
     args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
                         sample_count=args.sample_count,
-                        # no bar where standard error is closed (2>&-): tqdm would fail
-                        progress=not args.no_progress and sys.stderr is not None,
+                        progress=progress(args),
                         learner_threads=learner_threads(args.learner_threads))
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
@@ -129,6 +128,7 @@ def _check_trace(args: argparse.Namespace) -> int:
 
 
 def _explore(args: argparse.Namespace) -> int:
+    from .trainers.cli import progress as wants_progress  # torch-free
     from .verify.explore import explore
     bars: list[Any] = []  # a count of the states on standard error, once there are some
 
@@ -141,8 +141,7 @@ def _explore(args: argparse.Namespace) -> int:
 
     try:
         result = explore(args.depth, args.ticks, faults=args.faults,
-                         progress=None if args.no_progress or sys.stderr is None  # 2>&-
-                         else progress)
+                         progress=progress if wants_progress(args) else None)
     finally:
         for bar in bars:
             bar.close()  # erased: the summary follows on standard output

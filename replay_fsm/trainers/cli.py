@@ -55,7 +55,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device, sampling="pipeline" if args.sampling == "both" else args.sampling,
         ring_depth=args.ring_depth, collector=args.collector, hidden=args.hidden,
         seed=args.seed, learner_threads=learner_threads(args.learner_threads),
-        progress=not args.no_progress and sys.stderr is not None)  # 2>&-: no bar
+        progress=progress(args))
     output_path(args.out, before_run=True)  # fails now, not after the run
     code, error = 0, None
     try:
@@ -87,6 +87,12 @@ def learner_threads(option: int) -> int | None:
         raise ValueError(f"--learner-threads must be >= 0 (0: torch's default), got "
                          f"{option}")
     return option or None
+
+
+def progress(args: argparse.Namespace) -> bool:
+    """Whether a command shows its progress bar: not ``--no-progress``, and standard
+    error open (2>&-: tqdm would fail writing to it)."""
+    return not args.no_progress and sys.stderr is not None
 
 
 def summary(result: dict) -> str:
