@@ -78,6 +78,14 @@ def chunks_of(rows: int) -> Iterator[None]:
         yield
 
 
+def chunked() -> tuple[ReplayBuffer, PackerHandle]:
+    """A buffer and a handle of two slots whose requests of N rows come in chunks of
+    four rows."""
+    with chunks_of(4):
+        rb = buffer()
+        return rb, PackerHandle.create(2, N, rb.width)
+
+
 def request(slot: int = 0, generation: int = 1, seed: int = 0, tick: int = 0
             ) -> PackRequest:
     return PackRequest(tick=tick, slot=slot, generation=generation, seed=seed,
@@ -279,9 +287,7 @@ class Interleaved:
 
 def split_run(learner_first: bool, at: int = 1) -> tuple[ReplayBuffer, PackerHandle,
                                                         Packer, Packer, Interleaved]:
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     packer, learner = Packer(h, rb), Packer(h, rb)
     h.requests.put(encode(request(seed=5))[0])
     def peer() -> object:
@@ -348,9 +354,7 @@ def test_a_chunk_that_fails_under_a_held_claim_lock_is_still_reported() -> None:
     """A chunk raises while the claim lock is taken (its holder stopped): marking
     the request failed waits only LEARNER_CHECK_S for the lock, and the error is
     posted anyway; nothing blocks."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     learner = Packer(h, rb)
 
     def stuck_then_fail(indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> torch.Tensor:
@@ -378,9 +382,7 @@ def raised_by(fn: Callable[[], object]) -> object:
 def stuck_count(at: int = 1) -> tuple[ReplayBuffer, PackerHandle, Packer]:
     """A learner whose ``at``-th chunk is written while the claim lock is taken and
     kept (a packer stopped inside it): that chunk cannot be counted."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     rb.gather = Interleaved(rb, at, lambda: h.claim_lock.acquire(timeout=1.0)
                             )  # type: ignore[method-assign]
     return rb, h, Packer(h, rb)
@@ -431,9 +433,7 @@ def test_a_learner_that_cannot_count_its_chunk_fails_at_once_when_the_packer_die
     """The packer process died holding the claim lock (it stays taken for good): the
     learner's count does not wait out HOLD_PATIENCE_S, it fails naming the dead
     packer as soon as it sees it gone."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     learner = Packer(h, rb)
 
     def die_inside() -> None:
@@ -520,9 +520,7 @@ def test_a_packer_that_cannot_count_its_chunk_retries_while_its_learner_lives() 
     """The claim lock is taken while the packer writes a chunk and freed once the
     packer has looked whether its learner lives: the packer counts the chunk at its
     next try and completes the request."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     packer = Packer(h, rb)
     h.requests.put(encode(request())[0])
     looked: list[bool] = []
@@ -545,9 +543,7 @@ def test_a_packer_that_cannot_count_its_chunk_retries_while_its_learner_lives() 
 def test_a_packer_that_cannot_count_its_chunk_stops_when_its_channel_closes() -> None:
     """The packer's side retries the count while its learner lives; a closed channel
     (the learner stopped) ends it: no message, no error."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     packer = Packer(h, rb)
     h.requests.put(encode(request())[0])
 
@@ -582,9 +578,7 @@ def test_a_learners_gather_held_up_by_an_add_asks_give_up_and_abandons_its_chunk
     lived (a stopped one: for ever). Now it asks ``give_up`` (the pipeline's
     watchdog, a stop signal) while it reads again; what that raises ends the take,
     and the chunk is abandoned (no writer claims or completes the request)."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     learner = Packer(h, rb)
     asked: list[int] = []
 
@@ -603,9 +597,7 @@ def test_a_learners_gather_held_up_by_an_add_asks_give_up_and_abandons_its_chunk
 def test_a_learners_gather_held_up_by_an_add_fails_after_its_patience() -> None:
     """Its patience (the pipeline's liveness_timeout) counts from the gather's first
     retry: the time a gather waits at a stretch, not since the take began."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     learner = Packer(h, rb)
     assert learner.writer_patience_s == packer_module.HOLD_PATIENCE_S
     learner.writer_patience_s = 0.05
@@ -622,9 +614,7 @@ def test_a_learners_patience_counts_each_wait_not_the_whole_take() -> None:
     """Each of the take's four gathers waits half its patience for an add to finish
     (the add ends then, as a live writer's does): together twice its patience, and
     the take completes, exactly."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     learner = Packer(h, rb)
     learner.writer_patience_s = 1.0
     gather, waits = rb.gather, []
@@ -698,9 +688,7 @@ def test_a_packers_gather_held_up_by_an_add_stops_when_its_channel_closes() -> N
     """The packer's side waits for the add while its learner lives; a closed channel
     (the learner closed the pipeline) ends it: no message, no error, the thread free
     to leave."""
-    with chunks_of(4):
-        rb = buffer()
-        h = PackerHandle.create(2, N, rb.width)
+    rb, h = chunked()
     packer = Packer(h, rb)
     h.requests.put(encode(request())[0])
     got: list[bool] = []
