@@ -70,6 +70,12 @@ def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
      "stall_timeout must be a finite number of seconds > 0 or None, got nan"),
     ({"trace": "no"}, TypeError, "trace must be True or False, got 'no'"),
     ({"checked": 1}, TypeError, "checked must be True or False, got 1"),
+    ({"collector": 3}, TypeError,
+     "collector must be 'thread', 'process', 'external' or a CollectorLink, got int"),
+    ({"collector": None}, TypeError,
+     "collector must be 'thread', 'process', 'external' or a CollectorLink, got NoneType"),
+    ({"backend_options": [("pin", True)]}, TypeError,
+     "backend_options must be a mapping of keyword arguments, got list"),
     ({"backend": "accel"}, ValueError, "backend 'accel' is for accelerators (mps, xpu, "
      "...); for device 'cpu' use backend 'cpu' (the default there)"),
     ({"ring_depth": 65}, ValueError,

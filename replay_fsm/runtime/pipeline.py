@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import weakref
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any, NoReturn
 
@@ -138,7 +138,9 @@ class Pipeline:
             count, timeout).
         TypeError: an argument of the wrong type (a replay buffer without
             ``ReplayBuffer``'s interface, a flag that is not a bool, a count that is
-            not an int, a collector name for a source that needs a ``CollectorLink``).
+            not an int, a collector that is neither a name nor a ``CollectorLink``, a
+            collector name for a source that needs one, ``backend_options`` not a
+            mapping).
     """
 
     def __init__(self, replay_buffer: ReplaySource, *, device: str | torch.device = "cpu",
@@ -167,6 +169,12 @@ class Pipeline:
                            ("trace", trace)):
             if not isinstance(flag, bool):  # "no" would turn it on
                 raise TypeError(f"{name} must be True or False, got {flag!r}")
+        if not isinstance(collector, (str, CollectorLink)):
+            raise TypeError(f"collector must be 'thread', 'process', 'external' or a "
+                            f"CollectorLink, got {type(collector).__name__}")
+        if backend_options is not None and not isinstance(backend_options, Mapping):
+            raise TypeError(f"backend_options must be a mapping of keyword arguments, "
+                            f"got {type(backend_options).__name__}")
         self.learner_packs = learner_packs
         self.replay_buffer = replay_buffer
         self.sample_count = int(sample_count)
