@@ -131,6 +131,64 @@ def test_a_device_index_past_the_machines_devices_is_not_available(
         available_device("cuda:4")
 
 
+def test_a_backend_whose_setup_fails_part_way_is_closed() -> None:
+    """A backend's setup that raises after it took something (CUDA: the host slots
+    page-locked, then out of memory for the device slots) is closed by the constructor
+    that raised: nothing else would close it, and the host slots' memory is freed
+    while still registered."""
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    closed = []
+
+    class HalfSetUp(CpuBackend):
+        def setup(self, host_slots, on_complete, on_error):  # type: ignore[no-untyped-def]
+            super().setup(host_slots, on_complete, on_error)
+            raise MemoryError("no room for the device slots")
+
+        def close(self) -> None:
+            closed.append(True)
+
+    with pytest.raises(MemoryError, match="no room"):
+        Pipeline(buffer(), sample_count=8, backend=HalfSetUp())
+    assert closed == [True]
+
+
+def test_the_cuda_backend_unregisters_the_host_slots_when_its_setup_fails(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """CudaBackend.setup registers the host slots (cudaHostRegister), then allocates
+    the device slots: an out-of-memory there unregisters them (made-up CUDA here)."""
+    import contextlib
+
+    import replay_fsm.transfer.cuda as cuda
+
+    registered: dict[int, int] = {}
+
+    class Cudart:
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+            registered[ptr] = size
+            return 0
+
+        def cudaHostUnregister(self, ptr: int) -> int:
+            return 0 if registered.pop(ptr, None) is not None else 713
+
+    def out_of_memory(host_slots, device):  # type: ignore[no-untyped-def]
+        raise torch.OutOfMemoryError("CUDA out of memory")
+
+    for name, value in (("is_available", lambda: True), ("device_count", lambda: 1),
+                        ("current_device", lambda: 0), ("cudart", Cudart),
+                        ("device", lambda device: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    monkeypatch.setattr(cuda, "allocate_like", out_of_memory)
+    backend = cuda.CudaBackend("cuda")
+    slots = [torch.zeros(4, 3).share_memory_() for _ in range(2)]
+    with pytest.raises(torch.OutOfMemoryError):
+        backend.setup(slots, lambda slot: None, lambda exc: None)
+    assert registered == {} and backend.host_pinned is False
+    with pytest.raises(torch.OutOfMemoryError):
+        Pipeline(buffer(), sample_count=8, device="cuda")
+    assert registered == {}
+
+
 def test_an_observer_sees_every_transition_and_span() -> None:
     class Log(Observer):
         def __init__(self) -> None:

@@ -14,6 +14,7 @@ from replay_fsm.errors import IllegalTransition, PipelineClosed, ProtocolError
 from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.spec import SlotState
 from replay_fsm.transfer import registered_backends
+from replay_fsm.transfer.emulated import EmulatedBackend
 from replay_fsm.transfer.manual import ManualBackend
 
 from .backends import CONTRACT, contract_params
@@ -310,6 +311,35 @@ def test_a_ctrl_c_at_the_end_of_the_constructor_leaves_nothing_running() -> None
         for pipe in set(module._OPEN) - registered:
             pipe.close()
         assert not threads_running_on("replay_fsm-", before), k
+
+
+def test_a_ctrl_c_after_the_backends_setup_closes_the_backend(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that lands in the constructor just after ``backend.setup`` (here: as
+    the batch views of the device slots are made) closes the backend: the emulated
+    backend's copy-engine thread stops (on CUDA: the page-locked host slots are
+    unregistered). It was left running, the setup being outside the clean-up's
+    reach."""
+    from replay_fsm.data.layout import Layout
+
+    from .support import threads_running_on
+
+    set_up = []
+
+    class Emulated(EmulatedBackend):
+        def setup(self, *args: object) -> None:
+            super().setup(*args)  # type: ignore[arg-type]
+            set_up.append(True)
+
+    def interrupted(self: Layout, rows: torch.Tensor) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Layout, "views", interrupted)
+    before = {t.ident for t in threading.enumerate()}
+    with pytest.raises(KeyboardInterrupt):
+        Pipeline(buffer(), sample_count=16, backend=Emulated())
+    assert set_up == [True]
+    assert not threads_running_on("replay_fsm-", before)
 
 
 @pytest.mark.parametrize("collector,where", [

@@ -84,7 +84,7 @@ class SeedCudaBackend(CudaBackend):
         self.timing = wanted is not None
         if wanted is not None:
             self.started[slot] = torch.cuda.Event(enable_timing=True)
-            self.ready[slot] = torch.cuda.Event(enable_timing=True)
+            self.ready[slot] = torch.cuda.Event(enable_timing=True, blocking=True)
             self._spans[slot] = (*wanted, time.perf_counter_ns())
         super().submit(order)
 

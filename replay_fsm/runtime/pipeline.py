@@ -237,10 +237,6 @@ class Pipeline:
         # Only a backend that overrides pump needs the learner thread (and the lock
         # released around it) while the learner waits.
         self._pumps = type(self.backend).pump is not TransferBackend.pump
-        self.backend.trace(trace)
-        self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
-        self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
-                       for i in range(self.ring_depth)]
         # Per slot: the request the learner may still pack itself (learner_packs), the
         # rows its tick waits for (min_snapshot_ptr), the pack-done message of the
         # tick it holds, and when its copy began.
@@ -272,6 +268,14 @@ class Pipeline:
             self._link.deliver_here(self._worker.handle)
         try:
             _OPEN.add(self)  # first: a Ctrl-C in it, too, is cleaned up below
+            # Inside the clean-up's reach: a setup that fails part way (CUDA: the host
+            # slots page-locked, then out of memory for the device slots), or a Ctrl-C
+            # after it, closes the backend (close() does) instead of leaving what it
+            # took (registered host memory, a copy-engine thread) behind.
+            self.backend.trace(trace)
+            self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
+            self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
+                           for i in range(self.ring_depth)]
             self._worker.start()
             self._link.start(self._on_packer_error)
         except BaseException:

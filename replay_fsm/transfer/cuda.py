@@ -51,25 +51,37 @@ class CudaBackend(TransferBackend):
         self.on_complete = on_complete
         self.on_error = on_error
         regions = [host_slots] if isinstance(host_slots, torch.Tensor) else list(host_slots)
-        for region in regions:
-            if region.is_pinned():
-                continue
-            ptr = region.data_ptr()
-            err = int(torch.cuda.cudart().cudaHostRegister(
-                ptr, region.numel() * region.element_size(), CUDA_HOST_REGISTER_PORTABLE))
-            if err != 0:
-                self.close()
-                raise RuntimeError(f"cudaHostRegister of the host slots failed: cudaError "
-                                   f"{err}")
-            self._registered.append(ptr)
-        self.host_pinned = True
-        with torch.cuda.device(self.device):
-            self.device_slots = allocate_like(host_slots, self.device)
-            self.stream = torch.cuda.Stream(self.device)
-            n = len(host_slots)
-            self.ready = [torch.cuda.Event(enable_timing=self.timing) for _ in range(n)]
-            self.started = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
-            self.released = [torch.cuda.Event() for _ in range(n)]
+        try:
+            # Under the slot device: a runtime call makes the current device's primary
+            # context if it has none (cuda:1 would otherwise put one on cuda:0 too).
+            with torch.cuda.device(self.device):
+                for region in regions:
+                    if region.is_pinned():
+                        continue
+                    ptr = region.data_ptr()
+                    err = int(torch.cuda.cudart().cudaHostRegister(
+                        ptr, region.numel() * region.element_size(),
+                        CUDA_HOST_REGISTER_PORTABLE))
+                    if err != 0:
+                        raise RuntimeError(f"cudaHostRegister of the host slots failed: "
+                                           f"cudaError {err}")
+                    self._registered.append(ptr)
+                self.host_pinned = True
+                self.device_slots = allocate_like(host_slots, self.device)
+                self.stream = torch.cuda.Stream(self.device)
+                n = len(host_slots)
+                # blocking: the transfer worker sleeps in ready.synchronize() instead of
+                # spinning a core until the copy (and the reads it waits for) ends.
+                self.ready = [torch.cuda.Event(enable_timing=self.timing, blocking=True)
+                              for _ in range(n)]
+                self.started = [torch.cuda.Event(enable_timing=True) for _ in range(n)]
+                self.released = [torch.cuda.Event() for _ in range(n)]
+        except BaseException:
+            # Nothing stays page-locked behind a setup that failed part way (a CUDA
+            # out-of-memory for the device slots): the host slots' memory is freed
+            # later, and a registration left on it outlives the mapping.
+            self.close()
+            raise
 
     def submit(self, order: CopyOrder) -> None:
         slot = order.slot
@@ -107,9 +119,11 @@ class CudaBackend(TransferBackend):
         if self._closed:
             return
         self._closed = True
-        if hasattr(self, "stream"):
-            self.stream.synchronize()
-            torch.cuda.current_stream(self.device).synchronize()
-        while self._registered:
-            torch.cuda.cudart().cudaHostUnregister(self._registered.pop())
-        self.host_pinned = False
+        try:
+            if hasattr(self, "stream"):
+                self.stream.synchronize()
+                torch.cuda.current_stream(self.device).synchronize()
+        finally:  # a device error in the drain still unregisters the host slots
+            while self._registered:
+                torch.cuda.cudart().cudaHostUnregister(self._registered.pop())
+            self.host_pinned = False
