@@ -322,3 +322,30 @@ def test_the_learner_calls_of_each_kept_machine_are_set_side_by_side(
     assert "| batch ready, packer idle (depth 2) | 24.6 / 42.1 | 33.8 / 86.2 |" in text
     assert ("| caches evicted, thread collector | not measured | 137.1 / 215.7 (3.4 x) |"
             in text)
+
+
+def test_the_gpu_check_writes_its_scripts_and_refuses_a_machine_without_cuda(
+        tmp_path: Path) -> None:
+    """benchmarks/gpu_check.sh, the one script a session lent a GPU runs: its Python
+    parts compile, it names the tests it selects as they are, and where torch has no
+    CUDA device it says so and fails (exit 1) instead of reporting a pass."""
+    script = ROOT / "benchmarks/gpu_check.sh"
+    env = {**os.environ, "OUT": str(tmp_path), "PY": sys.executable}
+    out = subprocess.run(["bash", str(script)], cwd=ROOT, env={**env, "GPU_CHECK_WRITE_ONLY": "1"},
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout + out.stderr
+    for name in ("probe.py", "war.py"):
+        source = (tmp_path / "scripts" / name).read_text()
+        compile(source, name, "exec")
+    text = script.read_text()
+    for test in ("test_fields_on_the_device_are_stored_on_the_host",
+                 "test_on_cuda_the_slots_are_pinned_until_close_and_each_copy_is_the_seeds_span"):
+        assert test in text
+        assert any(f"def {test}(" in p.read_text() for p in (ROOT / "tests").glob("test_*.py"))
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA device: the check itself would run")
+    out = subprocess.run(["bash", str(script)], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 1
+    assert "no CUDA device" in (tmp_path / "summary.txt").read_text()
