@@ -189,6 +189,44 @@ def test_the_cuda_backend_unregisters_the_host_slots_when_its_setup_fails(
     assert registered == {}
 
 
+def test_a_failed_cudahostregister_is_named_and_undoes_the_slots_registered_before(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The second host slot's cudaHostRegister fails: the error gives the runtime's
+    number and words, and the first slot is unregistered (made-up CUDA here)."""
+    import contextlib
+
+    import replay_fsm.transfer.cuda as cuda
+
+    registered: dict[int, int] = {}
+
+    class Cudart:
+        cudaError = int
+
+        def cudaHostRegister(self, ptr: int, size: int, flags: int) -> int:
+            if registered:
+                return 712
+            registered[ptr] = size
+            return 0
+
+        def cudaHostUnregister(self, ptr: int) -> int:
+            return 0 if registered.pop(ptr, None) is not None else 713
+
+        def cudaGetErrorString(self, err: int) -> str:
+            return {712: "part or all of the requested memory range is already mapped"}[err]
+
+    for name, value in (("is_available", lambda: True), ("device_count", lambda: 1),
+                        ("current_device", lambda: 0), ("cudart", Cudart),
+                        ("device", lambda device: contextlib.nullcontext())):
+        monkeypatch.setattr(torch.cuda, name, value)
+    backend = cuda.CudaBackend("cuda")
+    slots = [torch.zeros(4, 3).share_memory_() for _ in range(2)]
+    with pytest.raises(RuntimeError) as info:
+        backend.setup(slots, lambda slot: None, lambda exc: None)
+    assert str(info.value) == ("cudaHostRegister of the host slots failed: cudaError 712: "
+                               "part or all of the requested memory range is already mapped")
+    assert registered == {} and backend.host_pinned is False
+
+
 def test_an_observer_sees_every_transition_and_span() -> None:
     class Log(Observer):
         def __init__(self) -> None:

@@ -64,7 +64,7 @@ class CudaBackend(TransferBackend):
                         CUDA_HOST_REGISTER_PORTABLE))
                     if err != 0:
                         raise RuntimeError(f"cudaHostRegister of the host slots failed: "
-                                           f"cudaError {err}")
+                                           f"cudaError {err}{_error_text(err)}")
                     self._registered.append(ptr)
                 self.host_pinned = True
                 self.device_slots = allocate_like(host_slots, self.device)
@@ -127,3 +127,13 @@ class CudaBackend(TransferBackend):
             while self._registered:
                 torch.cuda.cudart().cudaHostUnregister(self._registered.pop())
             self.host_pinned = False
+
+
+def _error_text(err: int) -> str:
+    """": " and the CUDA runtime's own words for error ``err``, or "" where the runtime
+    gives none (a torch whose binding lacks cudaGetErrorString)."""
+    try:
+        cudart = torch.cuda.cudart()
+        return f": {cudart.cudaGetErrorString(cudart.cudaError(err))}"
+    except Exception:  # noqa: BLE001 - the number alone still names the error
+        return ""
