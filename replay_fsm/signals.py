@@ -335,12 +335,14 @@ def join_started(thread: threading.Thread, timeout: float) -> None:
             time.sleep(0.001)
 
 
-def end_worker(worker: Any, join_s: float) -> None:
+def end_worker(worker: Any, join_s: float, *, hung: bool = False) -> None:
     """Join a helper told to stop, a thread or a process, within ``join_s`` seconds;
     a process still alive then is SIGKILLed (one started with
     ``start_ignoring(process, STOP_SIGNALS)`` does not answer ``terminate``, and
     multiprocessing's clean-up at exit would wait for it for ever), even when the
-    join is interrupted. A process never started is left as it is."""
+    join is interrupted. ``hung``: the process was found dead (no heartbeat, no rows:
+    stopped, or stuck) and would not leave: SIGKILLed at once (a thread, which cannot
+    be killed, is joined as usual). A process never started is left as it is."""
     import multiprocessing.process  # here: the protocol layer imports without it
 
     if not isinstance(worker, multiprocessing.process.BaseProcess):
@@ -349,7 +351,7 @@ def end_worker(worker: Any, join_s: float) -> None:
     if worker.pid is None:
         return
     try:
-        worker.join(timeout=join_s)
+        worker.join(timeout=0.0 if hung else join_s)
     finally:
         if worker.is_alive():
             worker.kill()

@@ -182,9 +182,21 @@ def test_a_run_stopped_by_an_error_writes_its_files_and_names_the_error(
         return step(self, *args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(Learner, "step", failing)
+    from replay_fsm.demo import runner
+    ended: list[bool] = []
+    end_worker = runner.end_worker
+
+    def recorded(worker: object, join_s: float, *, hung: bool = False) -> None:
+        ended.append(hung)
+        end_worker(worker, join_s, hung=hung)
+
+    monkeypatch.setattr(runner, "end_worker", recorded)
     with pytest.raises(CollectorDied, match="injected") as info:
         run(DemoConfig(ticks=20, collector="thread", out=tmp_path, sample_count=256,
                        capacity=10_000, envs=32, progress=False))
+    # A collector found dead is not waited for (a process: SIGKILLed at once; it was
+    # joined for 30 s first, which a stopped one never leaves).
+    assert ended == [True]
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert info.value.summary == summary  # type: ignore[attr-defined]
     assert summary["error"] == "CollectorDied: tick 3: injected"

@@ -289,6 +289,42 @@ def test_the_collector_process_outlives_stop_signals_the_learner_decides() -> No
     assert trainer.worker.exitcode == 0  # it left when told
 
 
+@pytest.mark.slow  # the collector's start-up, then a liveness bound of 10 s
+def test_a_stopped_collector_is_killed_at_once_not_waited_for() -> None:
+    """A collector process that stops (SIGSTOP, stuck) fails the run once no row came
+    for liveness_timeout (DataStalled: the pipeline's stall_timeout had stayed at its
+    60 s); the trainer then SIGKILLs it at once. It joined it first for
+    COLLECTOR_JOIN_S (30 s) more, which a collector stopped so never leaves."""
+    import os
+    import signal
+
+    from replay_fsm import DataStalled
+    from replay_fsm.trainers.run import Trainer
+
+    # 10 s: the collector process's start-up (spawn, torch, gymnasium) adds no row
+    # either, on a busy machine too
+    with Trainer(replace(SMALL, collector="process", liveness_timeout=10.0)) as trainer:
+        trainer.run(2)
+        worker = trainer.worker
+        joins: list[float | None] = []
+        join = worker.join
+
+        def recorded(timeout: float | None = None) -> None:
+            joins.append(timeout)
+            join(timeout)
+
+        worker.join = recorded
+        os.kill(worker.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(DataStalled, match=r"for 10\.\d s \(stall_timeout\)"):
+                trainer.run(SMALL.ticks)
+        finally:
+            if worker.is_alive():
+                os.kill(worker.pid, signal.SIGCONT)
+        assert not worker.is_alive() and worker.exitcode == -signal.SIGKILL
+        assert joins[0] == 0.0, joins
+
+
 def test_a_second_ctrl_c_in_the_trainers_close_still_ends_its_collector(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """The collector process ignores SIGTERM: left running, it would hang the

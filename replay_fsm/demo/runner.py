@@ -26,6 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
+from ..errors import CollectorDied, DataStalled
 from ..files import check_writable, write_text
 from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
@@ -132,8 +133,9 @@ def run(config: DemoConfig | None = None,
             except Exception as exc:  # noqa: BLE001 - as above
                 error = exc
     finally:
-        with _after(error):
-            _stop_collector(pipe, stop, worker)
+        with _after(error):  # a collector found dead (stopped, stuck) would not leave
+            _stop_collector(pipe, stop, worker,
+                            hung=isinstance(error, (CollectorDied, DataStalled)))
     with _after(error):
         try:
             summary = _write_files(config, out_dir, pipe, {
@@ -287,17 +289,18 @@ def _start_collector(pipe: Pipeline, worker: Any) -> None:
 
 
 def _stop_collector(pipe: Pipeline, stop: threading.Event, worker: Any,
-                    join_s: float = 30.0) -> None:
+                    join_s: float = 30.0, *, hung: bool = False) -> None:
     """Close the pipeline (an attached collector sees it and leaves), then end the
     collector: joined within ``join_s``, or SIGKILLed if it does not leave (it ignores
-    SIGTERM, so multiprocessing's clean-up at exit would wait for it for ever). Each
-    step runs even when the one before raised (a second Ctrl-C, say)."""
+    SIGTERM, so multiprocessing's clean-up at exit would wait for it for ever), at
+    once when ``hung`` (as ``end_worker``). Each step runs even when the one before
+    raised (a second Ctrl-C, say)."""
     try:
         pipe.close()
     finally:
         stop.set()
         if worker is not None:
-            end_worker(worker, join_s)
+            end_worker(worker, join_s, hung=hung)
 
 
 COMPARE_BLOCKS, COMPARE_TICKS = 3, 20

@@ -238,11 +238,12 @@ class ThreadProcess:
         self.thread.join(timeout)
 
 
-def end_collector(stop: Any, worker: Any, join_s: float) -> None:
+def end_collector(stop: Any, worker: Any, join_s: float, *, hung: bool = False) -> None:
     """Tell the collector to stop, and end it: a thread is joined within ``join_s``, a
-    process joined and then SIGKILLed (it ignores SIGTERM)."""
+    process joined and then SIGKILLed (it ignores SIGTERM); ``hung`` as
+    ``end_worker``'s."""
     stop.set()
-    end_worker(worker, join_s)
+    end_worker(worker, join_s, hung=hung)
 
 
 def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes: EpisodeLog,

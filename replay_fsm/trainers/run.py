@@ -50,7 +50,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from replay_fsm import MAX_RING_DEPTH, CollectorDied, Pipeline, ReplayBuffer  # public API only
+from replay_fsm import (  # public API only
+    MAX_RING_DEPTH,
+    CollectorDied,
+    DataStalled,
+    Pipeline,
+    ReplayBuffer,
+)
 from replay_fsm.core import as_seed
 from replay_fsm.files import check_writable, write_text
 from replay_fsm.runtime.observers import steady_ticks
@@ -182,7 +188,10 @@ class Trainer:
             self.pipe = Pipeline(self.rb, device=self.device,
                                  sample_count=config.sample_count, base_seed=config.seed,
                                  ring_depth=config.ring_depth, collector="external",
-                                 liveness_timeout=config.liveness_timeout)
+                                 liveness_timeout=config.liveness_timeout,
+                                 # as the synchronous trainer's wait_rows: no row added
+                                 # for liveness_timeout fails the run
+                                 stall_timeout=config.liveness_timeout)
         self.worker: Any = None
         self.stop: Any = None
         self._at_exit: Callable[[], None] | None = None  # ends the collector if never closed
@@ -231,8 +240,9 @@ class Trainer:
                 self.tick = t + 1
                 if self._bar is not None:
                     _show(self._bar, t, self)
-        except BaseException:
-            self.close()
+        except BaseException as exc:
+            # A collector found dead (stopped, stuck) is not given time to leave.
+            self.close(hung=isinstance(exc, (CollectorDied, DataStalled)))
             error = getattr(self.worker, "error", None)
             if error is not None:
                 raise CollectorDied(f"the SAC collector thread failed: {error!r}") from error
@@ -249,11 +259,12 @@ class Trainer:
         result["machine"]["loadavg_start"] = self.load_start  # other users of the cores
         return result
 
-    def close(self) -> None:
+    def close(self, *, hung: bool = False) -> None:
         """Stop the collector and the pipeline; idempotent. The collector is told and
         ended even when a step before raised (a second Ctrl-C, say): a collector
         process ignores SIGTERM, so one left running would hang the interpreter's
-        exit; it is SIGKILLed if it does not leave within COLLECTOR_JOIN_S."""
+        exit; it is SIGKILLed if it does not leave within COLLECTOR_JOIN_S, or at once
+        when ``hung`` (the run found it dead or stalled: CollectorDied, DataStalled)."""
         try:
             if self._bar is not None:
                 self._bar.close()
@@ -262,7 +273,7 @@ class Trainer:
                 self.pipe.close()
         finally:
             if self.worker is not None:
-                end_collector(self.stop, self.worker, COLLECTOR_JOIN_S)
+                end_collector(self.stop, self.worker, COLLECTOR_JOIN_S, hung=hung)
             if self._at_exit is not None:
                 atexit.unregister(self._at_exit)
                 self._at_exit = None
