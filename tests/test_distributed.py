@@ -57,6 +57,23 @@ def test_rank_seed_formula_and_device_choice() -> None:
                 local_device(0, device)
 
 
+def test_ranks_start_one_network_and_collect_their_own_experience() -> None:
+    """Data-parallel: every rank's learner starts from the same parameters (averaged
+    gradients then keep them equal); each rank's environments and batches are its
+    own."""
+    from replay_fsm.demo.learner import Learner
+    config = DemoConfig(seed=5)
+    ranks = [config.for_rank(r, rank_seed(config.batch_seed, r), "cpu") for r in range(3)]
+    assert len({r.collector_seed for r in ranks}) == 3
+    assert len({r.batch_seed for r in ranks}) == 3
+    learners = [Learner.create(torch.device("cpu"), r.seed) for r in ranks]
+    for other in learners[1:]:
+        for a, b in zip(learners[0].critic.parameters(), other.critic.parameters(),
+                        strict=True):
+            assert torch.equal(a, b)
+        assert torch.equal(learners[0].policy, other.policy)
+
+
 @pytest.fixture(autouse=True)
 def temp_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
                            monkeypatch: pytest.MonkeyPatch) -> Path:

@@ -19,7 +19,8 @@ class DemoConfig:
     The run: ``ticks``, ``device``, ``ring_depth``, ``collector`` ("process" or
     "thread"), ``out`` (the output folder), ``checked`` (checked mode),
     ``sample_count``, ``capacity`` (replay rows), ``envs`` (parallel environments),
-    ``seed`` (environment and network seeds), ``progress`` (a tqdm bar),
+    ``seed`` (environment and network seeds; a rank's environments take
+    ``collector_seed``), ``progress`` (a tqdm bar),
     ``learner_threads`` (torch threads of the learner; 1 leaves the collector a core
     on a small machine, None keeps torch's default).
 
@@ -85,12 +86,21 @@ class DemoConfig:
         return self.seed if self.base_seed is None else self.base_seed
 
     @property
+    def collector_seed(self) -> int:
+        """The seed of the collector's environments: ``seed + rank`` for a rank, so
+        each rank collects its own experience (the network's seed, ``seed``, is every
+        rank's: data-parallel replicas start equal and, their gradients averaged,
+        stay equal)."""
+        return self.seed + (self.rank or 0)
+
+    @property
     def suffix(self) -> str:
         """The file-name suffix of this rank's outputs ("" for a single run)."""
         return "" if self.rank is None else f"-rank{self.rank}"
 
     def for_rank(self, rank: int, base_seed: int, device: str) -> DemoConfig:
-        """This run as rank ``rank`` of a multi-rank job: its own seeds and device."""
+        """This run as rank ``rank`` of a multi-rank job: its own batches, environments
+        (``collector_seed``) and device; the same network as every rank."""
         return dataclasses.replace(self, rank=rank, base_seed=base_seed,
-                                   seed=self.seed + rank, device=device, progress=False,
+                                   device=device, progress=False,
                                    collector="process")

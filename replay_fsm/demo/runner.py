@@ -270,7 +270,7 @@ def _make_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,
                     stop: threading.Event) -> Any:
     """The demo's collector, not started yet: a spawned process that ignores the stop
     signals (``collect_process``), or a thread."""
-    args = (rb, pipe.packer_handle(), config.envs, config.seed)
+    args = (rb, pipe.packer_handle(), config.envs, config.collector_seed)
     if config.collector == "thread":
         return threading.Thread(target=collect, args=(*args, stop, config.collect_steps),
                                 daemon=True)
