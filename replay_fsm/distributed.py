@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
 import json
 import os
 import signal
@@ -105,11 +106,13 @@ class AgreedInterrupt:
     left waiting in a collective the others never join (the launcher would kill it
     after 30 s), and each writes its summary and trace as a single-process run does
     on Ctrl-C. Installs its handlers for the life of the with-block (main thread
-    only).
+    only). ``peer_timeout``: the bound the process group was made with, for the
+    error of a collective that ran out of it.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, peer_timeout: float | None = None) -> None:
         self.signum: int | None = None  # the stop signal this rank got, if any
+        self.peer_timeout = peer_timeout
 
     @property
     def requested(self) -> bool:
@@ -132,31 +135,39 @@ class AgreedInterrupt:
 
         Raises:
             KeyboardInterrupt: some rank got a stop signal (every rank raises here).
+            RuntimeError: a collective failed: a rank is gone, or stopped or stuck for
+                longer than ``peer_timeout`` (torch's error chained).
         """
         import torch.distributed as dist
         device = tensors[0].device if tensors else torch.device("cpu")
         flags = torch.tensor([float(self.requested)], device=device)
-        dist.all_reduce(flags)
-        if flags.item() > 0:
-            raise KeyboardInterrupt
-        world = dist.get_world_size()
-        for t in tensors:
-            dist.all_reduce(t)
-            t.div_(world)
+        try:
+            dist.all_reduce(flags)
+            if flags.item() > 0:
+                raise KeyboardInterrupt
+            world = dist.get_world_size()
+            for t in tensors:
+                dist.all_reduce(t)
+                t.div_(world)
+        except RuntimeError as exc:
+            bound = "" if self.peer_timeout is None else f" for {self.peer_timeout:g} s"
+            raise RuntimeError(f"an all-reduce across the ranks failed: a rank is gone, or "
+                               f"did not join it{bound} (peer_timeout; stopped or stuck): "
+                               f"{exc}") from exc
 
 
 def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any]:
     """The body of one rank: ``config`` as this rank (its seeds and device), its
-    collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``
-    and ``config.interrupt_at`` apply only to ``kill_rank`` (fault injection for
-    tests). Ctrl-C stops every rank at the same step (``AgreedInterrupt``)."""
+    collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``,
+    ``config.interrupt_at`` and ``config.freeze_at`` apply only to ``kill_rank``
+    (fault injection for tests). Ctrl-C stops every rank at the same step (``AgreedInterrupt``)."""
     import torch.distributed as dist
 
     from .demo import run
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     out = Path(config.out)
     try:
-        with AgreedInterrupt() as interrupt:
+        with AgreedInterrupt(config.peer_timeout) as interrupt:
             # Until the ranks have joined, a stop signal ends this rank at once, as its
             # default does: nothing is written yet, and a rank waiting in the
             # rendezvous for one that died must not make the launcher wait its 30 s
@@ -169,11 +180,15 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
                 backend = "nccl" if device.type == "cuda" else "gloo"
                 if device.type == "cuda":
                     torch.cuda.set_device(device)
-                dist.init_process_group(backend)
+                # A bound on each collective: a peer stopped or stuck fails the job
+                # after peer_timeout, not after torch's default of 30 minutes.
+                dist.init_process_group(
+                    backend, timeout=datetime.timedelta(seconds=config.peer_timeout))
             # From here a stop signal is recorded, and every rank stops at one step.
             mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
             if rank != kill_rank:
-                mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None)
+                mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None,
+                                           freeze_at=None)
             summary = run(mine, all_reduce=interrupt.all_reduce_mean)
         if interrupt.signum is not None:
             # This rank got a stop signal. A launcher that is stopping (the terminal's

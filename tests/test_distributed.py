@@ -248,6 +248,22 @@ def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
     assert (tmp_path / "transitions-rank1.jsonl").stat().st_size > 0
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_stuck_rank_ends_the_job_after_the_peer_timeout(tmp_path: Path) -> None:
+    """Rank 1 stops (SIGSTOP) at tick 3: rank 0, waiting in the all-reduce, fails
+    after peer_timeout instead of torch's 30 minutes, and the launcher ends the job."""
+    t0 = time.monotonic()
+    with pytest.raises(RankFailed) as info:
+        launch(2, options(tmp_path, ticks=40, freeze_at=3, peer_timeout=5.0,
+                          verify_data=False), kill_rank=1)
+    assert info.value.rank == 0, str(info.value)
+    assert "peer_timeout" in str(info.value), str(info.value)
+    assert time.monotonic() - t0 < 240  # the peer's 5 s, then the launcher's own 30 s
+    failed = json.loads((tmp_path / "summary-rank0.json").read_text())
+    assert failed["interrupted"] and failed["ticks"] >= 3 and "peer_timeout" in failed["error"]
+
+
 LAUNCH_AND_REPORT = """
 import sys
 from replay_fsm.demo import DemoConfig

@@ -8,7 +8,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import as_ring_depth
+from ..core import as_ring_depth, as_seconds
 from ..signals import STOP_SIGNALS
 
 
@@ -24,14 +24,17 @@ class DemoConfig:
     ``learner_threads`` (torch threads of the learner; 1 leaves the collector a core
     on a small machine, None keeps torch's default).
 
-    One rank of a multi-rank run: ``rank`` (None: a single-process run) and
+    One rank of a multi-rank run: ``rank`` (None: a single-process run),
     ``base_seed`` (the batches' seed, default ``seed``; see
-    ``replay_fsm.distributed.rank_seed``).
+    ``replay_fsm.distributed.rank_seed``) and ``peer_timeout`` (seconds a rank waits
+    in an all-reduce for the others before it fails: a rank stopped or stuck would
+    otherwise hold the job for torch's 30 minutes).
 
     Checks and fault injection, for tests: ``collect_steps`` stops the collector
     stepping after that many steps (the storage then holds still) and
     ``verify_data`` checks every batch bit for bit (INV-DATA);
     ``kill_collector_at`` SIGKILLs the collector process at that tick;
+    ``freeze_at`` SIGSTOPs this rank at that tick (a rank only: a stuck peer);
     ``interrupt_at`` sends ``interrupt_signal`` (SIGINT, Ctrl-C; SIGTERM, a
     scheduler's stop; or SIGHUP, a closed terminal) at that tick to this process, or
     for a rank, to its whole process group as a terminal or a batch scheduler does
@@ -59,6 +62,8 @@ class DemoConfig:
     collect_steps: int | None = None
     verify_data: bool = False
     kill_collector_at: int | None = None
+    freeze_at: int | None = None
+    peer_timeout: float = 120.0
     interrupt_at: int | None = None
     interrupt_signal: int = signal.SIGINT
 
@@ -76,6 +81,7 @@ class DemoConfig:
                              + ", ".join(signal.Signals(s).name for s in STOP_SIGNALS)
                              + f"), got {self.interrupt_signal!r}")
         as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
+        as_seconds("peer_timeout", self.peer_timeout)
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
                              f"{self.collector!r}")

@@ -94,6 +94,8 @@ def run(config: DemoConfig | None = None,
                 t0 = time.perf_counter()
                 if config.kill_collector_at == tick and config.collector == "process":
                     worker.kill()  # fault injection: the collector crashes
+                if config.freeze_at == tick and config.rank is not None:
+                    os.kill(os.getpid(), signal.SIGSTOP)  # fault injection: a stuck rank
                 if config.interrupt_at == tick:  # fault injection: Ctrl-C or SIGTERM
                     if config.rank is None:
                         os.kill(os.getpid(), config.interrupt_signal)
