@@ -27,6 +27,12 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
     from .trainers.cli import learner_threads, progress  # torch-free
     args.out = args.out or "."  # --out "": this folder, and the paths printed say so
+    if args.device == "auto" and args.nproc == 1:  # as each rank of --nproc N takes it
+        import torch
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.nproc > 1 and args.collector == "thread":
+        raise ValueError("--collector thread takes one rank: each rank of --nproc N runs "
+                         "its collector in a process of its own")
     config = DemoConfig(ticks=args.ticks, device=args.device, ring_depth=args.ring_depth,
                         collector=args.collector, out=args.out, checked=args.checked,
                         sample_count=args.sample_count,
@@ -168,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--ticks", type=int, default=300,
                       help="learner ticks; the comparison with synchronous sampling then "
                       "runs 60 more of each")
-    demo.add_argument("--device", default="cpu", help="the learner's device: cpu, cuda, ...")
+    demo.add_argument("--device", default="cpu",
+                      help="the learner's device: cpu, cuda, ..., or auto (cuda where there "
+                      "is one)")
     demo.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (2-64)")
     demo.add_argument("--collector", choices=["process", "thread"], default="process",
                       help="where the demo's collector steps its environments")

@@ -85,8 +85,10 @@ def local_device(local_rank: int, device: str = "auto") -> torch.device:
     cuda:0. ``launch`` makes sure its ranks, which see the same GPUs, have one each.
 
     Raises:
-        ValueError: a device this machine lacks (``transfer.available_device``).
+        ValueError: a device this machine lacks (``transfer.available_device``), a
+            negative ``local_rank``.
     """
+    local_rank = as_count("local_rank", local_rank, 0)
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     chosen = available_device(device)  # the library's errors for one it lacks
@@ -160,10 +162,19 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
     """The body of one rank: ``config`` as this rank (its seeds and device), its
     collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``,
     ``config.interrupt_at`` and ``config.freeze_at`` apply only to ``kill_rank``
-    (fault injection for tests). Ctrl-C stops every rank at the same step (``AgreedInterrupt``)."""
+    (fault injection for tests). Ctrl-C stops every rank at the same step
+    (``AgreedInterrupt``).
+
+    Raises:
+        RuntimeError: outside a rank (``RANK``, ``WORLD_SIZE``, ... not set).
+    """
     import torch.distributed as dist
 
     from .demo import run
+    missing = [name for name in RANK_ENV if name not in os.environ]
+    if missing:
+        raise RuntimeError(f"{', '.join(missing)} not set: rank_main is the body of a rank "
+                           "that launch() or torchrun starts")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     out = Path(config.out)
     try:
@@ -217,13 +228,16 @@ RANK_FILES = ("trace-rank{rank}.json", "transitions-rank{rank}.jsonl",
               "summary-rank{rank}.json")
 
 
-def merge_traces(out: Path, nproc: int) -> Path:
-    """One Perfetto trace with a process track per rank."""
+def merge_traces(out: Path, nproc: int) -> Path | None:
+    """One Perfetto trace with a process track per rank; None, and no file, where no
+    rank wrote its trace (a stop before they started)."""
     events: list[dict[str, Any]] = []
-    for rank in range(nproc):
-        path = out / f"trace-rank{rank}.json"
-        if path.exists():
-            events += json.loads(path.read_text())["traceEvents"]
+    written = [out / f"trace-rank{rank}.json" for rank in range(nproc)]
+    written = [path for path in written if path.exists()]
+    if not written:
+        return None
+    for path in written:
+        events += json.loads(path.read_text())["traceEvents"]
     merged = out / "trace.json"
     write_text(merged, json.dumps({"traceEvents": events, "displayTimeUnit": "ms"}))
     return merged

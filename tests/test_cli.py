@@ -144,6 +144,15 @@ def test_demo_with_fewer_than_one_rank(capsys: pytest.CaptureFixture[str], tmp_p
         assert f"--nproc must be >= 1, got {bad}" in err
 
 
+def test_demo_with_a_thread_collector_for_several_ranks(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Each rank runs its collector in a process: --collector thread was ignored."""
+    err = one_line_error(capsys, main(["demo", "--nproc", "2", "--collector", "thread",
+                                       "--ticks", "2", "--out", str(tmp_path),
+                                       "--no-progress"]))
+    assert "--collector thread takes one rank" in err
+
+
 def test_explore_with_bad_ticks(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("-1", "0"):  # not a deadlock, not "no violation" about nothing
         err = one_line_error(capsys, main(["explore", "--ticks", bad]))

@@ -57,6 +57,21 @@ def test_rank_seed_formula_and_device_choice() -> None:
                 local_device(0, device)
 
 
+def test_misuse_outside_a_rank_is_named(monkeypatch: pytest.MonkeyPatch,
+                                        tmp_path: Path) -> None:
+    """rank_main outside torchrun raised KeyError: 'RANK'; local_device(-1) gave the
+    CPU; a launch stopped before any rank wrote its trace left an empty trace.json."""
+    from replay_fsm.distributed import RANK_ENV, merge_traces, rank_main
+    for name in RANK_ENV:
+        monkeypatch.delenv(name, raising=False)
+    with pytest.raises(RuntimeError, match="^RANK, LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, "
+                                           "MASTER_PORT not set: rank_main is the body"):
+        rank_main(options(tmp_path))
+    with pytest.raises(ValueError, match="local_rank must be an int >= 0, got -1"):
+        local_device(-1)
+    assert merge_traces(tmp_path, 2) is None and not (tmp_path / "trace.json").exists()
+
+
 def test_ranks_start_one_network_and_collect_their_own_experience() -> None:
     """Data-parallel: every rank's learner starts from the same parameters (averaged
     gradients then keep them equal); each rank's environments and batches are its
