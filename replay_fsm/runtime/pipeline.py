@@ -185,6 +185,11 @@ class Pipeline:
         self._lock = threading.RLock()
         self._observing: int | None = None  # the thread running the observers, if any
         self._cv = threading.Condition(self._lock)
+        # One close at a time: a second (another thread's) waits for the first to
+        # finish, then returns; the link's, worker's and backend's stops and closes
+        # are not safe from two threads at once. Not the step lock: the learner
+        # needs that while close joins the other sides.
+        self._close_lock = threading.RLock()
         self._closed = False
         self._pid = os.getpid()  # the process whose threads and packer these are
         self._stopped = False  # close() finished: link, worker and backend stopped
@@ -594,22 +599,24 @@ class Pipeline:
             self._closed = True
             return
         try:
-            with self._lock:
-                if self._stopped:
-                    return
-            self.forced = self._stop_sides()
-            with self._closing_step():
-                self.backend.close()
-            # Let go of the slots so their memory is freed now (the learner's batches
-            # keep theirs): the closed pipeline may live on, in reference cycles too.
-            self._views = []
-            self.host_slots = self._link.host_slots = []
-            with self._closing_step():
-                self.backend.release_slots()
-            self._stopped = True
-            _OPEN.discard(self)
-            if self._close_error is not None:
-                raise self._close_error
+            with self._close_lock:
+                with self._lock:
+                    if self._stopped:
+                        return
+                self.forced = self._stop_sides()
+                with self._closing_step():
+                    self.backend.close()
+                # Let go of the slots so their memory is freed now (the learner's
+                # batches keep theirs): the closed pipeline may live on, in reference
+                # cycles too.
+                self._views = []
+                self.host_slots = self._link.host_slots = []
+                with self._closing_step():
+                    self.backend.release_slots()
+                self._stopped = True
+                _OPEN.discard(self)
+                if self._close_error is not None:
+                    raise self._close_error
         finally:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
@@ -728,9 +735,16 @@ class Pipeline:
                 started = now  # the first slice is judged even past the deadline
             elif deadline is not None and now / 1e9 >= deadline:
                 break
-            if deadline is None and state is SlotState.REQUESTED and self._take_locked(
-                    tick, slot):
-                continue  # packed here; its pack-done message goes to the worker
+            if deadline is None and state is SlotState.REQUESTED:
+                if self._take_locked(tick, slot):
+                    continue  # packed here; its pack-done message goes to the worker
+                # The take may have let go of the lock: a close or a failure, or the
+                # batch made READY (its notify_all missed), came meanwhile. Look
+                # again before judging a state that may be gone or waiting a slice.
+                self._raise_if_unusable()
+                state = self._core.state(slot)
+                if state in AVAILABLE:
+                    break
             if state is SlotState.REQUESTED:
                 rows = rows or RowWatch(self.stall_timeout)
             self._judge_locked(tick, slot, state, now, rows)

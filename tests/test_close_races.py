@@ -1,0 +1,190 @@
+"""Races of close() and of the learner's own pack (``learner_packs``) with the other
+threads: the learner's take lets go of the pipeline's lock, so the wait must look
+again after it; two closes at once must not run the stops side by side."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.data.packer import Packer
+from replay_fsm.errors import PipelineClosed, PipelineFailed
+from replay_fsm.spec import SlotState
+from replay_fsm.transfer.cpu import CpuBackend
+
+N = 64
+
+
+def buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(1000, 3, 2)
+    rb.add_packed(torch.randn(200, rb.width))
+    return rb
+
+
+def during_take(pipe: Pipeline, act: Any) -> None:
+    """Run ``act()`` to its end on another thread while the learner is inside its
+    take (the pipeline's lock released), then let the take go on."""
+    link: Any = pipe._link
+    original = link.take
+
+    def take(request: Any, timeout: float, *, give_up: Any = None) -> Any:
+        helper = threading.Thread(target=act)
+        helper.start()
+        helper.join(30)
+        return original(request, timeout, give_up=give_up)
+
+    link.take = take
+
+
+@pytest.mark.parametrize("collector", ["thread", "external"])
+def test_a_close_while_the_learner_packs_its_batch_raises_pipeline_closed(
+        collector: str) -> None:
+    """INV-STICKY: a call on a pipeline another thread closed raises PipelineClosed,
+    not the watchdog's verdict on the sides close stopped ("the packer thread exited",
+    "the transfer worker thread exited")."""
+    pipe = Pipeline(buffer(), sample_count=N, collector=collector)
+    if collector == "thread":  # the packer thread must leave the request to the learner
+        packer: Any = pipe._link._packer
+        packer.service = lambda timeout=0.0: (threading.Event().wait(timeout), False)[1]
+    during_take(pipe, pipe.close)
+    pipe.start_prepare(0, N)
+    with pytest.raises(PipelineClosed):
+        pipe.sample_large_batch(0, N)
+    pipe.close()
+
+
+def test_a_batch_made_ready_during_the_learners_take_ends_the_wait_at_once() -> None:
+    """The collector serves the tick while the learner's take has the lock released:
+    the take finds nothing left, and the wait returns the READY batch without a wait
+    slice (the copy's notify_all came while the learner was not waiting)."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external")
+    collector = Packer.attach(pipe.packer_handle(), rb)
+
+    def serve() -> None:
+        while not collector.service(timeout=0.01):
+            pass
+        # the copy's notify_all, while the learner is in its take (a timed wait: no
+        # take of its own)
+        assert pipe.wait_until_ready(0, N, timeout=30)
+        assert pipe.states[0] is SlotState.READY
+
+    during_take(pipe, serve)
+    waits: list[float | None] = []
+    learner = threading.get_ident()
+
+    class Counting(threading.Condition):
+        def wait(self, timeout: float | None = None) -> bool:
+            if threading.get_ident() == learner:
+                waits.append(timeout)
+            return super().wait(timeout)
+
+    pipe._cv = Counting(pipe._lock)
+    pipe.start_prepare(0, N)
+    pipe.sample_large_batch(0, N)
+    assert waits == []
+    pipe.close()
+
+
+class SlowClose(CpuBackend):
+    """A backend whose close takes a while and counts the closes inside it at once."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inside = self.most = self.calls = 0
+
+    def close(self) -> None:
+        self.calls += 1
+        self.inside += 1
+        self.most = max(self.most, self.inside)
+        time.sleep(0.2)
+        self.inside -= 1
+
+
+def test_two_closes_at_once_run_the_stops_once_and_both_return_closed() -> None:
+    """INV-CLOSE, idempotent from two threads: the second close waits for the first
+    and returns, neither raises, and the stops run once."""
+    backend = SlowClose()
+    pipe = Pipeline(buffer(), sample_count=N, backend=backend)
+    pipe.start_prepare(0, N)
+    errors: list[BaseException] = []
+    stopped: list[bool] = []
+    barrier = threading.Barrier(2)
+
+    def close() -> None:
+        barrier.wait()
+        try:
+            pipe.close()
+        except BaseException as exc:  # noqa: BLE001 - the test's verdict
+            errors.append(exc)
+        stopped.append(pipe._stopped)
+
+    threads = [threading.Thread(target=close) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == []
+    assert stopped == [True, True]
+    assert (backend.calls, backend.most) == (1, 1)
+
+
+class Boom(RuntimeError):
+    pass
+
+
+class SubmitRaisesOnTheWorker(CpuBackend):
+    def submit(self, order: Any) -> None:
+        if threading.current_thread().name == "replay_fsm-transfer":
+            raise Boom("the backend's submit failed")
+        super().submit(order)
+
+
+def test_a_failure_while_the_learner_packs_is_raised_chained_to_its_cause() -> None:
+    """INV-STICKY: the transfer worker fails the run (its backend's submit raised) and
+    exits while the learner is inside its take: the learner raises PipelineFailed
+    chained to that error, not the watchdog's "the transfer worker thread exited"."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external",
+                    backend=SubmitRaisesOnTheWorker())
+    collector = Packer.attach(pipe.packer_handle(), rb)
+
+    def serve_and_let_the_worker_fail() -> None:
+        while not collector.service(timeout=0.01):
+            pass
+        pipe._worker._thread.join(30)
+
+    during_take(pipe, serve_and_let_the_worker_fail)
+    pipe.start_prepare(0, N)
+    with pytest.raises(PipelineFailed) as info:
+        pipe.sample_large_batch(0, N)
+    assert isinstance(info.value.__cause__, Boom)
+    pipe.close()
+
+
+def test_the_trace_can_be_read_while_other_threads_append_to_it() -> None:
+    """Tracer readers run while the pipeline's threads record transitions (a demo
+    interrupted mid-run writes its files with copies still completing): an event
+    appended during a read, as another thread's would be, does not break it."""
+    from replay_fsm.runtime.tracer import Tracer
+
+    tracer = Tracer(capacity=4)
+
+    class Appends(dict):  # type: ignore[type-arg]
+        """An event whose reading lets "another thread" record one more."""
+
+        def __getitem__(self, key: str) -> Any:
+            tracer._events.append(Appends(self))
+            return super().__getitem__(key)
+
+    event = {"kind": "span", "name": "pack", "actor": "packer", "start_ns": 0,
+             "end_ns": 1, "tick": 0, "slot": 0, "args": {}}
+    for _ in range(4):
+        tracer._events.append(Appends(event))
+    assert tracer.transitions() == []
+    assert len(tracer.chrome_trace()["traceEvents"]) > 4
