@@ -59,7 +59,9 @@ class Tracer(Observer):
         return list(self._events)
 
     def transitions(self) -> list[dict[str, Any]]:
-        return [e for e in self._events if e["kind"] == "transition"]
+        # Over a copy (one C call): the pipeline's threads append while a run goes on,
+        # and a deque mutated under a Python loop over it raises.
+        return [e for e in list(self._events) if e["kind"] == "transition"]
 
     def write_transitions(self, path: str | os.PathLike[str]) -> Path:
         """A JSON-lines transition log, one record a line (for check-trace). A log
@@ -89,9 +91,10 @@ class Tracer(Observer):
             events.append({"ph": "M", "name": "thread_name", "pid": pids["actors"],
                            "tid": tid, "args": {"name": actor}})
         open_state: dict[int, dict[str, Any]] = {}
-        t0 = min((e.get("time_ns", e.get("start_ns", 0)) for e in self._events), default=0)
+        recorded = list(self._events)  # a copy, as transitions() takes
+        t0 = min((e.get("time_ns", e.get("start_ns", 0)) for e in recorded), default=0)
         slots: set[int] = set()
-        for e in self._events:
+        for e in recorded:
             if e["kind"] == "transition":
                 slot = e["slot"]
                 slots.add(slot)
