@@ -651,8 +651,11 @@ def test_a_watched_process_that_exits_is_named() -> None:
     its default name is "the collector process". Kills
     replay_fsm.runtime.pipeline.xǁPipelineǁwatch mutants 1, 2 and 4."""
 
+    # learner_packs=False: a learner that packed tick 0 itself may find it SUBMITTED
+    # (the worker quicker than its next slice), and a SUBMITTED wait asks the
+    # (manual) backend, never the collector: TransferFailed after 60 s.
     with Pipeline(buffer(), sample_count=8, collector="external", backend="manual",
-                  liveness_timeout=60) as pipe:
+                  liveness_timeout=60, learner_packs=False) as pipe:
         pipe.watch(Exited())
         pipe.start_prepare(0, 8)
         with pytest.raises(CollectorDied) as info:
