@@ -188,3 +188,74 @@ def test_the_trace_can_be_read_while_other_threads_append_to_it() -> None:
         tracer._events.append(Appends(event))
     assert tracer.transitions() == []
     assert len(tracer.chrome_trace()["traceEvents"]) > 4
+
+
+def test_close_from_another_thread_waits_for_the_learners_own_pack() -> None:
+    """INV-CLOSE: no pack in flight once close() returns. A close from another
+    thread while the learner packs its batch itself (the lock let go) returned
+    while the learner still wrote the host slot."""
+    pipe = Pipeline(buffer(), sample_count=N, collector="external")
+    order: list[str] = []
+    link: Any = pipe._link
+    original = link.take
+
+    def closer() -> None:
+        pipe.close()
+        order.append("close returned")
+
+    closing = threading.Thread(target=closer)
+
+    def take(request: Any, timeout: float, *, give_up: Any = None) -> Any:
+        closing.start()
+        closing.join(2.0)  # close returns meanwhile only if it does not wait for us
+        took = original(request, timeout, give_up=give_up)
+        order.append("pack ended")
+        return took
+
+    link.take = take
+    pipe.start_prepare(0, N)
+    with pytest.raises(PipelineClosed):
+        pipe.sample_large_batch(0, N)
+    closing.join(30)
+    assert order == ["pack ended", "close returned"]
+    assert pipe.forced == []
+
+
+def test_close_ends_a_learners_pack_held_up_by_a_stopped_writer() -> None:
+    """The learner's own gather reads again rows an add (a writer stopped inside it)
+    is writing: a close from another thread, which waits for that pack, ends it with
+    PipelineClosed (its give_up sees the close) well before liveness_timeout (60 s
+    here), and forces nothing (the wait for the pack did not run out)."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    link: Any = pipe._link
+    original = link.take
+    taking = threading.Event()
+
+    def take(request: Any, timeout: float, *, give_up: Any = None) -> Any:
+        taking.set()
+        return original(request, timeout, give_up=give_up)
+
+    link.take = take
+    got: list[BaseException] = []
+
+    def learner() -> None:
+        try:
+            pipe.sample_large_batch(0, N)
+        except BaseException as exc:  # noqa: BLE001 - the test's verdict
+            got.append(exc)
+
+    pipe.start_prepare(0, N)
+    rb._seq += 1  # every region being written, by no process found dead
+    try:
+        thread = threading.Thread(target=learner)
+        thread.start()
+        assert taking.wait(30)
+        pipe.close()
+        thread.join(30)
+        assert not thread.is_alive()
+    finally:
+        rb._seq += 1
+        thread.join(60)
+    assert len(got) == 1 and isinstance(got[0], PipelineClosed), got
+    assert pipe.forced == []

@@ -191,6 +191,9 @@ class Pipeline:
         # needs that while close joins the other sides.
         self._close_lock = threading.RLock()
         self._closed = False
+        # The thread packing a batch itself (learner_packs), the lock let go: close
+        # waits for it, as for the packer (INV-CLOSE: no pack in flight after close).
+        self._taker: int | None = None
         self._pid = os.getpid()  # the process whose threads and packer these are
         self._stopped = False  # close() finished: link, worker and backend stopped
         # What an observer raised at close, raised by the close that finishes (a
@@ -634,12 +637,18 @@ class Pipeline:
         next one) and stop the collector link and the transfer worker, each within
         STOP_TIMEOUT_S; returns what had to be forced. The part of ``close`` the exit
         hook runs too."""
+        forced: list[str] = []
         with self._lock:
             if not self._closed:
                 error = self._close_core()  # an observer's, raised by close
                 self._close_error = self._close_error or error
             self._cv.notify_all()
-        forced: list[str] = []
+            # A learner thread inside its own pack ends it (its give_up sees the
+            # close when held up): not this thread's (a handler of its own).
+            taker = self._taker
+            if taker not in (None, threading.get_ident()) and not self._cv.wait_for(
+                    lambda: self._taker is None, STOP_TIMEOUT_S):
+                forced.append(f"the learner's own pack on thread {taker}")
         for stop in (self._link.stop, self._worker.stop):
             with self._closing_step():  # a custom link's that raises: the worker still
                 forced += stop(STOP_TIMEOUT_S)
@@ -810,6 +819,8 @@ class Pipeline:
             # or fails). The packer bounds the second by liveness_timeout itself.
             if DEFERRED:
                 raise_deferred(within_step=True)
+            if self._closed:  # another thread's close waits for this pack to end
+                raise PipelineClosed("the pipeline was closed while the learner packed")
             now = time.monotonic_ns()
             # Owed as a wait judges it: an external collector's silence counts only
             # liveness_timeout after the learner saw the rows (they are there: the
@@ -819,6 +830,7 @@ class Pipeline:
                                              self._owed(slot, True, now), now)
             if failure is not None:
                 raise failure
+        self._taker = threading.get_ident()
         self._cv.release()
         try:
             took = self._link.take(request, WAIT_SLICE_S, give_up=give_up)
@@ -826,9 +838,13 @@ class Pipeline:
             took, error = None, exc
         finally:
             self._cv.acquire()
+            self._taker = None
+            self._cv.notify_all()  # a close waiting for this pack
         if error is not None:
-            # A chunk may be ours and never counted: the slot could never fill.
-            self._fail_locked(error)
+            # A chunk may be ours and never counted: the slot could never fill. (A
+            # pipeline closed meanwhile is closed, not failed: its close ended it.)
+            if not self._closed:
+                self._fail_locked(error)
             self._raise_if_unusable()
         if took is None and self._core.pending and self._core.pending[0][0] == tick:
             self._requests[slot] = request  # could not look now: again next slice
