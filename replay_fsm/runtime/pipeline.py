@@ -305,12 +305,13 @@ class Pipeline:
                 (the seed's queues).
             PipelineClosed: the pipeline is closed (as every call after ``close()``).
         """
-        if self._closed:
-            raise PipelineClosed("the pipeline is closed; its packer handle is gone")
-        if not isinstance(self._link, ChannelLink):
-            raise ValueError(f"this pipeline's collector ({self._link.kind}) has no "
-                             "packer handle")
-        return self._link.handle
+        with self._lock:  # close stops the link only once it marked itself closed
+            if self._closed:
+                raise PipelineClosed("the pipeline is closed; its packer handle is gone")
+            if not isinstance(self._link, ChannelLink):
+                raise ValueError(f"this pipeline's collector ({self._link.kind}) has no "
+                                 "packer handle")
+            return self._link.handle
 
     def watch(self, process: Any, what: str = "the collector process") -> None:
         """Fail fast with CollectorDied when ``process`` dies: a
