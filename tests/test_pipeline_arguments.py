@@ -175,3 +175,22 @@ def test_watch_refuses_what_is_not_a_process_at_once(process: object, lacks: str
         pipe.start_prepare(0, 8)
         pipe.sample_large_batch(0, 8)
     assert pipe.closed
+
+
+def _leaves() -> None:
+    pass
+
+
+def test_watch_refuses_a_closed_process_with_its_own_words() -> None:
+    """A ``multiprocessing.Process`` closed (``Process.close()``) raised its own bare
+    ValueError from the attribute check; now one that says what watch wanted."""
+    import multiprocessing as mp
+
+    process = mp.get_context("spawn").Process(target=_leaves)
+    process.start()
+    process.join(60)
+    process.close()
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        with pytest.raises(ValueError, match="^watch takes a process that is not closed: "
+                                             "process object is closed$"):
+            pipe.watch(process)

@@ -322,8 +322,13 @@ class Pipeline:
 
         Raises:
             TypeError: ``process`` lacks ``is_alive()``, ``pid`` or ``exitcode``.
+            ValueError: ``process`` is a ``multiprocessing.Process`` already closed
+                (``Process.close()``: it ended, and its attributes are gone).
         """
-        missing = [a for a in ("is_alive", "pid", "exitcode") if not hasattr(process, a)]
+        try:
+            missing = [a for a in ("is_alive", "pid", "exitcode") if not hasattr(process, a)]
+        except ValueError as exc:  # a closed Process's attributes raise it
+            raise ValueError(f"watch takes a process that is not closed: {exc}") from exc
         if missing or not callable(process.is_alive):
             raise TypeError(f"watch takes a process: a multiprocessing.Process, or anything "
                             f"with is_alive(), pid and exitcode; {type(process).__name__} "
