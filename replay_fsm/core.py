@@ -193,6 +193,19 @@ def as_ring_depth(value: object) -> int:
     return depth
 
 
+def require_asserts(what: str) -> None:
+    """Refuse to run ``what``, which checks invariants with assert statements (the
+    core's ``check_invariants``), where ``python -O`` (PYTHONOPTIMIZE) removed them:
+    it would check nothing and report that all holds.
+
+    Raises:
+        RuntimeError: asserts are off.
+    """
+    if not __debug__:
+        raise RuntimeError(f"{what} checks the invariants with assert statements, which "
+                           "python -O (or PYTHONOPTIMIZE) removes: run it without -O")
+
+
 def as_count(name: str, value: object, low: int = 0) -> int:
     """``value`` as a plain int >= ``low``: ints and numpy integers, never a bool
     (``True`` would silently mean 1) or a float (2.0 usually means a computation went

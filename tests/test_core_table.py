@@ -245,3 +245,16 @@ def test_numpy_ticks_and_seeds_in_range() -> None:
     big.request(1)
     with pytest.raises(ValueError, match="2\\*\\*63"):
         big.request(2)
+
+
+def test_fail_and_close_records_name_the_tables_actor_or_the_caller() -> None:
+    """The table's actor of fail (None: any actor, the one that failed is recorded)
+    and of close (the learner) reach the records a trace is written from."""
+    from replay_fsm.spec import Actor
+    seen: list = []
+    core = Core(2, observer=seen.append)
+    core.fail(RuntimeError("the copy engine broke"), Actor.COPY_ENGINE)
+    assert [(r.event, r.actor) for r in seen] == [(Event.FAIL, Actor.COPY_ENGINE)] * 2
+    seen.clear()
+    core.close()
+    assert [(r.event, r.actor) for r in seen] == [(Event.CLOSE, Actor.LEARNER)] * 2

@@ -283,3 +283,86 @@ def test_a_truncated_record_that_does_not_say_how_much_is_refused_without_nones(
         load(path)
     assert "None" not in str(info.value) and "dropped its first transitions" in str(
         info.value), info.value
+
+
+@pytest.mark.parametrize("missing", ["absent", "null"])
+def test_a_submit_without_its_tick_is_checked_against_the_slots_tick(
+        tmp_path: Path, missing: str) -> None:
+    """A tick not logged is not a different tick: it was checked as tick -1 and
+    reported as an INV-ORDER violation ("pack done for tick -1")."""
+    recs = real_log(tmp_path)
+    for r in recs:
+        if r["event"] == "submit":
+            if missing == "null":
+                r["tick"] = None
+            else:
+                del r["tick"]
+    assert check(recs).ok
+
+
+@pytest.mark.parametrize("which", [0, 1, -1])
+def test_a_record_naming_another_actor_than_the_core_recorded_is_a_violation(
+        tmp_path: Path, which: int) -> None:
+    """The actor of every record is compared, a close's included (the core takes no
+    actor for close, so the first record's was never checked, nor the later records'
+    of a close or a fail)."""
+    recs = real_log(tmp_path)
+    closes = [i for i, r in enumerate(recs) if r["event"] == "close"]
+    at = closes[which]
+    recs[at]["actor"] = "copy_engine"
+    report = check(recs)
+    assert not report.ok and report.index == at, report
+    assert "the table gives close to learner" in str(report.violation), report
+
+
+def svg_edges(svg: str) -> list[tuple[str, str, str]]:
+    """(source, dest, label) of every labelled edge Graphviz drew in ``svg``."""
+    import html
+    edges = []
+    for title, body in re.findall(r'<g id="edge\d+" class="edge">\s*<title>(.*?)</title>(.*?)</g>',
+                                  svg, re.S):
+        source, dest = html.unescape(title).split("->")
+        labels = [html.unescape(t) for t in re.findall(r"<text[^>]*>(.*?)</text>", body, re.S)]
+        if labels:
+            edges.append((source, dest, " ".join(labels)))
+    return sorted(edges)
+
+
+def test_the_committed_svg_draws_the_tables_rows() -> None:
+    """The digest stamped in the SVG says which DOT it was rendered from, not what it
+    draws: an SVG edited after rendering (a label changed, an arrow removed) kept its
+    stamp and passed test_committed_diagrams_match_the_table. Its edges are compared."""
+    from replay_fsm.verify.diagram import _label
+    svg = (ROOT / "specs/diagrams/slot.svg").read_text()
+    assert svg_edges(svg) == sorted((t.source.name, t.dest.name, _label(t))
+                                    for t in TRANSITIONS)
+
+
+def test_check_trace_and_check_invariants_refuse_to_run_without_asserts(
+        tmp_path: Path) -> None:
+    """The core's invariant checks are assert statements: under python -O check-trace
+    skipped them and said the log conforms, and Pipeline.check_invariants() passed
+    whatever the state. Both refuse now, in one line."""
+    import subprocess
+    import sys
+    log = tmp_path / "t.jsonl"
+    log.write_text(json.dumps({"kind": "transition", "slot": 0, "from": "IDLE",
+                               "to": "REQUESTED", "event": "request", "tick": 0}) + "\n")
+    done = subprocess.run([sys.executable, "-O", "-m", "replay_fsm", "check-trace",
+                           str(log)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert "python -O" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    script = ("import torch\n"
+              "from replay_fsm import Pipeline, ReplayBuffer\n"
+              "rb = ReplayBuffer(100, 3, 2)\n"
+              "rb.add_packed(torch.randn(10, rb.width))\n"
+              "with Pipeline(rb, sample_count=4) as pipe:\n"
+              "    try:\n"
+              "        pipe.check_invariants()\n"
+              "    except RuntimeError as exc:\n"
+              "        print('refused:', exc)\n")
+    done = subprocess.run([sys.executable, "-O", "-c", script], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done
+    assert done.stdout.startswith("refused: check_invariants checks the invariants with "
+                                  "assert statements"), done.stdout

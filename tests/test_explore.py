@@ -82,3 +82,36 @@ def test_cli_explore_counts_the_states_on_stderr_unless_told_not_to(
     assert "no violation" in out and "explored" not in out
     assert ("explored: " in err and " states" in err) is not bool(flag), err
     assert "explored: 0 states" not in err  # the first count shown is the first call's
+
+
+def test_explore_refuses_to_run_without_asserts() -> None:
+    """Its invariants are assert statements: under python -O it reported "no
+    violation" for a core without the release dependency."""
+    import subprocess
+    import sys
+    done = subprocess.run([sys.executable, "-O", "-m", "replay_fsm", "explore",
+                           "--no-progress"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done
+    assert "python -O" in done.stderr and "Traceback" not in done.stderr, done.stderr
+
+
+class RowlessFail(Core):
+    """Test-only: a table without READY's fail row, as the machine then answers."""
+
+    def fail(self, error: BaseException, actor: object = None) -> None:
+        from transitions import MachineError
+
+        from replay_fsm.spec import SlotState
+        if SlotState.READY in self.states:
+            raise MachineError("Can't trigger event fail from state READY!")
+        super().fail(error, actor)  # type: ignore[arg-type]
+
+
+def test_a_step_the_table_has_no_row_for_is_a_violation_with_its_path() -> None:
+    """fail and close fire on every slot without asking the table first: a missing row
+    raised transitions' MachineError out of explore (the command's one-line error,
+    no counterexample)."""
+    result = explore(2, 3, faults=True, core_factory=RowlessFail)
+    assert result.violation is not None and result.violation.startswith("MachineError")
+    assert result.steps()[-1] == "any: fail()"
+    compile(result.regression_test(), "<explored>", "exec")  # its quotes escaped

@@ -238,6 +238,9 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
     if pipe.tracer.dropped_transitions:  # a run longer than the trace holds
         conforms, conformance = None, "not checked: " + truncated(
             pipe.tracer.dropped_transitions, pipe.tracer.capacity)
+    elif not __debug__:  # check() refuses: its invariant checks are asserts
+        conforms, conformance = None, ("not checked: python -O removes the invariant "
+                                       "checks (assert statements)")
     else:
         report = check(pipe.tracer.transitions())
         conforms, conformance = report.ok, str(report)

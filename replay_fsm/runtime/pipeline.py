@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..core import Core, as_count, as_seconds, as_tick
+from ..core import Core, as_count, as_seconds, as_tick, require_asserts
 from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -544,7 +544,13 @@ class Pipeline:
 
     def check_invariants(self) -> None:
         """Assert the core's structural invariants (INV-HOT, INV-ORDER, the slots'
-        ticks); a failure is a library bug."""
+        ticks); a failure is a library bug.
+
+        Raises:
+            AssertionError: an invariant does not hold.
+            RuntimeError: asserts are off (``python -O``): nothing would be checked.
+        """
+        require_asserts("check_invariants")
         with self._lock:
             self._core.check_invariants()
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..core import MAX_RING_DEPTH, Core
+from ..core import MAX_RING_DEPTH, Core, require_asserts
 from ..errors import PipelineClosed, PipelineFailed, ProtocolError, first_line
 from ..runtime.tracer import TRUNCATED
 from ..spec import Actor, Event, SlotState
@@ -143,7 +143,11 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
     first disagreement between the log and the transitions the core made.
 
     An empty log is a violation: it proves nothing.
+
+    Raises:
+        RuntimeError: asserts are off (``python -O``): the invariants would go unchecked.
     """
+    require_asserts("check")
     recs = list(records)
     report = Report(records=len(recs))
     if not recs:
@@ -192,8 +196,10 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         try:
             if event is Event.REQUEST:
                 core.request(-1 if tick is None else tick, actor=actor)
-            elif event is Event.SUBMIT:
-                core.packed(PackDone(tick=-1 if tick is None else tick, slot=slot,
+            elif event is Event.SUBMIT:  # a tick not logged: the one the slot holds
+                held = core.tick_of(slot)
+                core.packed(PackDone(tick=tick if tick is not None else
+                                     -1 if held is None else held, slot=slot,
                                      generation=-1 if generation is None else generation,
                                      seed=0, sample_count=0,
                                      snapshot_ptr=0, snapshot_size=0), actor=actor)
@@ -227,6 +233,11 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
                 return bad(j, f"the core made {want[1]} --{want[3]}--> {want[2]} on slot "
                               f"{want[0]}, the log records {got[1]} --{got[3]}--> {got[2]} "
                               f"on slot {got[0]}")
+            actor_logged = logged.get("actor")  # None: not logged
+            if (actor_logged is not None and rec.actor is not None
+                    and actor_logged != rec.actor.value):
+                return bad(j, f"the table gives {rec.event.value} to {rec.actor.value}, "
+                              f"the record names actor {actor_logged!r}")
             for name, want_value in (("tick", rec.tick), ("generation", rec.generation)):
                 value = logged.get(name)
                 if want_value is not None and value is not None and value != want_value:

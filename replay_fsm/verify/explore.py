@@ -16,7 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core import Core, Step, as_count
+from transitions import MachineError
+
+from ..core import Core, Step, as_count, require_asserts
 from ..errors import ReplayFSMError
 from ..spec import Event, SlotState
 from ..wire import CopyOrder, PackDone
@@ -188,9 +190,11 @@ class Result:
     def regression_test(self, name: str = "test_explored_counterexample") -> str:
         """Pytest source replaying the path on the real ``Core``: the last step must
         either not be enabled there or leave every invariant holding."""
+        # the violation may hold quotes or backslashes (a MachineError's message does)
+        why = str(self.violation).replace("\\", "\\\\").replace('"', '\\"')
         lines = [f"def {name}() -> None:",
                  f'    """Found by replay_fsm.explore at depth {self.depth}, '
-                 f'{self.ticks} ticks: {self.violation}"""',
+                 f'{self.ticks} ticks: {why}"""',
                  "    from replay_fsm.core import Core",
                  "    from replay_fsm.explore import World, apply, check_state, enabled",
                  f"    world = World.initial(Core({self.depth}), {self.ticks})",
@@ -226,8 +230,10 @@ def explore(depth: int, ticks: int, *, faults: bool = False,
 
     Raises:
         ValueError, TypeError: ``ticks`` is not an int >= 1 (``depth``: as ``Core``).
+        RuntimeError: asserts are off (``python -O``), so nothing would be checked.
     """
     ticks = as_count("ticks", ticks, 1)
+    require_asserts("explore")  # every check below is an assert statement
     result = Result(depth, ticks, faults)
 
     def build(path: list[Action]) -> World:
@@ -251,7 +257,9 @@ def explore(depth: int, ticks: int, *, faults: bool = False,
             try:
                 apply(child, action)
                 check_state(child)
-            except (AssertionError, ReplayFSMError) as exc:
+            # MachineError: a step the table has no row for, which the core fires
+            # without asking it first (fail and close on every slot)
+            except (AssertionError, ReplayFSMError, MachineError) as exc:
                 result.violation = f"{type(exc).__name__}: {exc}"
                 result.path = [*path, action]
                 result.states = len(paths)
