@@ -259,3 +259,57 @@ def test_close_ends_a_learners_pack_held_up_by_a_stopped_writer() -> None:
         thread.join(60)
     assert len(got) == 1 and isinstance(got[0], PipelineClosed), got
     assert pipe.forced == []
+
+
+@pytest.mark.timeout(60)
+def test_a_close_inside_a_step_while_another_thread_closes_does_not_deadlock() -> None:
+    """INV-LIVE (close always returns): an observer's close on the transfer worker
+    runs under the pipeline's lock; another thread's close, which holds the close
+    lock and needs the pipeline's, started meanwhile. Waiting for the close lock
+    there deadlocked both for good."""
+    from replay_fsm.runtime.observers import Observer
+
+    inside, user_holds = threading.Event(), threading.Event()
+    pipes: list[Pipeline] = []
+
+    class CloseOnTheWorker(Observer):
+        def transition(self, record: Any, time_ns: int) -> None:
+            if (threading.current_thread().name == "replay_fsm-transfer"
+                    and not inside.is_set()):
+                inside.set()
+                assert user_holds.wait(30)  # the user's close holds the close lock
+                pipes[0].close()
+
+    pipe = Pipeline(buffer(), sample_count=N, collector="thread")
+    pipes.append(pipe)
+    closer = threading.Thread(target=lambda: pipe.close(), daemon=True)
+
+    class Telling:
+        """The close lock, saying when the user's closing thread holds it."""
+
+        def __init__(self, lock: Any) -> None:
+            self.lock = lock
+
+        def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+            got = self.lock.acquire(blocking, timeout)
+            if got and threading.current_thread() is closer:
+                user_holds.set()
+            return bool(got)
+
+        def release(self) -> None:
+            self.lock.release()
+
+        def __enter__(self) -> bool:
+            return self.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.release()
+
+    pipe._close_lock = Telling(pipe._close_lock)  # type: ignore[assignment]
+    pipe.add_observer(CloseOnTheWorker())
+    pipe.start_prepare(0, N)
+    assert inside.wait(30)
+    closer.start()
+    closer.join(20)
+    assert not closer.is_alive(), "the two closes deadlocked"
+    assert pipe._stopped and pipe.forced == []

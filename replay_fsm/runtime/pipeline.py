@@ -613,8 +613,21 @@ class Pipeline:
         if os.getpid() != self._pid:
             self._closed = True
             return
+        # A thread inside a step (an observer's close, a signal handler's or a
+        # finaliser's run there) holds the step lock, which a close running on another
+        # thread needs before it lets go of the close lock: waiting for that close
+        # would deadlock. It closes the core (the learner's calls raise from now on)
+        # and leaves the rest to that close.
+        if not self._close_lock.acquire(
+                blocking=not self._lock._is_owned()):  # type: ignore[attr-defined]
+            with self._lock:
+                if not self._closed:
+                    error = self._close_core()
+                    self._close_error = self._close_error or error
+                self._cv.notify_all()
+            return
         try:
-            with self._close_lock:
+            try:
                 with self._lock:
                     if self._stopped:
                         return
@@ -632,6 +645,8 @@ class Pipeline:
                 _OPEN.discard(self)
                 if self._close_error is not None:
                     raise self._close_error
+            finally:
+                self._close_lock.release()
         finally:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
@@ -854,9 +869,8 @@ class Pipeline:
             self._cv.notify_all()  # a close waiting for this pack
         if error is not None:
             # A chunk may be ours and never counted: the slot could never fill. (A
-            # pipeline closed meanwhile is closed, not failed: its close ended it.)
-            if not self._closed:
-                self._fail_locked(error)
+            # pipeline closed meanwhile stays closed: the core ignores a failure then.)
+            self._fail_locked(error)
             self._raise_if_unusable()
         if took is None and self._core.pending and self._core.pending[0][0] == tick:
             self._requests[slot] = request  # could not look now: again next slice
