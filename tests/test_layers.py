@@ -34,6 +34,9 @@ ALLOWED_PRIVATE = {
     ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",
     ("runtime/pipeline.py", "_getframe"): "the learner call's frame, to know whether an "
     "interrupt behind an error came during the call (read only when one raises)",
+    ("runtime/pipeline.py", "_is_owned"): "whether this thread holds the step lock (an "
+    "RLock tells only there): a close inside a step must not wait for another close, "
+    "which needs that lock",
     ("runtime/pipeline.py", "_stop_at_exit"): "the module's exit hook stops each open "
     "pipeline of its own module's class",
     ("runtime/links.py", "_children"): "multiprocessing's set of this process's "
