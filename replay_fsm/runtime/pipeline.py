@@ -621,10 +621,7 @@ class Pipeline:
         if not self._close_lock.acquire(
                 blocking=not self._lock._is_owned()):  # type: ignore[attr-defined]
             with self._lock:
-                if not self._closed:
-                    error = self._close_core()
-                    self._close_error = self._close_error or error
-                self._cv.notify_all()
+                self._close_core_once()
             return
         try:
             try:
@@ -666,10 +663,7 @@ class Pipeline:
         hook runs too."""
         forced: list[str] = []
         with self._lock:
-            if not self._closed:
-                error = self._close_core()  # an observer's, raised by close
-                self._close_error = self._close_error or error
-            self._cv.notify_all()
+            self._close_core_once()
             # A learner thread inside its own pack ends it (its give_up sees the
             # close when held up): not this thread's (a handler of its own).
             taker = self._taker
@@ -680,6 +674,14 @@ class Pipeline:
             with self._closing_step():  # a custom link's that raises: the worker still
                 forced += stop(STOP_TIMEOUT_S)
         return forced
+
+    def _close_core_once(self) -> None:
+        """Close the core unless closed (what an observer raises is kept for close to
+        raise), and wake every wait; with the lock held."""
+        if not self._closed:
+            error = self._close_core()  # an observer's, raised by close
+            self._close_error = self._close_error or error
+        self._cv.notify_all()
 
     @contextlib.contextmanager
     def _closing_step(self) -> Iterator[None]:
