@@ -227,6 +227,38 @@ def test_a_failed_cudahostregister_is_named_and_undoes_the_slots_registered_befo
     assert registered == {} and backend.host_pinned is False
 
 
+def test_a_cuda_copy_that_raises_closes_its_nvtx_range(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """With timing on, submit pushes an NVTX range around the copy's submission; a
+    copy_ that raised skipped the pop, so every later range nested in the dead one
+    (helper-61; made-up CUDA here)."""
+    import contextlib
+
+    import replay_fsm.transfer.cuda as cuda
+    from replay_fsm.wire import CopyOrder
+
+    ranges: list[str] = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", ranges.append)
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: ranges.pop())
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+
+    class Event:
+        def record(self, stream: object = None) -> None:
+            pass
+
+    class Refused:
+        def copy_(self, source: torch.Tensor, non_blocking: bool = False) -> None:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    backend = cuda.CudaBackend.__new__(cuda.CudaBackend)
+    backend.timing, backend.monitor, backend.stream = True, None, None
+    backend.host, backend.device_slots = [torch.zeros(2)], [Refused()]
+    backend.started, backend.ready = [Event()], [Event()]
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        backend.submit(CopyOrder(tick=0, slot=0, generation=0, after_release=None))
+    assert ranges == []
+
+
 def test_an_observer_sees_every_transition_and_span() -> None:
     class Log(Observer):
         def __init__(self) -> None:

@@ -87,18 +87,20 @@ class CudaBackend(TransferBackend):
         slot = order.slot
         if self.timing:
             torch.cuda.nvtx.range_push(f"replay_fsm/copy tick {order.tick} slot {slot}")
-        with torch.cuda.stream(self.stream):
-            if order.after_release is not None:
-                # INV-DEVICE-WAR: kernels still reading G[slot] finish first.
-                self.stream.wait_event(self.released[order.after_release.slot])
+        try:
+            with torch.cuda.stream(self.stream):
+                if order.after_release is not None:
+                    # INV-DEVICE-WAR: kernels still reading G[slot] finish first.
+                    self.stream.wait_event(self.released[order.after_release.slot])
+                if self.timing:
+                    self.started[slot].record(self.stream)
+                if self.monitor is not None:
+                    self.monitor.copy_started(slot)
+                self.device_slots[slot].copy_(self.host[slot], non_blocking=True)
+                self.ready[slot].record(self.stream)
+        finally:  # a copy that raised leaves no range open on the worker's NVTX stack
             if self.timing:
-                self.started[slot].record(self.stream)
-            if self.monitor is not None:
-                self.monitor.copy_started(slot)
-            self.device_slots[slot].copy_(self.host[slot], non_blocking=True)
-            self.ready[slot].record(self.stream)
-        if self.timing:
-            torch.cuda.nvtx.range_pop()
+                torch.cuda.nvtx.range_pop()
         self.ready[slot].synchronize()
         if self.monitor is not None:
             self.monitor.copy_finished(slot)
