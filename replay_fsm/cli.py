@@ -112,6 +112,8 @@ def _diagram(args: argparse.Namespace) -> int:
               "sequence": lambda h: diagram.sequence()}[args.format]
     text = render(highlight)
     out = getattr(args, "out", None)  # not given: standard output
+    if out == "":  # a path of nothing (an unset shell variable, say): not a wish for stdout
+        raise ValueError("--out '' names no file; leave --out out for standard output")
     if out:
         from .files import write_text
         folder = Path(out).parent

@@ -456,6 +456,13 @@ def test_a_diagram_out_under_a_file_says_it_is_a_file(
     assert f"{tmp_path / 'afile'} is a file" in err
 
 
+def test_an_empty_diagram_out_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--out ''`` (an unset shell variable) printed the diagram to standard output, as
+    if --out had not been given (helper-63)."""
+    err = one_line_error(capsys, main(["diagram", "--out", ""]))
+    assert "--out '' names no file" in err and capsys.readouterr().out == ""
+
+
 def test_a_demo_stopped_before_its_files_were_written_says_so(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
