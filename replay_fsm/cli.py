@@ -37,7 +37,8 @@ def _demo(args: argparse.Namespace) -> int:
                         collector=args.collector, out=args.out, checked=args.checked,
                         sample_count=args.sample_count,
                         progress=progress(args),
-                        learner_threads=learner_threads(args.learner_threads))
+                        learner_threads=learner_threads(args.learner_threads),
+                        peer_timeout=args.peer_timeout)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc > 1:
@@ -190,6 +191,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--nproc", type=int, default=1,
                       help="ranks on this node (torch.distributed: gloo on CPU, nccl on GPU)")
+    demo.add_argument("--peer-timeout", type=float, default=120.0,
+                      help="with --nproc N: seconds a rank waits in an all-reduce for a "
+                      "stopped or stuck peer before it fails")
     demo.add_argument("--learner-threads", type=int, default=1,
                       help="torch threads of the learner (0: torch's default)")
     demo.set_defaults(fn=_demo)

@@ -153,6 +153,25 @@ def test_demo_with_a_thread_collector_for_several_ranks(
     assert "--collector thread takes one rank" in err
 
 
+def test_demo_passes_its_peer_timeout_to_the_ranks(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """DemoConfig.peer_timeout had no flag: a stuck rank held the others 120 s."""
+    import replay_fsm.distributed
+
+    launched = []
+    monkeypatch.setattr(replay_fsm.distributed, "launch",
+                        lambda nproc, config: launched.append(config) or {})
+    assert main(["demo", "--nproc", "2", "--peer-timeout", "7.5", "--out", str(tmp_path),
+                 "--no-progress"]) == 0
+    assert [config.peer_timeout for config in launched] == [7.5]
+    for bad in ("0", "-3", "inf"):
+        err = one_line_error(capsys, main(["demo", "--nproc", "2", "--peer-timeout", bad,
+                                           "--out", str(tmp_path), "--no-progress"]))
+        assert "peer_timeout must be a finite number of seconds > 0" in err
+    assert len(launched) == 1
+
+
 def test_explore_with_bad_ticks(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("-1", "0"):  # not a deadlock, not "no violation" about nothing
         err = one_line_error(capsys, main(["explore", "--ticks", bad]))
