@@ -142,6 +142,19 @@ def test_a_bad_slot_is_reported_at_its_own_record(slot: object, why: str) -> Non
     assert [c["index"] for c in report.context] == [0, 1, 2]
 
 
+def test_a_violation_shows_its_records_cut_short() -> None:
+    """A record with a 10 MB field beside a violation printed 10 MB (helper-63): the
+    report shows each record and the violation's words cut at a bound, saying so."""
+    recs = request_log(2)
+    recs[0] = {**recs[0], "note": "x" * 10_000_000}
+    recs.append({**recs[1], "slot": "y" * 1_000_000})
+    report = check(recs)
+    text = str(report)
+    assert not report.ok and report.index == 2 and len(text) < 5_000, len(text)
+    assert "characters more)" in text and "#0: {" in text
+    assert report.context[0]["record"]["note"] == "x" * 10_000_000  # the report keeps it
+
+
 def test_a_log_that_lost_its_start_is_refused_not_judged(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """A run longer than trace_capacity holds: the tracer counts the transitions its

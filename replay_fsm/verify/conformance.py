@@ -58,10 +58,22 @@ class Report:
             return (f"ok: {self.records} transitions over {self.slots} slots conform to the "
                     f"table and the invariants ({len(self.rows_seen)} distinct rows)")
         where = "" if self.index is None else f" at record #{self.index}"
+        why = _shown(self.violation, 2 * CONTEXT_CHARS)  # it may quote a field's value
         if not self.context:  # an empty log: no record to show
-            return f"violation{where}: {self.violation}"
-        ctx = "\n".join(f"    #{c['index']}: {c['record']}" for c in self.context)
-        return f"violation{where}: {self.violation}\n  context:\n{ctx}"
+            return f"violation{where}: {why}"
+        ctx = "\n".join(f"    #{c['index']}: {_shown(c['record'])}" for c in self.context)
+        return f"violation{where}: {why}\n  context:\n{ctx}"
+
+
+CONTEXT_CHARS = 400  # of a record shown beside a violation (a field may hold megabytes)
+
+
+def _shown(value: object, limit: int = CONTEXT_CHARS) -> str:
+    """``value`` as a report prints it: cut at ``limit`` characters, saying so."""
+    text = str(value)
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} characters more)"
 
 
 def _kind(text: str) -> str:
