@@ -134,6 +134,65 @@ def test_two_closes_at_once_run_the_stops_once_and_both_return_closed() -> None:
     assert (backend.calls, backend.most) == (1, 1)
 
 
+class HeldClose(CpuBackend):
+    """A backend whose close waits until the test lets it go."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered, self.release = threading.Event(), threading.Event()
+
+    def close(self) -> None:
+        self.entered.set()
+        assert self.release.wait(60)
+        super().close()
+
+
+def test_the_exit_hook_stops_a_pipeline_after_a_close_on_another_thread_not_beside_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The interpreter's exit hook (``_stop_at_exit``) ran the stops without the close
+    lock, beside a daemon thread's close still inside them: the link and the worker
+    were stopped twice at once. It now waits for that close (bounded) and finds the
+    pipeline stopped."""
+    import replay_fsm.runtime.pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "STOP_TIMEOUT_S", 60.0)  # the wait's bound
+    backend = HeldClose()
+    pipe = Pipeline(buffer(), sample_count=N, backend=backend)
+    pipe.start_prepare(0, N)
+    stops: list[str] = []
+    exit_hook_reached = threading.Event()  # it asked for the close lock, or stopped
+    link: Any = pipe._link
+    original_stop, original_lock = link.stop, pipe._close_lock
+
+    def stop(timeout: float) -> list[str]:
+        stops.append(threading.current_thread().name)
+        if threading.current_thread().name == "exit-hook":
+            exit_hook_reached.set()
+        return original_stop(timeout)
+
+    class SpyLock:
+        def acquire(self, *args: Any, **kwargs: Any) -> bool:
+            if threading.current_thread().name == "exit-hook":
+                exit_hook_reached.set()
+            return original_lock.acquire(*args, **kwargs)
+
+        def release(self) -> None:
+            original_lock.release()
+
+    link.stop, pipe._close_lock = stop, SpyLock()  # type: ignore[assignment]
+    closer = threading.Thread(target=pipe.close, name="closer", daemon=True)
+    closer.start()
+    assert backend.entered.wait(60)  # the close is inside the backend's close
+    hook = threading.Thread(target=pipe._stop_at_exit, name="exit-hook", daemon=True)
+    hook.start()
+    assert exit_hook_reached.wait(60)
+    backend.release.set()
+    closer.join(60)
+    hook.join(60)
+    assert not closer.is_alive() and not hook.is_alive()
+    assert stops == ["closer"] and pipe._stopped
+
+
 class Boom(RuntimeError):
     pass
 

@@ -654,7 +654,15 @@ class Pipeline:
         that never completes, a hung device) and is moot as the process ends."""
         if os.getpid() != self._pid or self._stopped:
             return
-        self._stop_sides()
+        # After a close running on another thread (a daemon's), not beside it; bounded
+        # as well, since that close may be stuck in the backend's drain.
+        got = self._close_lock.acquire(timeout=STOP_TIMEOUT_S)
+        try:
+            if not self._stopped:
+                self._stop_sides()
+        finally:
+            if got:
+                self._close_lock.release()
 
     def _stop_sides(self) -> list[str]:
         """Close the core (once: a close that a Ctrl-C cut short is finished by the
