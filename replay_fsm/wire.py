@@ -191,6 +191,9 @@ class SeedReady:
     def from_dict(cls, d: Any) -> SeedReady:
         """Read a ready dict as the seed did, with the seed's errors.
 
+        ``pack_begin_ns`` and ``pack_end_ns`` (traces only) are 0 when missing or not
+        integers.
+
         Raises:
             KeyError: a key the seed reads is missing (the first one, in the seed's
                 order).
@@ -199,8 +202,8 @@ class SeedReady:
                 message).
         """
         values = {name: int(d[name]) for name in _SEED_READY_REQUIRED}
-        ready = cls(**values, pack_begin_ns=int(d.get("pack_begin_ns", 0)),
-                    pack_end_ns=int(d.get("pack_end_ns", 0)))
+        ready = cls(**values, pack_begin_ns=_timestamp(d, "pack_begin_ns"),
+                    pack_end_ns=_timestamp(d, "pack_end_ns"))
         if ready.shared_slot != ready.target_gpu_slot:
             raise RuntimeError("collector_thread shared slot must match target GPU slot")
         return ready
@@ -208,3 +211,12 @@ class SeedReady:
 
 _SEED_READY_REQUIRED = tuple(f.name for f in dataclasses.fields(SeedReady)
                              if f.default is dataclasses.MISSING)
+
+
+def _timestamp(d: Any, key: str) -> int:
+    """A pack timestamp of a ready dict, for traces only: the seed never read these
+    keys, so one missing or not an integer (None, a string) is 0, not an error."""
+    try:
+        return int(d[key])
+    except (KeyError, TypeError, ValueError, OverflowError):
+        return 0

@@ -181,8 +181,9 @@ def test_verbose_writes_its_file_into_an_existing_directory(tmp_path: Path) -> N
 
 
 def answers_after_close(pipe: CPUPinnedDoubleBufferReplayPipeline, tick: int) -> None:
-    """The seed's answers after close: batch_ready False, the seed's messages from the
-    calls that request or sample, after_tick quiet."""
+    """The answers after close: batch_ready False (the seed's was True for the hot or
+    a ready tick), the seed's messages from the calls that request or sample,
+    after_tick quiet."""
     assert pipe.batch_ready(tick, N) is False
     prepare = r"^Cannot prepare replay batch after pipeline\.close\(\)$"
     with pytest.raises(errors.PipelineClosed, match=prepare):
@@ -197,7 +198,7 @@ def answers_after_close(pipe: CPUPinnedDoubleBufferReplayPipeline, tick: int) ->
 
 def test_batch_ready_after_close_is_false_for_the_hot_tick_too() -> None:
     """It was True, as the seed's, and the sample it promised raised: the README
-    says batch_ready is False after close()."""
+    lists batch_ready False after close() among the differences on purpose."""
     with Hand() as h:
         h.sample(0)
         h.pipe.close()

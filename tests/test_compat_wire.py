@@ -47,3 +47,10 @@ def test_a_ready_dict_whose_slots_differ_raises_the_seeds_runtime_error() -> Non
         SeedReady.from_dict({**READY, "shared_slot": 0})
     with pytest.raises(ValueError):
         SeedReady.from_dict({**READY, "tick_id": "seven"})
+
+
+@pytest.mark.parametrize("value", [None, "n/a", float("nan"), float("inf")])
+def test_a_ready_dict_pack_timestamp_the_seed_never_read_may_be_anything(value: object
+                                                                         ) -> None:
+    ready = SeedReady.from_dict({**READY, "pack_begin_ns": value, "pack_end_ns": value})
+    assert (ready.tick_id, ready.pack_begin_ns, ready.pack_end_ns) == (7, 0, 0)
