@@ -21,6 +21,7 @@ node, feeding its ranks through ``collector="external"`` handles).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -290,8 +291,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     for rank in range(nproc):
         for name in RANK_FILES:
             (out / name.format(rank=rank)).unlink(missing_ok=True)
+    run_id = f"replay_fsm-{uuid.uuid4().hex[:8]}"
     launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                          run_id=f"replay_fsm-{uuid.uuid4().hex[:8]}",
+                          run_id=run_id,
                           rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
                           max_restarts=0, monitor_interval=0.1, start_method="spawn",
                           # the launcher's per-rank logs: by default a new folder in
@@ -324,7 +326,24 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         raise RankFailed(rank, failure.exitcode, failure_reason(failure)) from exc
     finally:
         merge_traces(out, nproc)
+        prune_launcher_logs(out / "launcher-logs", run_id)
     return dict(results)
+
+
+def prune_launcher_logs(folder: Path, run_id: str) -> None:
+    """Remove the folders torch's launcher made in ``folder`` for the launch ``run_id``
+    that hold no file (its ranks' folders hold an ``error.json`` only where a rank
+    failed), and ``folder`` itself when that leaves it empty: a folder a launch, kept
+    for ever, otherwise."""
+    made = [p for p in folder.glob(f"{run_id}_*") if p.is_dir()]
+    for top in made:
+        inner = sorted((p for p in top.rglob("*") if p.is_dir()),
+                       key=lambda p: len(p.parts), reverse=True)
+        for path in [*inner, top]:  # deepest first; a folder with a file stays
+            with contextlib.suppress(OSError):
+                path.rmdir()
+    with contextlib.suppress(OSError):
+        folder.rmdir()
 
 
 def _launcher_signals(config_class: Any) -> dict[str, Any]:

@@ -216,6 +216,33 @@ def test_ranks_that_would_share_a_gpu_are_refused_before_any_starts(
     assert local_device(3, "cuda") == torch.device("cuda", 0)
 
 
+def test_the_launcher_logs_of_a_launch_keep_only_folders_with_a_file(tmp_path: Path
+                                                                      ) -> None:
+    """torch's launcher makes <run_id>_<random>/attempt_0/<rank>/ at every launch,
+    with an error.json only for a rank that failed: the empty ones are removed, the
+    other launches' folders are left alone."""
+    from replay_fsm.distributed import prune_launcher_logs
+
+    logs = tmp_path / "launcher-logs"
+    for rank in (0, 1):
+        (logs / "replay_fsm-aa_x1" / "attempt_0" / str(rank)).mkdir(parents=True)
+        (logs / "replay_fsm-bb_y2" / "attempt_0" / str(rank)).mkdir(parents=True)
+    (logs / "replay_fsm-bb_y2" / "attempt_0" / "1" / "error.json").write_text("{}")
+    (logs / "replay_fsm-cc_z3").mkdir()  # another launch's
+    prune_launcher_logs(logs, "replay_fsm-aa")
+    prune_launcher_logs(logs, "replay_fsm-bb")
+    left = sorted(str(p.relative_to(logs)) for p in logs.rglob("*"))
+    assert left == ["replay_fsm-bb_y2", "replay_fsm-bb_y2/attempt_0",
+                    "replay_fsm-bb_y2/attempt_0/1", "replay_fsm-bb_y2/attempt_0/1/error.json",
+                    "replay_fsm-cc_z3"]
+    prune_launcher_logs(tmp_path / "none", "replay_fsm-dd")  # no folder: nothing to do
+    (logs / "replay_fsm-cc_z3").rmdir()
+    for path in sorted(logs.rglob("error.json")):
+        path.unlink()
+    prune_launcher_logs(logs, "replay_fsm-bb")
+    assert not logs.exists()  # emptied: removed too
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
@@ -227,8 +254,9 @@ def test_two_ranks_draw_different_reproducible_batches(tmp_path: Path) -> None:
     temp = Path(tempfile.gettempdir())
     before = set(temp.glob("torchelastic_*"))
     results = launch(2, options(tmp_path, base_seed=1000))  # the batches' seed, not 5
-    # the launcher's logs are the run's, not new folders left in the temp folder
-    assert (tmp_path / "launcher-logs").is_dir()
+    # the launcher's logs are the run's, not new folders left in the temp folder, and
+    # a launch where no rank failed leaves none (helper-62: a folder a launch)
+    assert not (tmp_path / "launcher-logs").exists()
     assert set(temp.glob("torchelastic_*")) <= before
     s0, s1 = results[0], results[1]
     assert (s0["rank"], s1["rank"]) == (0, 1)
