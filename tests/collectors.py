@@ -303,3 +303,15 @@ def report_blocked(answers: Any) -> None:
     import signal
     blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     answers.put(tuple(s in blocked for s in (signal.SIGINT, signal.SIGTERM)))
+
+
+def add_while_serving(handle: PackerHandle, rb: ReplayBuffer, adds: Any) -> None:
+    """A collector that adds rows and serves; ``adds`` (two shared ints) counts the
+    adds begun and the adds ended."""
+    packer = Packer.attach(handle, rb)
+    rows = constant_rows(rb, 1, 16)
+    while not packer.closed:
+        adds[0] += 1
+        rb.add_packed(rows)
+        adds[1] += 1
+        packer.service(timeout=0.0)

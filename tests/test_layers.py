@@ -41,6 +41,8 @@ ALLOWED_PRIVATE = {
     "pipeline of its own module's class",
     ("runtime/links.py", "_children"): "multiprocessing's set of this process's "
     "children, which an os.fork child inherits and would SIGTERM at its exit",
+    ("data/packer.py", "_exit"): "a collector whose learner died holding the write lock "
+    "is ended from its watch thread (sys.exit there ends only that thread)",
     ("data/shared.py", "_new_shared"): "the shared-memory object share_memory_ makes, "
     "made without its private zeroed copy (twice the memory at its peak)",
 }

@@ -366,3 +366,60 @@ def test_a_forked_child_names_itself() -> None:
     os.close(read)
     os.waitpid(pid, 0)
     assert child == pid and parent & owner.PID_MASK == os.getpid()
+
+
+LEARNER_DIES_IN_A_PAUSE = r'''
+import multiprocessing as mp, sys, time
+from replay_fsm import Pipeline, ReplayBuffer
+from tests.collectors import add_while_serving
+if __name__ == "__main__":
+    rb = ReplayBuffer(4096, 3, 2)
+    pipe = Pipeline(rb, sample_count=64, collector="external")
+    adds = mp.get_context("spawn").Array("q", 2, lock=False)  # begun, ended
+    collector = mp.get_context("spawn").Process(
+        target=add_while_serving, args=(pipe.packer_handle(), rb, adds))
+    collector.start()
+    deadline = time.monotonic() + 120
+    with rb.adds_paused():  # as a save's last pass: an add in flight ended first
+        while adds[0] == adds[1]:  # until the collector has begun its next add
+            assert time.monotonic() < deadline, "the collector began no add"
+            time.sleep(0.01)
+        print(collector.pid, flush=True)
+        time.sleep(3600)  # until the test kills this process
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_collector_whose_learner_died_inside_a_pause_exits_instead_of_waiting_for_ever(
+        ) -> None:
+    """A pause (adds_paused, a save's last pass) records no holder: a learner killed
+    inside one (SIGKILL, the OOM killer) left its collector process waiting in its
+    next add for ever, orphaned, deaf to the stop signals it ignores (helper-66). The
+    packer's watch thread now ends it once the learner is gone and the add has
+    waited ORPHANED_ADD_S more, saying why."""
+    import subprocess
+    import sys
+
+    from replay_fsm.data.packer import ORPHAN_EXIT_CODE, process_alive
+
+    learner = subprocess.Popen([sys.executable, "-c", LEARNER_DIES_IN_A_PAUSE],
+                               cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    collector_pid = 0
+    try:
+        assert learner.stdout is not None
+        collector_pid = int(learner.stdout.readline() or 0)
+        assert collector_pid, learner.communicate(timeout=MARGIN_S)[1]
+        learner.kill()  # inside its pause
+        # Standard error closes once every process holding it has exited: the
+        # collector, and the learner's resource tracker.
+        _, err = learner.communicate(timeout=4 * MARGIN_S)
+    finally:
+        learner.kill()
+        if collector_pid and process_alive(collector_pid):
+            os.kill(collector_pid, signal.SIGKILL)
+    assert not process_alive(collector_pid)
+    assert (f"replay_fsm: the learner (pid {learner.pid}) is gone and an add of this "
+            f"process (pid {collector_pid}) has waited") in err, err
+    assert f"exiting with code {ORPHAN_EXIT_CODE}" in err

@@ -320,18 +320,30 @@ class ReplayBuffer:
         self._counters_np = self._counters.numpy()
         self._per_thread = threading.local()  # gather's scratch, one per thread
         self._adding = False  # a thread of this process is inside add, the lock taken
+        # When (time.monotonic_ns) an add of this process began waiting for the write
+        # lock; 0 while none waits (add_waiting_s).
+        self._add_wait_ns = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
         state.pop("_per_thread")  # each process makes its own
         state.pop("_adding")
+        state.pop("_add_wait_ns")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._views()
         _WRITE_LOCKS.add(self._write_lock)
+
+    def add_waiting_s(self) -> float:
+        """How long an ``add`` of this process has waited for the write lock (held by
+        another process's add, or by a pause: ``adds_paused``, a save's last pass);
+        0.0 while none waits. A waiting add cannot learn that the holder died outside
+        an add (see ``Packer.attach``)."""
+        since = self._add_wait_ns
+        return 0.0 if since == 0 else max(0.0, (time.monotonic_ns() - since) / 1e9)
 
     @property
     def ptr(self) -> int:
@@ -449,17 +461,22 @@ class ReplayBuffer:
         self._refuse_inside_pause("add()")
         self._refuse_if_writer_died("add()")
         n, cap = rows.shape[0], self.capacity
-        with self._write_lock._semlock:  # see __init__
-            self._adding = True  # no call since the lock was taken (_refuse_inside_add)
-            try:
-                self._owner.hold()
-                self._append_locked(rows, n, cap)
-            except BaseException:
-                self._counters[2] += 1  # its rows may be written, not counted in ptr
-                raise
-            finally:
-                self._adding = False
-                self._owner.release()  # one C call: see Owner.view
+        self._add_wait_ns = time.monotonic_ns()
+        try:
+            with self._write_lock._semlock:  # see __init__
+                self._adding = True  # no call since the lock was taken (_refuse_inside_add)
+                self._add_wait_ns = 0
+                try:
+                    self._owner.hold()
+                    self._append_locked(rows, n, cap)
+                except BaseException:
+                    self._counters[2] += 1  # its rows may be written, not counted in ptr
+                    raise
+                finally:
+                    self._adding = False
+                    self._owner.release()  # one C call: see Owner.view
+        finally:
+            self._add_wait_ns = 0  # a wait that a Ctrl-C ended, too
 
     def _append_locked(self, rows: torch.Tensor, n: int, cap: int) -> None:
         ptr = int(self._counters[0])

@@ -15,10 +15,13 @@ the request's one pack-done message.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import inspect
 import multiprocessing as mp
 import os
+import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -38,6 +41,12 @@ from .shared import shared_zeros
 
 ERROR_TEXT_BYTES = 16384
 LEARNER_CHECK_S = 0.25  # how often a packer looks whether its learner still lives
+# A collector process's add that still waits for the replay buffer's write lock this
+# long after its learner died waits on a pause that only the learner could end (its
+# adds_paused(), a save's last pass; a pause records no holder): the process exits
+# with ORPHAN_EXIT_CODE instead of hanging for ever (it ignores the stop signals).
+ORPHANED_ADD_S = 10.0
+ORPHAN_EXIT_CODE = 70  # EX_SOFTWARE
 # A request is split in at most MAX_CHUNKS chunks of at least CHUNK_MIN_ROWS rows: a
 # learner that waits takes the chunks the packer has not reached, so it waits for at
 # most the one chunk the packer is writing. A chunk costs one more lock round and
@@ -331,7 +340,33 @@ class Packer:
         finally:
             if locked:
                 handle.claim_lock.release()
+        if handle.learner_pid not in (0, os.getpid()):
+            threading.Thread(target=cls._watch_orphaned_adds, args=(packer,), daemon=True,
+                             name="replay_fsm-learner-watch").start()
         return packer
+
+    def _watch_orphaned_adds(self) -> None:
+        """A collector process's daemon thread: once the learner is gone, an add of this
+        process still waiting for the write lock ORPHANED_ADD_S later (since it began,
+        or since the learner was found gone) waits for ever: the process exits."""
+        while self._learner_alive():
+            time.sleep(LEARNER_CHECK_S)
+        gone_ns = time.monotonic_ns()
+        rb = self.replay_buffer
+        while True:
+            waited = rb.add_waiting_s()
+            if waited and min(waited, (time.monotonic_ns() - gone_ns) / 1e9) >= ORPHANED_ADD_S:
+                break
+            time.sleep(LEARNER_CHECK_S)
+        with contextlib.suppress(Exception):  # standard error closed, say: exit all the same
+            sys.stderr.write(
+                f"replay_fsm: the learner (pid {self._learner_pid}) is gone and an add of "
+                f"this process (pid {os.getpid()}) has waited {waited:.0f} s for the "
+                f"replay buffer's write lock, which a pause of the learner's "
+                f"(adds_paused(), a save's last pass) holds for good: exiting with code "
+                f"{ORPHAN_EXIT_CODE}\n")
+            sys.stderr.flush()
+        os._exit(ORPHAN_EXIT_CODE)
 
     @property
     def closed(self) -> bool:
