@@ -197,6 +197,22 @@ def remove_stale(target: str, suffix: str) -> list[str]:
     error of this clean-up, which never fails the write that calls it."""
     if fcntl is None:
         return []
+    removed = []
+    for path, pid in _temporaries(target, suffix):
+        with contextlib.suppress(OSError):
+            if _remove_if_stale(path, pid == os.getpid()):
+                removed.append(path)
+    return removed
+
+
+def temporaries(target: str, suffix: str) -> list[str]:
+    """The temporary files beside ``target`` (``temporary_names``, ``suffix``) there now,
+    whoever wrote them: a save in progress, or one killed (``remove_stale``). Empty
+    where the folder cannot be listed."""
+    return [path for path, _ in _temporaries(target, suffix)]
+
+
+def _temporaries(target: str, suffix: str) -> list[tuple[str, int]]:
     directory, name = os.path.split(target)
     pattern = re.compile(re.escape(f".{_short_name(name)}.") + r"(\d+)-[0-9a-f]{8}"
                          + re.escape(suffix))
@@ -204,16 +220,12 @@ def remove_stale(target: str, suffix: str) -> list[str]:
         entries = os.listdir(directory or ".")
     except OSError:
         return []
-    removed = []
+    found = []
     for entry in entries:
         match = pattern.fullmatch(entry)
-        if match is None:
-            continue
-        path = os.path.join(directory, entry)
-        with contextlib.suppress(OSError):
-            if _remove_if_stale(path, int(match.group(1)) == os.getpid()):
-                removed.append(path)
-    return removed
+        if match is not None:
+            found.append((os.path.join(directory, entry), int(match.group(1))))
+    return found
 
 
 def _remove_if_stale(path: str, this_pid: bool) -> bool:

@@ -1838,3 +1838,22 @@ def test_a_checksum_that_fails_is_raised_by_the_save_not_waited_for(
     with pytest.raises(MemoryError, match="checksum"):
         filled(8, 5).save(tmp_path / "b.ckpt")
     assert os.listdir(tmp_path) == []
+
+
+def test_a_save_out_of_room_names_the_leftover_that_takes_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A run restarted within a minute of a save killed after its rows finds the killed
+    save's temporary file (as large as the buffer) still there: the disk error says so,
+    naming it and its size, so that the room can be freed."""
+    left = tmp_path / f".b.ckpt.{os.getppid()}-0123abcd.tmp"  # fresh: kept by the save
+    left.write_bytes(b"rows of a killed save")
+
+    def full(*args: object) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.os, "pwrite", full)
+    with pytest.raises(OSError) as info:
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / "b.ckpt"))
+    assert f"{left} (21 bytes)" in str(info.value) and "\n" not in str(info.value)
+    assert sorted(os.listdir(tmp_path)) == [left.name]

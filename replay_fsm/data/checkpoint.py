@@ -65,8 +65,8 @@ import numpy as np
 
 from ..core import as_count
 from ..errors import ReplayFSMError
+from ..files import STALE_AFTER_S, remove_stale, temporaries, temporary_names
 from ..files import create_temporary as _create_temporary  # a global: tests replace it
-from ..files import remove_stale, temporary_names
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -380,11 +380,14 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
             pass  # the file is in place, synced
     except OSError as exc:
         _discard(fd, held, tmp)
-        if exc.errno is not None and exc.filename != path:
+        strerror = exc.strerror
+        if exc.errno in _NO_ROOM and exc.strerror is not None:
+            strerror = f"{exc.strerror}{_room_taken_beside(target)}"
+        if exc.errno is not None and (exc.filename != path or strerror != exc.strerror):
             # A write's error names no file, the rename's and the temporary file's
             # creation the temporary one: name the file asked for.
             # OSError() picks the subclass for the errno (FileExistsError, ...).
-            raise OSError(exc.errno, exc.strerror, path) from exc
+            raise OSError(exc.errno, strerror, path) from exc
         raise
     except BaseException:
         _discard(fd, held, tmp)
@@ -394,6 +397,26 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     _fsync_directory(directory, path)
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes,
                       removed=tuple(removed))
+
+
+# errnos of a disk (or a quota) without the room for the new file beside the old one.
+_NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
+
+
+def _room_taken_beside(target: str) -> str:
+    """For a save that ran out of room: the temporary files of other saves of ``target``
+    that take some of it (a killed save's, kept until it is a minute old and held by
+    no process; or another save's in progress), named with their sizes, or ""."""
+    found = []
+    for tmp in temporaries(target, ".tmp"):
+        with contextlib.suppress(OSError):
+            found.append(f"{tmp} ({os.stat(tmp).st_size} bytes)")
+    if not found:
+        return ""
+    return (f" (beside it, other saves' temporary files take some of the room: "
+            f"{', '.join(found)}; one a killed save left is removed by the first save "
+            f"after it is {STALE_AFTER_S:.0f} s old, or may be deleted by hand if no save "
+            f"of this path is running)")
 
 
 def _discard(fd: int, held: int, tmp: str) -> None:
