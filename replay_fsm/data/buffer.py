@@ -36,7 +36,7 @@ from ..signals import start_resource_tracker
 from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
 from .layout import Layout
-from .owner import Owner
+from .owner import Owner, me
 from .shared import shared_zeros
 
 Array = Any  # torch.Tensor or np.ndarray
@@ -461,13 +461,18 @@ class ReplayBuffer:
         self._refuse_inside_pause("add()")
         self._refuse_if_writer_died("add()")
         n, cap = rows.shape[0], self.capacity
+        # This process's identity (/proc reads at its first add, and after a fork) is
+        # read before the lock: a kill between taking the lock and writing the holder
+        # record leaves the lock held and unrecorded, and every later add waits for
+        # ever; reading /proc there made that window most of a first add.
+        me()
         self._add_wait_ns = time.monotonic_ns()
         try:
             with self._write_lock._semlock:  # see __init__
                 self._adding = True  # no call since the lock was taken (_refuse_inside_add)
-                self._add_wait_ns = 0
                 try:
                     self._owner.hold()
+                    self._add_wait_ns = 0
                     self._append_locked(rows, n, cap)
                 except BaseException:
                     self._counters[2] += 1  # its rows may be written, not counted in ptr
