@@ -311,7 +311,9 @@ class Packer:
         """Become the packer of ``handle`` in this (collector) process; the learner
         side then watches this process's pid for liveness. One packer process per
         handle: its request channel has one reader. A collector restarted after its
-        packer process died attaches again.
+        packer process died attaches again; what the dead one had taken (a request,
+        chunks claimed, a pack-done not posted) is not served again, so the learner
+        should ``watch`` the collector process, which fails the run at its death.
 
         Raises:
             ValueError: ``handle`` is the pipeline's of another replay buffer, or its
