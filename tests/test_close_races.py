@@ -193,6 +193,34 @@ def test_the_exit_hook_stops_a_pipeline_after_a_close_on_another_thread_not_besi
     assert stops == ["closer"] and pipe._stopped
 
 
+def test_the_exit_hook_waits_for_stuck_closes_once_not_once_per_pipeline(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pipelines whose closes on daemon threads are stuck in the backend's drain: the
+    exit hook waited STOP_TIMEOUT_S for each close lock in turn (three pipelines, three
+    bounds: 12 s at 4 s), then stopped each beside its close. The waits now share one
+    bound (helper-70)."""
+    import weakref
+
+    import replay_fsm.runtime.pipeline as pipeline_module
+
+    monkeypatch.setattr(pipeline_module, "STOP_TIMEOUT_S", 1.0)
+    backends = [HeldClose() for _ in range(3)]
+    pipes = [Pipeline(buffer(), sample_count=N, backend=b) for b in backends]
+    monkeypatch.setattr(pipeline_module, "_OPEN", weakref.WeakSet(pipes))
+    try:
+        for pipe, backend in zip(pipes, backends, strict=True):
+            pipe.start_prepare(0, N)
+            threading.Thread(target=pipe.close, daemon=True).start()
+            assert backend.entered.wait(60)
+        began = time.monotonic()
+        pipeline_module._stop_open_pipelines()
+        took = time.monotonic() - began
+    finally:
+        for backend in backends:
+            backend.release.set()
+    assert took < 2.5, took
+
+
 class Boom(RuntimeError):
     pass
 

@@ -61,11 +61,14 @@ _OPEN: weakref.WeakSet[Pipeline] = weakref.WeakSet()
 @atexit.register
 def _stop_open_pipelines() -> None:
     """Stop every pipeline left open, each within its bounded stops (a Ctrl-C in one
-    does not spare the others; the first is raised at the end)."""
+    does not spare the others; the first is raised at the end). Their waits for a
+    close on another thread share one STOP_TIMEOUT_S: closes stuck in a backend's
+    drain made an exit wait that long once per pipeline."""
     interrupted: BaseException | None = None
+    deadline = time.monotonic() + STOP_TIMEOUT_S
     for pipe in list(_OPEN):
         try:
-            pipe._stop_at_exit()
+            pipe._stop_at_exit(deadline)
         except Exception:  # noqa: BLE001 - the process is ending: what can stop, stops
             continue
         except BaseException as exc:  # noqa: BLE001 - raised once every pipeline stopped
@@ -648,15 +651,18 @@ class Pipeline:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
 
-    def _stop_at_exit(self) -> None:
+    def _stop_at_exit(self, deadline: float | None = None) -> None:
         """The interpreter's exit: stop the collector link and the transfer worker, each
         bounded (STOP_TIMEOUT_S), not the backend, whose drain has no bound (a copy
-        that never completes, a hung device) and is moot as the process ends."""
+        that never completes, a hung device) and is moot as the process ends. A close
+        on another thread is waited for until ``deadline`` (time.monotonic; None:
+        STOP_TIMEOUT_S from now)."""
         if os.getpid() != self._pid or self._stopped:
             return
         # After a close running on another thread (a daemon's), not beside it; bounded
         # as well, since that close may be stuck in the backend's drain.
-        got = self._close_lock.acquire(timeout=STOP_TIMEOUT_S)
+        wait = STOP_TIMEOUT_S if deadline is None else max(0.0, deadline - time.monotonic())
+        got = self._close_lock.acquire(timeout=wait)
         try:
             if not self._stopped:
                 self._stop_sides()
