@@ -315,3 +315,30 @@ def add_while_serving(handle: PackerHandle, rb: ReplayBuffer, adds: Any) -> None
         rb.add_packed(rows)
         adds[1] += 1
         packer.service(timeout=0.0)
+
+
+def hold_pause(rb: ReplayBuffer, held: Any, release: Any) -> None:
+    """Hold ``rb``'s adds off (adds_paused) from this process until ``release`` is set."""
+    with rb.adds_paused():
+        held.set()
+        release.wait()
+
+
+def add_beside_own_pause(handle: PackerHandle, rb: ReplayBuffer, attached: Any,
+                         seconds: float, done: Any) -> None:
+    """A collector whose learner is gone: once its packer closes, one thread holds a
+    pause for ``seconds`` (a rescue save under a pause) while another adds; sets
+    ``done`` after both end."""
+    import sys
+    import threading
+    packer = Packer.attach(handle, rb)
+    attached.set()
+    while not packer.closed:
+        packer.service(timeout=0.05)
+    with rb.adds_paused():
+        adder = threading.Thread(target=rb.add_packed, args=(constant_rows(rb, 1, 1),))
+        adder.start()
+        time.sleep(seconds)
+    adder.join()
+    done.set()
+    print("collector: its pause and its add ended", file=sys.stderr, flush=True)

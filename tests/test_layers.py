@@ -29,6 +29,8 @@ ALLOWED_PRIVATE = {
     ("data/buffer.py", "_semlock"): "the write lock's C context manager: a Ctrl-C cannot "
     "land between its acquire and the block (the RLock's own __enter__ is Python)",
     ("data/buffer.py", "_is_mine"): "whether this thread holds the write lock (a pause)",
+    ("data/buffer.py", "_count"): "whether a thread of this process holds the write lock "
+    "(an add waiting behind it waits for a live holder: add_waiting_s)",
     ("data/buffer.py", "_after_fork"): "an os.fork child holds none of its parent's "
     "write locks (multiprocessing resets them in its own children only)",
     ("signals.py", "_getframe"): "the caller's frame, to know it runs inside a step",

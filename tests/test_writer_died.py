@@ -29,7 +29,7 @@ from replay_fsm.data import owner
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.errors import PipelineFailed, WriterDied
 
-from .collectors import StallingBuffer, add_rows, constant_rows
+from .collectors import StallingBuffer, add_rows, constant_rows, hold_pause
 from .support import MARGIN_S, finishes_within
 
 CAPACITY, REGION = 64, 8
@@ -444,3 +444,107 @@ def test_a_collector_whose_learner_died_inside_a_pause_exits_instead_of_waiting_
     assert (f"replay_fsm: the learner (pid {learner.pid}) is gone and an add of this "
             f"process (pid {collector_pid}) has waited") in err, err
     assert f"exiting with code {ORPHAN_EXIT_CODE}" in err
+
+
+def test_add_waiting_s_counts_every_waiting_add_and_none_behind_this_process() -> None:
+    """One record for every add of the process lost a thread's wait when another
+    thread's add ended (Ctrl-C here, or got the lock): a collector then waited for
+    ever behind a dead learner's pause, its watch thread told no add waits. And a wait
+    behind a pause or add of this process's own (alive) is not counted: the watch
+    thread ended a collector whose own thread saved under a pause (helper-70)."""
+    import time
+
+    ctx = mp.get_context("spawn")
+    rb = ReplayBuffer(CAPACITY, 3, 2, region_rows=REGION)
+    rows = constant_rows(rb, 1, 1)
+    held, release = ctx.Event(), ctx.Event()
+    holder = ctx.Process(target=hold_pause, args=(rb, held, release), daemon=True)
+    holder.start()
+    try:
+        assert held.wait(MARGIN_S)
+        waiter = threading.Thread(target=rb.add_packed, args=(rows,), daemon=True)
+        waiter.start()
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            rb.add_packed(rows)  # waits beside the thread's add, until the Ctrl-C
+        timer.join()
+        assert waiter.is_alive() and rb.add_waiting_s() > 0.2
+    finally:
+        release.set()
+        holder.join(MARGIN_S)
+    waiter.join(MARGIN_S)
+    assert rb.add_waiting_s() == 0.0 and rb.ptr == 1
+    # Behind this process's own pause: 0.0 (the pause is alive and ends).
+    own, end = threading.Event(), threading.Event()
+    pauser = threading.Thread(target=hold_pause, args=(rb, own, end), daemon=True)
+    pauser.start()
+    assert own.wait(MARGIN_S)
+    adder = threading.Thread(target=rb.add_packed, args=(rows,), daemon=True)
+    adder.start()
+    time.sleep(0.3)
+    try:
+        assert adder.is_alive() and rb.add_waiting_s() == 0.0
+        # A child forked now holds no lock and has no add waiting.
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.write(write, b"1" if rb.add_waiting_s() == 0.0 else b"0")
+            os._exit(0)
+        os.close(write)
+        child = os.read(read, 1)
+        os.close(read)
+        os.waitpid(pid, 0)
+        assert child == b"1"
+    finally:
+        end.set()
+    adder.join(MARGIN_S)
+    assert rb.ptr == 2
+
+
+LEARNER_DIES_BESIDE_A_COLLECTORS_PAUSE = r'''
+import multiprocessing as mp, os, signal, sys
+from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm.data.packer import ORPHANED_ADD_S
+from tests.collectors import add_beside_own_pause
+if __name__ == "__main__":
+    rb = ReplayBuffer(4096, 3, 2)
+    pipe = Pipeline(rb, sample_count=64, collector="external")
+    ctx = mp.get_context("spawn")
+    attached, done = ctx.Event(), ctx.Event()
+    collector = ctx.Process(target=add_beside_own_pause, args=(
+        pipe.packer_handle(), rb, attached, ORPHANED_ADD_S + 3, done))
+    collector.start()
+    assert attached.wait(120), "the collector did not attach"
+    print(collector.pid, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)  # outside any pause
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_collector_whose_learner_is_gone_lives_through_its_own_long_pause() -> None:
+    """A collector whose learner is gone may save the buffer under a pause of its own
+    for longer than ORPHANED_ADD_S while another of its threads adds: its watch thread
+    ended it mid-save (exit code 70, helper-70). A pause of this process is alive."""
+    import subprocess
+    import sys
+
+    from replay_fsm.data.packer import process_alive
+
+    learner = subprocess.Popen([sys.executable, "-c", LEARNER_DIES_BESIDE_A_COLLECTORS_PAUSE],
+                               cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    collector_pid = 0
+    try:
+        assert learner.stdout is not None
+        collector_pid = int(learner.stdout.readline() or 0)
+        assert collector_pid, learner.communicate(timeout=MARGIN_S)[1]
+        # Standard error closes once the collector (and the resource tracker) exited.
+        _, err = learner.communicate(timeout=4 * MARGIN_S)
+    finally:
+        learner.kill()
+        if collector_pid and process_alive(collector_pid):
+            os.kill(collector_pid, signal.SIGKILL)
+    assert "exiting with code" not in err, err
+    assert "collector: its pause and its add ended" in err, err

@@ -19,6 +19,7 @@ either side between any two steps and choose the interleaving
 from __future__ import annotations
 
 import contextlib
+import itertools
 import multiprocessing as mp
 import os
 import threading
@@ -110,8 +111,13 @@ class GatherScratch:
         self.one = torch.ones((), dtype=torch.int64)  # a tensor: a Python 1 is boxed per call
 
 
-# The write locks of this process's buffers, for the fork hook below.
+# The write locks of this process's buffers, and their adds' waits (ReplayBuffer.
+# _add_waits), for the fork hook below.
 _WRITE_LOCKS: weakref.WeakSet[Any] = weakref.WeakSet()
+_ADD_WAITS: weakref.WeakKeyDictionary[Any, dict[int, int]] = weakref.WeakKeyDictionary()
+# Keys of the waits of adds (ReplayBuffer._add_waits): one per add, of any thread, a
+# signal handler's add inside another's wait too. next() is one C call.
+_WAIT_KEYS = itertools.count()
 
 
 def _forked() -> None:
@@ -121,6 +127,8 @@ def _forked() -> None:
     parent's: the child's exit from that block raises, and releases nothing."""
     for lock in list(_WRITE_LOCKS):
         lock._semlock._after_fork()
+    for waits in list(_ADD_WAITS.values()):
+        waits.clear()  # the waits of the parent's other threads: none is the child's
 
 
 os.register_at_fork(after_in_child=_forked)
@@ -320,16 +328,18 @@ class ReplayBuffer:
         self._counters_np = self._counters.numpy()
         self._per_thread = threading.local()  # gather's scratch, one per thread
         self._adding = False  # a thread of this process is inside add, the lock taken
-        # When (time.monotonic_ns) an add of this process began waiting for the write
-        # lock; 0 while none waits (add_waiting_s).
-        self._add_wait_ns = 0
+        # When (time.monotonic_ns) each add of this process now in progress began
+        # waiting for the write lock, by a key of its own (add_waiting_s): one cell for
+        # all lost a wait when another thread's add took the lock.
+        self._add_waits: dict[int, int] = {}
+        _ADD_WAITS[self] = self._add_waits
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
         state.pop("_per_thread")  # each process makes its own
         state.pop("_adding")
-        state.pop("_add_wait_ns")
+        state.pop("_add_waits")
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -338,12 +348,15 @@ class ReplayBuffer:
         _WRITE_LOCKS.add(self._write_lock)
 
     def add_waiting_s(self) -> float:
-        """How long an ``add`` of this process has waited for the write lock (held by
-        another process's add, or by a pause: ``adds_paused``, a save's last pass);
-        0.0 while none waits. A waiting add cannot learn that the holder died outside
-        an add (see ``Packer.attach``)."""
-        since = self._add_wait_ns
-        return 0.0 if since == 0 else max(0.0, (time.monotonic_ns() - since) / 1e9)
+        """How long the longest-waiting ``add`` of this process has waited for the
+        write lock (held by another process's add, or by a pause: ``adds_paused``, a
+        save's last pass); 0.0 while none waits, and while a thread of this process
+        holds the lock (its pause or add: alive, it ends). A waiting add cannot learn
+        that the holder died outside an add (see ``Packer.attach``)."""
+        starts = list(self._add_waits.values())  # one C call: no thread changes it meanwhile
+        if not starts or self._write_lock._semlock._count():
+            return 0.0
+        return max(0.0, (time.monotonic_ns() - min(starts)) / 1e9)
 
     @property
     def ptr(self) -> int:
@@ -466,13 +479,13 @@ class ReplayBuffer:
         # record leaves the lock held and unrecorded, and every later add waits for
         # ever; reading /proc there made that window most of a first add.
         me()
-        self._add_wait_ns = time.monotonic_ns()
+        waits, key = self._add_waits, next(_WAIT_KEYS)
+        waits[key] = time.monotonic_ns()  # kept while it holds the lock: add_waiting_s
         try:
             with self._write_lock._semlock:  # see __init__
                 self._adding = True  # no call since the lock was taken (_refuse_inside_add)
                 try:
                     self._owner.hold()
-                    self._add_wait_ns = 0
                     self._append_locked(rows, n, cap)
                 except BaseException:
                     self._counters[2] += 1  # its rows may be written, not counted in ptr
@@ -481,7 +494,7 @@ class ReplayBuffer:
                     self._adding = False
                     self._owner.release()  # one C call: see Owner.view
         finally:
-            self._add_wait_ns = 0  # a wait that a Ctrl-C ended, too
+            waits.pop(key, None)  # a wait that a Ctrl-C ended, too
 
     def _append_locked(self, rows: torch.Tensor, n: int, cap: int) -> None:
         ptr = int(self._counters[0])
