@@ -335,7 +335,7 @@ def prune_launcher_logs(folder: Path, run_id: str) -> None:
     that hold no file (its ranks' folders hold an ``error.json`` only where a rank
     failed), and ``folder`` itself when that leaves it empty: a folder a launch, kept
     for ever, otherwise."""
-    made = [p for p in folder.glob(f"{run_id}_*") if p.is_dir()]
+    made = [p for p in folder.glob(f"{run_id}_*") if p.is_dir() and not p.is_symlink()]
     for top in made:
         inner = sorted((p for p in top.rglob("*") if p.is_dir()),
                        key=lambda p: len(p.parts), reverse=True)
