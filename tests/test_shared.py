@@ -190,7 +190,7 @@ def test_the_allocators_refusal_is_a_memory_error_that_names_it(
     def refuse(nbytes: int) -> torch.UntypedStorage:
         raise RuntimeError("unable to write to file </torch_1_2>: No space left on device")
 
-    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
+    monkeypatch.setattr(shared, "_new_storage", refuse)
     with pytest.raises(MemoryError) as info:
         shared.shared_zeros(4, 4, what="a test tensor")
     assert str(info.value).startswith("a test tensor: 64 B of shared memory could not be "
@@ -210,7 +210,7 @@ def test_another_allocator_error_stays_torchs(monkeypatch: pytest.MonkeyPatch) -
     def refuse(nbytes: int) -> torch.UntypedStorage:
         raise RuntimeError("unable to open shared memory object: Too many open files (24)")
 
-    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
+    monkeypatch.setattr(shared, "_new_storage", refuse)
     with pytest.raises(RuntimeError, match="Too many open files"):
         shared.shared_zeros(4, 4, what="a test tensor")
 
@@ -307,7 +307,7 @@ def test_a_refused_map_leaves_no_shared_memory_behind(
         raise RuntimeError(f"unable to mmap 64 bytes from file </{mine}>: Cannot "
                            "allocate memory (12)")
 
-    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
+    monkeypatch.setattr(shared, "_new_storage", refuse)
     try:
         with pytest.raises(MemoryError, match="64 B of shared memory could not be"):
             shared.shared_zeros(4, 4, what="a test tensor")
@@ -378,6 +378,39 @@ def test_a_refusal_past_the_file_size_limit_is_a_memory_error(
         raise RuntimeError("unable to resize file </torch_1_2_3> to the right size: "
                            "File too large (27)")
 
-    monkeypatch.setattr(torch.UntypedStorage, "_new_shared", staticmethod(refuse))
+    monkeypatch.setattr(shared, "_new_storage", refuse)
     with pytest.raises(MemoryError, match="64 B of shared memory could not be allocated"):
         shared.shared_zeros(4, 4, what="a test tensor")
+
+
+def test_a_process_killed_while_it_reserves_a_buffer_leaves_no_shared_memory() -> None:
+    """Reserving the pages of a buffer of GBs takes seconds, and a process killed
+    then (SIGKILL, the OOM killer: no code of it runs) left the whole object in
+    /dev/shm for good, where torch unlinks it only once it is mapped. The object is
+    now unlinked before its pages are reserved: killed during the reservation (held
+    there), the process leaves nothing."""
+    import torch.multiprocessing
+
+    if (torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+            or not os.path.isdir(shared.SHM)):
+        pytest.skip("needs /dev/shm and torch's file_descriptor sharing strategy")
+    code = """
+import os, sys, time
+from replay_fsm import ReplayBuffer
+
+def held(fd, offset, length):
+    print(os.getpid(), flush=True)
+    time.sleep(120)
+
+os.posix_fallocate = held
+ReplayBuffer(1000, 4, 2)
+"""
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        pid = int(proc.stdout.readline())
+        assert not [n for n in os.listdir(shared.SHM) if f"_{pid}_" in n]
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert not [n for n in os.listdir(shared.SHM) if f"_{pid}_" in n]

@@ -5,9 +5,11 @@ allocator message from deep inside, or none."""
 
 from __future__ import annotations
 
+import errno
 import math
 import os
 import re
+import secrets
 
 import torch
 
@@ -64,8 +66,39 @@ def _zeros_in_shm(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int
     without the classmethod (it is not public) gets the old way still."""
     if nbytes == 0 or not hasattr(torch.UntypedStorage, "_new_shared"):  # (none of 0 B)
         return torch.zeros(*shape, dtype=dtype).share_memory_()
-    storage = torch.UntypedStorage._new_shared(nbytes)
+    storage = _new_storage(nbytes)
     return torch.empty(0, dtype=dtype, device="cpu").set_(storage).view(shape)
+
+
+def _new_storage(nbytes: int) -> torch.UntypedStorage:
+    """A shared storage of ``nbytes``, its pages reserved. Under torch's default
+    sharing strategy (``file_descriptor``, which passes the object's descriptor to
+    other processes and never its name) the object is made and unlinked here before
+    its pages are reserved: torch's own ``_new_shared`` unlinks it only once it is
+    reserved and mapped, and a process killed in between (SIGKILL, the OOM killer;
+    reserving a buffer of GBs takes seconds) left the whole of it in /dev/shm for
+    good. Elsewhere (``file_system``: children open the object by name), torch's."""
+    import torch.multiprocessing
+
+    if (torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+            or not hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
+            or not hasattr(os, "posix_fallocate") or not os.path.isdir(SHM)):
+        return torch.UntypedStorage._new_shared(nbytes)
+    path = os.path.join(SHM, f"replay_fsm_{os.getpid()}_{secrets.token_hex(8)}")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        os.unlink(path)  # from here on, nothing of it outlives this process
+        try:
+            os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS at a write
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EFBIG, errno.ENOMEM):
+                raise
+            # torch's words for it, which shared_zeros turns into a MemoryError
+            raise RuntimeError(f"unable to reserve {nbytes} bytes of shared memory: "
+                               f"{os.strerror(exc.errno)}") from exc
+        return torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
+    finally:
+        os.close(fd)
 
 
 def _remove_left_over(message: str) -> None:
