@@ -465,3 +465,19 @@ def test_a_plot_that_cannot_be_written_whole_keeps_the_earlier_one(tmp_path: Pat
 
     assert plot(runs, out) == out  # type: ignore[arg-type]
     assert out.read_bytes().startswith(b"\x89PNG") and len(out.read_bytes()) > 4096
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_both_samplings_end_with_the_episodes_of_the_last_phase(collector: str) -> None:
+    """The last publish (weights version ``ticks``) starts a collection phase that
+    ``env_steps`` counts; episodes ending in it were in the synchronous run and not
+    in the pipelined one, whose close stopped the collector first. Here 100 warm-up
+    steps and 100 phases end Pendulum's 200-step episodes in that phase."""
+    config = replace(SMALL, ticks=100, warmup_steps=200, collector=collector)
+    pipelined = train(config)
+    reference = train(replace(config, sampling="sync"))
+    assert pipelined["digest"] == reference["digest"]
+    episodes = [(e["env_steps"], e["return"]) for e in pipelined["episodes"]]
+    assert episodes == [(e["env_steps"], e["return"]) for e in reference["episodes"]]
+    assert [s for s, _ in episodes] == [400, 400]
+    assert pipelined["final_return"] == reference["final_return"] is not None

@@ -56,3 +56,37 @@ def test_episode_log_keeps_order_and_the_newest_beyond_capacity() -> None:
     assert log.rows(5) == []
     log.record(40, [6.0] * 7, [1] * 7)  # more than it holds in one call
     assert log.dropped == 9 and [r for _, _, r, _ in log.rows()] == [6.0] * 3
+
+
+def _wait_for_ever(ring: WeightRing, ready: object) -> None:
+    ready.set()  # type: ignore[attr-defined]
+    while True:
+        ring.wait(10**9, timeout=60.0)
+
+
+def test_a_collector_killed_while_it_waits_for_weights_leaves_publish_free() -> None:
+    """The synchronous trainer's collector spends its time asleep in ``wait``; killed
+    there (SIGKILL, the OOM killer), it left the learner's next ``publish`` waiting
+    for ever for it to wake (a multiprocessing Event's set), instead of the trainer
+    failing with CollectorDied."""
+    import multiprocessing as mp
+    import threading
+    import time
+
+    ctx = mp.get_context("spawn")
+    ring = WeightRing(2, slots=2)
+    ready = ctx.Event()
+    proc = ctx.Process(target=_wait_for_ever, args=(ring, ready), daemon=True)
+    proc.start()
+    try:
+        assert ready.wait(60)
+        time.sleep(0.5)  # asleep in wait by now
+    finally:
+        proc.kill()
+        proc.join()
+    done = threading.Event()
+    publisher = threading.Thread(target=lambda: (ring.publish(1, torch.ones(2)), done.set()),
+                                 daemon=True)
+    publisher.start()
+    assert done.wait(10), "publish hung on a dead waiter"
+    assert ring.wait(1, timeout=1.0)

@@ -30,7 +30,7 @@ from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuff
 from replay_fsm.signals import STOP_SIGNALS, end_worker, ignore, start_ignoring
 
 from .sac import Actor
-from .shared import EpisodeLog, WeightRing
+from .shared import EpisodeLog, StopFlag, WeightRing
 
 _STOP_CHECK_S = 0.05  # the sync-mode collector's wait for weights, between stop checks
 COLLECTOR_JOIN_S = 30.0  # how long a closed trainer waits for its collector to leave
@@ -191,18 +191,19 @@ class _Collector:
             final = nxt.copy()
             for i in np.flatnonzero(info["_final_obs"]):
                 final[i] = info["final_obs"][i]
-        # A time-limit cut still bootstraps; a true termination at the limit does not.
-        self.rb.add(obs, action, reward, nxt, done, truncated & ~terminated,
-                    terminal_mask=done, terminal_next_obs=final)
         self.env_steps += self.spec.num_envs
         self.ep_return += reward
         self.ep_length += 1
-        if done.any():
+        if done.any():  # recorded before the rows are added: a learner that has seen
+            # the rows of a step (``wait_rows``) sees the episodes it ended too
             idx = np.flatnonzero(done)
             self.episodes.record(self.env_steps, self.ep_return[idx].tolist(),
                                  self.ep_length[idx].tolist())
             self.ep_return[idx] = 0.0
             self.ep_length[idx] = 0
+        # A time-limit cut still bootstraps; a true termination at the limit does not.
+        self.rb.add(obs, action, reward, nxt, done, truncated & ~terminated,
+                    terminal_mask=done, terminal_next_obs=final)
         self.obs = nxt
         if self.packer is not None:
             self.packer.service()
@@ -259,7 +260,7 @@ def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes
     spec = CollectorSpec(config.env, config.num_envs, config.seed,
                          config.warmup_vector_steps, config.env_steps_per_tick, config.hidden)
     ctx = mp.get_context("spawn")
-    stop = ctx.Event()
+    stop = StopFlag()
     handle = None if pipe is None else pipe.packer_handle()
     worker: Any
     at_exit = None

@@ -240,6 +240,12 @@ class Trainer:
                 self.tick = t + 1
                 if self._bar is not None:
                     _show(self._bar, t, self)
+            if self.tick == config.ticks:
+                # The last publish started the collection phase of version ``ticks``,
+                # which ``env_steps`` counts: wait for it, so that both samplings end
+                # with the same episodes (the pipeline's close used to stop it first).
+                wait_rows(self.rb, config.snapshot_ptr(config.ticks + config.ring_depth - 1),
+                          self.worker, config.liveness_timeout)
         except BaseException as exc:
             # A collector found dead (stopped, stuck) is not given time to leave.
             self.close(hung=isinstance(exc, (CollectorDied, DataStalled)))

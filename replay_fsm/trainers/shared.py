@@ -29,7 +29,10 @@ class WeightRing:
         self._data = torch.zeros(slots, numel).share_memory_()
         # Invariant: _version[0] is the newest version whose slot is fully written.
         self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
-        self._published = mp.get_context("spawn").Event()  # set after each publish
+        # A token per publish. Not an Event: its set() waits, under its condition's
+        # lock, for every sleeper to wake, and a collector killed (SIGKILL, the OOM
+        # killer) asleep in wait() never does: the learner's publish hung for ever.
+        self._published = mp.get_context("spawn").Semaphore(0)
 
     @property
     def version(self) -> int:
@@ -45,17 +48,14 @@ class WeightRing:
             raise ValueError(f"version {version} published after {self.version}")
         self._data[version % self.slots].copy_(flat)
         self._version[0] = version  # after the data: a reader never sees a half slot
-        self._published.set()
+        self._published.release()  # never blocks, whoever waits or died waiting
 
     def wait(self, version: int, timeout: float) -> bool:
         """Block until ``version`` is published; False if ``timeout`` ran out first."""
         deadline = time.monotonic() + timeout
-        while self.version < version:
-            self._published.clear()
-            if self.version >= version:  # published between the check and the clear
-                break
+        while self.version < version:  # a publish after this check left its token
             left = deadline - time.monotonic()
-            if left <= 0 or not self._published.wait(left):
+            if left <= 0 or not self._published.acquire(timeout=left):
                 return self.version >= version
         return True
 
@@ -121,3 +121,19 @@ class EpisodeLog:
     def __len__(self) -> int:
         """Every episode recorded, those dropped included."""
         return int(self._count[0])
+
+
+class StopFlag:
+    """The learner's word to its collector to stop: set once, read with no lock. Not
+    a multiprocessing Event, whose ``is_set`` takes its condition's lock: a collector
+    killed (SIGKILL, the OOM killer) while it read it left the lock held, and the
+    learner's ``set`` then waited for it for ever."""
+
+    def __init__(self) -> None:
+        self._flag = torch.zeros(1, dtype=torch.uint8).share_memory_()
+
+    def set(self) -> None:
+        self._flag[0] = 1
+
+    def is_set(self) -> bool:
+        return bool(self._flag[0])
