@@ -295,3 +295,12 @@ def _naming(exc: OSError, path: str) -> OSError:
     if exc.errno is None or exc.filename == path:
         return exc
     return OSError(exc.errno, exc.strerror, path)  # OSError picks the subclass
+
+
+def forget(path: str | os.PathLike[str]) -> None:
+    """Remove ``path`` where it is a regular file (not a link, a FIFO or a device,
+    which a write replaces in place or through): the earlier output of a command
+    about to write a newer one that must not stand beside it."""
+    with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+        if stat.S_ISREG(os.lstat(path).st_mode) and not os.fspath(path).startswith(IN_PLACE):
+            os.unlink(path)

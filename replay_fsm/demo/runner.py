@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
 from ..errors import CollectorDied, DataStalled
-from ..files import check_writable, write_text
+from ..files import check_writable, forget, write_text
 from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
@@ -229,6 +229,10 @@ def _write_files(config: DemoConfig, out_dir: Path, pipe: Pipeline,
     not hold this run's trace beside an earlier run's summary."""
     assert pipe.tracer is not None
     paths = _outputs(config, out_dir)
+    # An earlier run's summary goes first, and this run's comes last: a process killed
+    # in between (SIGKILL, the OOM killer) leaves no summary beside this run's trace,
+    # where it left the earlier one, looking current.
+    forget(paths["summary"])
     pipe.tracer.write_chrome(
         paths["trace"],
         process_name="replay_fsm" if config.rank is None else f"rank {config.rank}",

@@ -68,6 +68,10 @@ def main(args: argparse.Namespace) -> int:
         result, error = exc.result, exc  # type: ignore[attr-defined]
     runs = result["runs"] if "runs" in result else {config.sampling: result}
     print(summary(result))  # first: the numbers are on the screen whatever follows
+    from ..files import forget
+    # The earlier run's plot goes before this run's result is written: a process
+    # killed before the plot (SIGKILL) leaves none, not one that looks like this run's.
+    forget(output_path(args.out).with_suffix(".png"))
     path = write(result, args.out)
     png = plot(runs, path.with_suffix(".png"), title=f"SAC on {config.env}")
     print(f"wrote {path} and {png}")
