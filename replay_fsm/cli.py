@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
                       help="with --nproc N: seconds a rank waits in an all-reduce for a "
                       "stopped or stuck peer before it fails")
     demo.add_argument("--learner-threads", type=int, default=1,
-                      help="torch threads of the learner (0: torch's default)")
+                      help="torch threads of the learner (0: torch's default; at most 256)")
     demo.set_defaults(fn=_demo)
 
     sac = command("sac", help="train SAC on a gymnasium task through the pipeline")

@@ -267,6 +267,18 @@ def test_learner_threads_below_zero_is_named_as_the_option(
                             "got -1\n"), err
 
 
+def test_learner_threads_past_the_bound_are_refused(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """100000 segfaulted in OpenMP (exit 139, no message) and 20000 aborted it
+    (helper-69); the command says what it takes instead, before any thread starts."""
+    for command in (["demo"], ["sac", "--env", "Pendulum-v1"]):
+        err = one_line_error(capsys, main([*command, "--ticks", "2", "--learner-threads",
+                                           "100000", "--out", str(tmp_path / "o"),
+                                           "--no-progress"]))
+        assert err.endswith("error: --learner-threads must be at most 256, got 100000\n")
+    assert not (tmp_path / "o").exists()
+
+
 def test_python_dash_m_replay_fsm_is_the_command() -> None:
     out = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"],
                          capture_output=True, text=True, timeout=120)

@@ -30,7 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--hidden", type=int, default=256, help="units per hidden layer")
     parser.add_argument("--seed", type=int, default=0, help="seeds the run and its batches")
     parser.add_argument("--learner-threads", type=int, default=1,
-                        help="torch threads of the learner (0: torch's default)")
+                        help="torch threads of the learner (0: torch's default; at most 256)")
     parser.add_argument("--out", default="sac-out",
                         help="a folder (gets sac.json and sac.png) or a .json file (the PNG "
                         "goes beside it)")
@@ -80,15 +80,22 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
+MAX_LEARNER_THREADS = 256
+
+
 def learner_threads(option: int) -> int | None:
     """``--learner-threads`` as the configs take it: 0 is torch's default (None).
 
     Raises:
-        ValueError: a negative count, named as the option (the configs' own error
-            says "None or an int >= 1", which no command line can give).
+        ValueError: a negative count (named as the option: the configs' own error
+            says "None or an int >= 1", which no command line can give), or one past
+            MAX_LEARNER_THREADS.
     """
     if option < 0:
         raise ValueError(f"--learner-threads must be >= 0 (0: torch's default), got "
+                         f"{option}")
+    if option > MAX_LEARNER_THREADS:  # OpenMP aborts, or segfaults, on 20000 or 100000
+        raise ValueError(f"--learner-threads must be at most {MAX_LEARNER_THREADS}, got "
                          f"{option}")
     return option or None
 
