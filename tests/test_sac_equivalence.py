@@ -71,6 +71,8 @@ def test_snapshot_schedule() -> None:
     ({"seed": 2**63 - 40 + 1}, "seed must be an int in"),  # tick 39's seed: 2**63
     ({"sampling": "sync", "seed": 2**63 - 40 + 1}, "seed must be an int in"),
     ({"seed": 1.5}, "seed must be an int in"),
+    # blamed the seed (helper-69)
+    ({"ticks": 2**63 + 1}, r"ticks must be at most 2\*\*63, got 9223372036854775809"),
 ])
 def test_bad_options_are_refused_early(change: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message):

@@ -127,6 +127,8 @@ class SACConfig:
         if not 2 <= self.ring_depth <= MAX_RING_DEPTH:
             raise ValueError(f"ring_depth must be between 2 and {MAX_RING_DEPTH}, got "
                              f"{self.ring_depth}")
+        if self.ticks - 1 > MAX_SEED:  # no seed leaves room for them (seed + t < 2**63)
+            raise ValueError(f"ticks must be at most 2**63, got {self.ticks}")
         try:
             seed = as_seed(self.seed, "seed")  # ints and numpy integers
         except (TypeError, ValueError):
