@@ -279,6 +279,30 @@ def test_learner_threads_past_the_bound_are_refused(
     assert not (tmp_path / "o").exists()
 
 
+def test_sac_passes_its_liveness_timeout_to_the_run(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """The trainer's liveness_timeout (30 s) had no flag: a collector slow to build
+    its environments failed the run with DataStalled, whatever the user knew."""
+    import replay_fsm.trainers.run as run
+
+    seen = []
+
+    def train(config: Any) -> dict[str, Any]:
+        seen.append(config.liveness_timeout)
+        raise KeyboardInterrupt  # the run itself is not what this tests
+
+    monkeypatch.setattr(run, "train", train)
+    assert main(["sac", "--env", "Pendulum-v1", "--ticks", "2", "--liveness-timeout",
+                 "90", "--out", str(tmp_path), "--no-progress"]) == 130
+    assert seen == [90.0]
+    capsys.readouterr()
+    monkeypatch.undo()  # the real run, which checks its options first
+    err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--liveness-timeout",
+                                       "-1", "--out", str(tmp_path), "--no-progress"]))
+    assert "liveness_timeout must be a finite number of seconds > 0, got -1.0" in err
+
+
 def test_python_dash_m_replay_fsm_is_the_command() -> None:
     out = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"],
                          capture_output=True, text=True, timeout=120)

@@ -71,6 +71,7 @@ def test_snapshot_schedule() -> None:
     ({"seed": 2**63 - 40 + 1}, "seed must be an int in"),  # tick 39's seed: 2**63
     ({"sampling": "sync", "seed": 2**63 - 40 + 1}, "seed must be an int in"),
     ({"seed": 1.5}, "seed must be an int in"),
+    ({"liveness_timeout": 0}, "liveness_timeout must be a finite number of seconds > 0"),
     # blamed the seed (helper-69)
     ({"ticks": 2**63 + 1}, r"ticks must be at most 2\*\*63, got 9223372036854775809"),
 ])

@@ -31,6 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seeds the run and its batches")
     parser.add_argument("--learner-threads", type=int, default=1,
                         help="torch threads of the learner (0: torch's default; at most 256)")
+    parser.add_argument("--liveness-timeout", type=float, default=30.0,
+                        help="seconds without a row from the collector before the run "
+                        "fails (CollectorDied, DataStalled)")
     parser.add_argument("--out", default="sac-out",
                         help="a folder (gets sac.json and sac.png) or a .json file (the PNG "
                         "goes beside it)")
@@ -55,7 +58,7 @@ def main(args: argparse.Namespace) -> int:
         device=args.device, sampling="pipeline" if args.sampling == "both" else args.sampling,
         ring_depth=args.ring_depth, collector=args.collector, hidden=args.hidden,
         seed=args.seed, learner_threads=learner_threads(args.learner_threads),
-        progress=progress(args))
+        liveness_timeout=args.liveness_timeout, progress=progress(args))
     output_path(args.out, before_run=True)  # fails now, not after the run
     code, error = 0, None
     try:

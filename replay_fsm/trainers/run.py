@@ -57,7 +57,7 @@ from replay_fsm import (  # public API only
     Pipeline,
     ReplayBuffer,
 )
-from replay_fsm.core import as_seed
+from replay_fsm.core import as_seconds, as_seed
 from replay_fsm.files import check_writable, write_text
 from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
@@ -136,6 +136,7 @@ class SACConfig:
         if not 0 <= seed <= MAX_SEED - (self.ticks - 1):
             raise ValueError(f"seed must be an int in [0, 2**63 - ticks] (tick t's batch "
                              f"is drawn with seed + t), got {self.seed!r}")
+        as_seconds("liveness_timeout", self.liveness_timeout)
         available_device(self.device)  # the library's error, before anything starts
         if self.learner_threads is not None and self.learner_threads < 1:
             raise ValueError(f"learner_threads must be None or >= 1, got "
