@@ -389,6 +389,35 @@ def test_a_forked_child_names_itself() -> None:
     assert child == pid and parent & owner.PID_MASK == os.getpid()
 
 
+def run_learner(script: str, *, kill: bool) -> tuple[int, int, str]:
+    """Run ``script`` (a learner that prints its collector's pid) in a process of its
+    own, SIGKILL it once it has printed where ``kill`` (else it ends itself), and
+    wait until every process holding its standard error has exited: the collector,
+    and the learner's resource tracker. Returns (learner pid, collector pid, its
+    standard error); a collector still alive then is SIGKILLed."""
+    import subprocess
+    import sys
+
+    from replay_fsm.data.packer import process_alive
+
+    learner = subprocess.Popen([sys.executable, "-c", script],
+                               cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    collector_pid = 0
+    try:
+        assert learner.stdout is not None
+        collector_pid = int(learner.stdout.readline() or 0)
+        assert collector_pid, learner.communicate(timeout=MARGIN_S)[1]
+        if kill:
+            learner.kill()
+        _, err = learner.communicate(timeout=4 * MARGIN_S)
+    finally:
+        learner.kill()
+        if collector_pid and process_alive(collector_pid):
+            os.kill(collector_pid, signal.SIGKILL)
+    return learner.pid, collector_pid, err
+
+
 LEARNER_DIES_IN_A_PAUSE = r'''
 import multiprocessing as mp, sys, time
 from replay_fsm import Pipeline, ReplayBuffer
@@ -419,29 +448,11 @@ def test_a_collector_whose_learner_died_inside_a_pause_exits_instead_of_waiting_
     next add for ever, orphaned, deaf to the stop signals it ignores (helper-66). The
     packer's watch thread now ends it once the learner is gone and the add has
     waited ORPHANED_ADD_S more, saying why."""
-    import subprocess
-    import sys
-
     from replay_fsm.data.packer import ORPHAN_EXIT_CODE, process_alive
 
-    learner = subprocess.Popen([sys.executable, "-c", LEARNER_DIES_IN_A_PAUSE],
-                               cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    collector_pid = 0
-    try:
-        assert learner.stdout is not None
-        collector_pid = int(learner.stdout.readline() or 0)
-        assert collector_pid, learner.communicate(timeout=MARGIN_S)[1]
-        learner.kill()  # inside its pause
-        # Standard error closes once every process holding it has exited: the
-        # collector, and the learner's resource tracker.
-        _, err = learner.communicate(timeout=4 * MARGIN_S)
-    finally:
-        learner.kill()
-        if collector_pid and process_alive(collector_pid):
-            os.kill(collector_pid, signal.SIGKILL)
+    learner_pid, collector_pid, err = run_learner(LEARNER_DIES_IN_A_PAUSE, kill=True)
     assert not process_alive(collector_pid)
-    assert (f"replay_fsm: the learner (pid {learner.pid}) is gone and an add of this "
+    assert (f"replay_fsm: the learner (pid {learner_pid}) is gone and an add of this "
             f"process (pid {collector_pid}) has waited") in err, err
     assert f"exiting with code {ORPHAN_EXIT_CODE}" in err
 
@@ -527,24 +538,39 @@ def test_a_collector_whose_learner_is_gone_lives_through_its_own_long_pause() ->
     """A collector whose learner is gone may save the buffer under a pause of its own
     for longer than ORPHANED_ADD_S while another of its threads adds: its watch thread
     ended it mid-save (exit code 70, helper-70). A pause of this process is alive."""
-    import subprocess
-    import sys
-
-    from replay_fsm.data.packer import process_alive
-
-    learner = subprocess.Popen([sys.executable, "-c", LEARNER_DIES_BESIDE_A_COLLECTORS_PAUSE],
-                               cwd=Path(__file__).parent.parent, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True)
-    collector_pid = 0
-    try:
-        assert learner.stdout is not None
-        collector_pid = int(learner.stdout.readline() or 0)
-        assert collector_pid, learner.communicate(timeout=MARGIN_S)[1]
-        # Standard error closes once the collector (and the resource tracker) exited.
-        _, err = learner.communicate(timeout=4 * MARGIN_S)
-    finally:
-        learner.kill()
-        if collector_pid and process_alive(collector_pid):
-            os.kill(collector_pid, signal.SIGKILL)
+    _, _, err = run_learner(LEARNER_DIES_BESIDE_A_COLLECTORS_PAUSE, kill=False)
     assert "exiting with code" not in err, err
     assert "collector: its pause and its add ended" in err, err
+
+
+def test_the_orphan_watch_ends_a_process_only_on_two_looks_in_a_row(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One look can fall between a pause of the collector's own ending and the add it
+    held off taking the lock: that add then shows a long wait for an instant. The
+    watch ended the process on that one look; it now needs two in a row."""
+    from types import SimpleNamespace
+
+    import replay_fsm.data.packer as packer_module
+    from replay_fsm.data.packer import ORPHAN_EXIT_CODE, ORPHANED_ADD_S, Packer
+
+    class Exited(Exception):
+        pass
+
+    def exit_(code: int) -> None:
+        raise Exited(code)
+
+    looks = [ORPHANED_ADD_S + 5, 0.0, ORPHANED_ADD_S + 5, 0.0, ORPHANED_ADD_S + 5,
+             ORPHANED_ADD_S + 6, 0.0]
+    rb = SimpleNamespace(add_waiting_s=lambda: looks.pop(0))
+    now = [0]
+    # The clock moves 60 s between two looks (the first look comes as the learner is
+    # found gone, too early to judge).
+    monkeypatch.setattr(packer_module.time, "monotonic_ns", lambda: now[0])
+    monkeypatch.setattr(packer_module.time, "sleep",
+                        lambda s: now.__setitem__(0, now[0] + int(60e9)))
+    monkeypatch.setattr(packer_module.os, "_exit", exit_)
+    watch = SimpleNamespace(_learner_alive=lambda: False, replay_buffer=rb,
+                            _learner_pid=1)
+    with pytest.raises(Exited) as info:
+        Packer._watch_orphaned_adds(watch)  # type: ignore[arg-type]
+    assert info.value.args == (ORPHAN_EXIT_CODE,) and looks == [0.0]

@@ -355,11 +355,15 @@ class Packer:
             time.sleep(LEARNER_CHECK_S)
         gone_ns = time.monotonic_ns()
         rb = self.replay_buffer
-        while True:
+        # Found so at two looks in a row: one look can fall between a pause of this
+        # process ending and the add it held off taking the lock.
+        looks = 0
+        while looks < 2:
             waited = rb.add_waiting_s()
-            if waited and min(waited, (time.monotonic_ns() - gone_ns) / 1e9) >= ORPHANED_ADD_S:
-                break
-            time.sleep(LEARNER_CHECK_S)
+            stuck = min(waited, (time.monotonic_ns() - gone_ns) / 1e9) >= ORPHANED_ADD_S
+            looks = looks + 1 if waited and stuck else 0
+            if looks < 2:
+                time.sleep(LEARNER_CHECK_S)
         with contextlib.suppress(Exception):  # standard error closed, say: exit all the same
             sys.stderr.write(
                 f"replay_fsm: the learner (pid {self._learner_pid}) is gone and an add of "
