@@ -5,6 +5,7 @@ allocator message from deep inside, or none."""
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import math
 import os
@@ -85,9 +86,12 @@ def _new_storage(nbytes: int) -> torch.UntypedStorage:
             or not hasattr(os, "posix_fallocate") or not os.path.isdir(SHM)):
         return torch.UntypedStorage._new_shared(nbytes)
     path = os.path.join(SHM, f"replay_fsm_{os.getpid()}_{secrets.token_hex(8)}")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        os.unlink(path)  # from here on, nothing of it outlives this process
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    finally:  # from here on nothing of it outlives this process, a Ctrl-C's too
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    try:
         try:
             os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS at a write
         except OSError as exc:
