@@ -1576,8 +1576,9 @@ def test_a_close_that_reports_an_error_is_not_repeated(
     assert os.listdir(tmp_path) == []
 
 
-def test_a_failed_write_names_the_file_asked_for(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def save_on_a_full_disk(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> OSError:
+    """Save to ``tmp_path / "b.ckpt"`` with every write failing with ENOSPC: the error,
+    checked to name that file."""
     def full(*args: object) -> int:
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
@@ -1585,7 +1586,13 @@ def test_a_failed_write_names_the_file_asked_for(
     with pytest.raises(OSError) as info:
         filled(8, 5).save(tmp_path / "b.ckpt")
     assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / "b.ckpt"))
-    assert str(info.value) == f"[Errno 28] No space left on device: '{tmp_path / 'b.ckpt'}'"
+    return info.value
+
+
+def test_a_failed_write_names_the_file_asked_for(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    error = save_on_a_full_disk(tmp_path, monkeypatch)
+    assert str(error) == f"[Errno 28] No space left on device: '{tmp_path / 'b.ckpt'}'"
 
 
 @pytest.mark.parametrize("fails", ["open", "fsync"])
@@ -1847,13 +1854,6 @@ def test_a_save_out_of_room_names_the_leftover_that_takes_it(
     naming it and its size, so that the room can be freed."""
     left = tmp_path / f".b.ckpt.{os.getppid()}-0123abcd.tmp"  # fresh: kept by the save
     left.write_bytes(b"rows of a killed save")
-
-    def full(*args: object) -> int:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(checkpoint.os, "pwrite", full)
-    with pytest.raises(OSError) as info:
-        filled(8, 5).save(tmp_path / "b.ckpt")
-    assert (info.value.errno, info.value.filename) == (errno.ENOSPC, str(tmp_path / "b.ckpt"))
-    assert f"{left} (21 bytes)" in str(info.value) and "\n" not in str(info.value)
+    error = save_on_a_full_disk(tmp_path, monkeypatch)
+    assert f"{left} (21 bytes)" in str(error) and "\n" not in str(error)
     assert sorted(os.listdir(tmp_path)) == [left.name]
