@@ -126,6 +126,40 @@ def test_each_chunk_has_one_writer_and_the_last_one_written_completes_it() -> No
         h.advance(1, 1, 1.0)
 
 
+def test_stranded_is_a_request_only_a_gone_packer_could_finish() -> None:
+    """``stranded`` (asked of a request a packer process that is gone read): true
+    while a chunk the packer side claimed is uncounted, or, without the learner's
+    packs, until the request is written whole or failed; the learner's own claims
+    never strand it, and a later request in the slot means it was packed."""
+    with chunks_of(4):
+        h = PackerHandle.create(2, N, 8)
+    assert h.stranded(0, 1, True, 1.0) is False  # unclaimed: the learner packs it all
+    assert h.stranded(0, 1, False, 1.0) is True  # ... unless it packs nothing
+    assert h.claim(0, 1, 50, 1.0, by_packer=False) == 0  # the learner's
+    assert h.stranded(0, 1, True, 1.0) is False
+    assert h.claim(0, 1, 50, 1.0) == 1  # the packer's
+    assert h.stranded(0, 1, True, 1.0) is True
+    assert h.advance(0, 1, 1.0) == (2, False)  # counted; it claims the next
+    assert h.stranded(0, 1, True, 1.0) is True
+    assert h.advance(0, 1, 1.0, by_packer=False) == (3, False)  # the learner's next
+    assert h.advance(0, 1, 1.0) == (NO_CHUNK, False)  # the packer owes nothing now
+    assert h.stranded(0, 1, True, 1.0) is False
+    assert h.stranded(0, 1, False, 1.0) is True  # chunk 3 is the learner's to write
+    assert h.advance(0, 1, 1.0, by_packer=False) == (NO_CHUNK, True)
+    assert h.stranded(0, 1, False, 1.0) is False  # written whole
+    assert h.claim(1, 1, 0, 1.0) == 0
+    h.abandon(1, 1, 1.0)
+    assert h.stranded(1, 1, False, 1.0) is False  # failed: its error was posted
+    assert h.claim(0, 2, 60, 1.0) == 0  # a later request in slot 0
+    assert h.stranded(0, 1, False, 1.0) is False
+    assert h.stranded(0, 2, True, 1.0) is True  # the new one's claimed chunk
+    assert h.claim_lock.acquire(timeout=1.0)
+    try:
+        assert h.stranded(0, 2, True, 0.01) is None  # the lock stayed taken
+    finally:
+        h.claim_lock.release()
+
+
 def test_a_failed_writer_abandons_the_request() -> None:
     """After abandon no chunk is handed out and no writer completes the request (the
     failed writer posts the error); an older generation's abandon changes nothing."""

@@ -89,6 +89,18 @@ class Channel:
     def closed(self) -> bool:
         return bool(self._counters[2])
 
+    @property
+    def sent(self) -> int:
+        """Records ever put into the ring (``post_local``'s not counted): the next
+        record put is number ``sent``, counted from 0."""
+        return self._counters[1]
+
+    @property
+    def taken(self) -> int:
+        """Records ever taken off the ring: record number ``k`` was taken iff
+        ``k < taken``."""
+        return self._counters[0]
+
     def put(self, values: Sequence[int], text: str | None = None,
             timeout: float | None = None) -> bool:
         """Append one record; False if no space came within ``timeout``.

@@ -58,8 +58,14 @@ CHUNK_MIN_ROWS = 1024
 # this long means a stopped or hung process, and the learner's take then fails.
 HOLD_PATIENCE_S = 60.0
 NO_CHUNK = -1  # claim/advance: nothing left for the caller to write
-# The claim cells' columns, per slot.
-GENERATION, NEXT, WRITTEN, FAILED, SNAPSHOT_PTR, START_NS = range(6)
+# The claim cells' columns, per slot. PACKER_OWES: the chunks the packer side claimed
+# and has not counted as written yet (the learner's own claims are not in it).
+GENERATION, NEXT, WRITTEN, FAILED, SNAPSHOT_PTR, START_NS, PACKER_OWES = range(7)
+# packer_state's cells: the attached packer's pid and heartbeat, the learner's pid,
+# the attached packer's owner record (3 cells), then, set when a packer attaches after
+# another process's (gone: attach refuses a live one), how many requests had been read
+# off the request channel then and that predecessor's pid.
+PID, BEAT, LEARNER, RECORD, READ_BEFORE, PREDECESSOR = 0, 1, 2, 3, 6, 7
 
 
 def chunk_count(rows: int) -> int:
@@ -108,14 +114,16 @@ class PackerHandle:
     # of the batch views the learner holds on another.
     host_slots: list[torch.Tensor]
     # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), the pid
-    # of the learner that created the handle, and the attached packer's (token, pid
+    # of the learner that created the handle, the attached packer's (token, pid
     # namespace, time namespace) record as ``owner`` makes it (a pid may be reused,
-    # the record names one process); shared.
+    # the record names one process), and the requests read before it attached with
+    # the pid of the packer process before it (0, 0: none); shared.
     packer_state: torch.Tensor
     # Per slot (int64, shared; read and set only under claim_lock, a spawn Lock): the
     # generation of the request being written, its next chunk to claim, its chunks
-    # written, whether a writer failed, and the snapshot ptr and start time its first
-    # writer took (every writer of a request draws the same rows).
+    # written, whether a writer failed, the snapshot ptr and start time its first
+    # writer took (every writer of a request draws the same rows), and the chunks the
+    # packer side claimed and has not counted.
     claims: torch.Tensor
     claim_lock: Any
     chunks: int = 1  # per request; the bounds split the rows evenly
@@ -124,8 +132,8 @@ class PackerHandle:
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int, buffer_id: int = 0
                ) -> PackerHandle:
-        state = torch.zeros(6, dtype=torch.int64).share_memory_()
-        state[2] = os.getpid()
+        state = torch.zeros(PREDECESSOR + 1, dtype=torch.int64).share_memory_()
+        state[LEARNER] = os.getpid()
         return cls(
             # Twice the ring: besides one live request per slot, at most ring_depth
             # requests the learner packed itself wait to be dropped (ChannelLink.take).
@@ -135,7 +143,7 @@ class PackerHandle:
                                      what=f"host slot {i} of {sample_count} rows")
                         for i in range(ring_depth)],
             packer_state=state,
-            claims=torch.zeros(ring_depth, START_NS + 1, dtype=torch.int64).share_memory_(),
+            claims=torch.zeros(ring_depth, PACKER_OWES + 1, dtype=torch.int64).share_memory_(),
             claim_lock=mp.get_context("spawn").Lock(),
             chunks=chunk_count(sample_count),
             buffer_id=buffer_id,
@@ -159,21 +167,30 @@ class PackerHandle:
 
     @property
     def packer_pid(self) -> int:
-        return int(self._state_np[0])
+        return int(self._state_np[PID])
 
     @property
     def heartbeat_ns(self) -> int:
-        return int(self._state_np[1])
+        return int(self._state_np[BEAT])
 
     @property
     def learner_pid(self) -> int:
-        return int(self._state_np[2])
+        return int(self._state_np[LEARNER])
 
     @property
     def packer_record(self) -> tuple[int, int, int]:
         """The attached packer's (token, pid namespace, time namespace): ``owner``'s."""
         state = self._state_np
-        return int(state[3]), int(state[4]), int(state[5])
+        return int(state[RECORD]), int(state[RECORD + 1]), int(state[RECORD + 2])
+
+    @property
+    def predecessor(self) -> tuple[int, int]:
+        """(requests read off the request channel, pid) of the packer process attached
+        before the one attached now, which was gone when it attached; (0, 0) when no
+        other process's packer was attached before it. A request read before is that
+        process's, or an earlier one's: whatever of it they left undone, nobody does."""
+        state = self._state_np
+        return int(state[READ_BEFORE]), int(state[PREDECESSOR])
 
     @property
     def semaphore_names(self) -> tuple[str, ...]:
@@ -182,14 +199,15 @@ class PackerHandle:
         return (self.requests.semaphore_names + self.done.semaphore_names
                 + (semaphore_name(self.claim_lock),))
 
-    def claim(self, slot: int, generation: int, snapshot_ptr: int, timeout: float
-              ) -> int | None:
+    def claim(self, slot: int, generation: int, snapshot_ptr: int, timeout: float,
+              *, by_packer: bool = True) -> int | None:
         """The first chunk of request ``generation`` in ``slot`` for this caller to
         write; NO_CHUNK when every chunk is claimed, or when the slot holds a newer
         request (this one was packed and released). The request's first claim
         records ``snapshot_ptr`` and the time for all its writers (``snapshot``).
         None when the lock stayed taken for ``timeout`` seconds (its holder may have
-        died in it; a claim holds it for microseconds)."""
+        died in it; a claim holds it for microseconds). ``by_packer``: the caller is
+        the packer side, not the learner (``stranded`` counts its chunks)."""
         if not self.claim_lock.acquire(timeout=timeout):
             return None
         try:
@@ -197,17 +215,18 @@ class PackerHandle:
             if cells[GENERATION] > generation:
                 return NO_CHUNK
             if cells[GENERATION] < generation:
-                cells[:] = (generation, 0, 0, 0, snapshot_ptr, time.monotonic_ns())
-            return self._next_locked(cells)
+                cells[:] = (generation, 0, 0, 0, snapshot_ptr, time.monotonic_ns(), 0)
+            return self._next_locked(cells, by_packer)
         finally:
             self.claim_lock.release()
 
-    def advance(self, slot: int, generation: int, timeout: float
-                ) -> tuple[int, bool] | None:
+    def advance(self, slot: int, generation: int, timeout: float, *,
+                by_packer: bool = True) -> tuple[int, bool] | None:
         """Count the caller's chunk of request ``generation`` as written and claim its
         next: (that chunk or NO_CHUNK, whether every chunk is now written and none
         failed: the caller then posts the request's pack-done message). None when the
-        lock stayed taken for ``timeout`` seconds; nothing is counted then."""
+        lock stayed taken for ``timeout`` seconds; nothing is counted then.
+        ``by_packer`` as ``claim``'s."""
         if not self.claim_lock.acquire(timeout=timeout):
             return None
         try:
@@ -216,8 +235,31 @@ class PackerHandle:
                 raise RuntimeError(f"slot {slot} holds request {cells[GENERATION]} while "
                                    f"a chunk of request {generation} was being written")
             cells[WRITTEN] += 1
-            return (self._next_locked(cells),
+            cells[PACKER_OWES] -= by_packer
+            return (self._next_locked(cells, by_packer),
                     bool(cells[WRITTEN] == self.chunks and not cells[FAILED]))
+        finally:
+            self.claim_lock.release()
+
+    def stranded(self, slot: int, generation: int, learner_packs: bool, timeout: float
+                 ) -> bool | None:
+        """Whether request ``generation`` in ``slot``, read off the request channel by
+        a packer process that is gone (``predecessor``), can never complete: neither
+        written whole nor failed, and either a chunk of it was claimed by the packer
+        side and not counted (only that process could count it), or the learner packs
+        nothing (``learner_packs`` False: nobody else claims its chunks). None when the
+        lock stayed taken for ``timeout`` seconds: ask again later."""
+        if not self.claim_lock.acquire(timeout=timeout):
+            return None
+        try:
+            cells = self._claims_np[slot]
+            if cells[GENERATION] > generation:
+                return False  # packed, and the slot holds a later request since
+            if cells[GENERATION] == generation and (
+                    cells[WRITTEN] == self.chunks or cells[FAILED]):
+                return False  # written whole, or failed (its error was posted)
+            owes = cells[GENERATION] == generation and cells[PACKER_OWES] > 0
+            return bool(owes or not learner_packs)
         finally:
             self.claim_lock.release()
 
@@ -240,11 +282,12 @@ class PackerHandle:
         cells = self._claims_np[slot]
         return int(cells[SNAPSHOT_PTR]), int(cells[START_NS])
 
-    def _next_locked(self, cells: Any) -> int:
+    def _next_locked(self, cells: Any, by_packer: bool) -> int:
         chunk = int(cells[NEXT])
         if chunk >= self.chunks:
             return NO_CHUNK
         cells[NEXT] = chunk + 1
+        cells[PACKER_OWES] += by_packer
         return chunk
 
     def close(self) -> None:
@@ -311,9 +354,15 @@ class Packer:
         """Become the packer of ``handle`` in this (collector) process; the learner
         side then watches this process's pid for liveness. One packer process per
         handle: its request channel has one reader. A collector restarted after its
-        packer process died attaches again; what the dead one had taken (a request,
-        chunks claimed, a pack-done not posted) is not served again, so the learner
-        should ``watch`` the collector process, which fails the run at its death.
+        packer process died attaches again, and records how many requests the dead
+        one had read (``PackerHandle.predecessor``): those it never sees. The learner
+        packs one of them whose chunks nobody claimed (learner_packs); one the dead
+        process had claimed a chunk of fails the run (``CollectorDied``) once the
+        learner waits for it, as does any of them without learner_packs. Not seen: a
+        process killed in the few bytecodes between taking a request's item off the
+        channel and counting it taken, or between counting a request's last chunk
+        and posting its pack-done message; the learner waits on for that request
+        (``watch`` the process).
 
         Raises:
             ValueError: ``handle`` is the pipeline's of another replay buffer, or its
@@ -336,9 +385,15 @@ class Packer:
                     "packer process per pipeline (the request channel has one reader); "
                     "let that process serve every request, or give each collector a "
                     "pipeline of its own")
-            handle.packer_state[3:6] = torch.tensor(owner.me())
-            handle.packer_state[1] = time.monotonic_ns()
-            handle.packer_state[0] = os.getpid()
+            if pid not in (0, os.getpid()):
+                # Another process's packer was attached, and is gone: what it read off
+                # the request channel and left undone is lost with it (``stranded``).
+                # Set before the pid: a learner that sees this process sees them.
+                handle.packer_state[READ_BEFORE] = handle.requests.taken
+                handle.packer_state[PREDECESSOR] = pid
+            handle.packer_state[RECORD:RECORD + 3] = torch.tensor(owner.me())
+            handle.packer_state[BEAT] = time.monotonic_ns()
+            handle.packer_state[PID] = os.getpid()
         finally:
             if locked:
                 handle.claim_lock.release()
@@ -471,7 +526,7 @@ class Packer:
                 rows an add is writing (its writer is stopped inside it).
         """
         chunk = self.handle.claim(request.slot, request.generation,
-                                  self.replay_buffer.ptr, timeout)
+                                  self.replay_buffer.ptr, timeout, by_packer=False)
         if chunk is None:
             return None
         if chunk == NO_CHUNK:
@@ -623,7 +678,8 @@ class Packer:
         died (it holds the lock for good) or after HOLD_PATIENCE_S."""
         deadline = time.monotonic() + HOLD_PATIENCE_S
         while True:
-            got = self.handle.advance(request.slot, request.generation, LEARNER_CHECK_S)
+            got = self.handle.advance(request.slot, request.generation, LEARNER_CHECK_S,
+                                      by_packer=not learner)
             if got is not None:
                 return got
             if self.handle.requests.closed:

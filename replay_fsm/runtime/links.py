@@ -168,6 +168,12 @@ class ChannelLink(CollectorLink):
         if writer_patience is not None:
             self._learner_packer.writer_patience_s = writer_patience
         self._deliver: Callable[[PackDone], None] | None = None  # deliver_here's
+        # Whether the learner packs what the packer has not reached (``take``); the
+        # pipeline sets its learner_packs here.
+        self.learner_packs = True
+        # Per slot, its last request sent: (generation, tick, its number in the
+        # request channel), to tell which requests a packer process that is gone read.
+        self._sent: dict[int, tuple[int, int, int]] = {}
 
     @property
     def handle(self) -> PackerHandle:
@@ -186,8 +192,11 @@ class ChannelLink(CollectorLink):
             self._first_request_ns = time.monotonic_ns()
         # The ring has ring_depth places and at most ring_depth requests are pending:
         # a full channel means the packer stopped taking requests.
-        if not self.handle.requests.put(encode(request)[0], timeout=10.0):
+        requests = self.handle.requests
+        number = requests.sent  # the learner is the channel's one producer
+        if not requests.put(encode(request)[0], timeout=10.0):
             raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
+        self._sent[request.slot] = (request.generation, request.tick, number)
 
     def receive(self, timeout: float) -> PackDone | None:
         got = self.handle.done.get(timeout=timeout)
@@ -378,7 +387,27 @@ class ExternalCollector(ChannelLink):
             return None
         if pid != os.getpid() and not process_alive(pid):
             return Gone(f"the collector process (pid {pid}) is gone")
-        return self._silence(f"the collector (pid {pid})", waiting, timeout)
+        return self._stranded(pid) or self._silence(f"the collector (pid {pid})", waiting,
+                                                    timeout)
+
+    def _stranded(self, pid: int) -> Gone | None:
+        """Gone when a request that a collector process, gone since, read off the
+        channel can never complete: the collector attached now (``pid``) never sees
+        it, and the learner would wait for it while the new one beats."""
+        handle = self._handle
+        assert handle is not None
+        read_before, predecessor = handle.predecessor
+        if not read_before:
+            return None
+        for slot, (generation, tick, number) in list(self._sent.items()):
+            if number < read_before and handle.stranded(slot, generation,
+                                                        self.learner_packs, 0.01):
+                return Gone(
+                    f"tick {tick}'s request was read by a collector process attached "
+                    f"before pid {pid}, and gone since (the last one was pid "
+                    f"{predecessor}): what it left undone of it nobody does (a restarted "
+                    "collector does not take over what its predecessor had taken)")
+        return None
 
     def stop(self, timeout: float) -> list[str]:
         handle = self._handle

@@ -231,6 +231,8 @@ class Pipeline:
             raise TypeError(f"collector={collector!r} packs with a replay_fsm.ReplayBuffer; "
                             f"a {type(replay_buffer).__name__} needs a CollectorLink of its "
                             "own")
+        if isinstance(self._link, ChannelLink):
+            self._link.learner_packs = learner_packs
         host_slots = self._link.host_slots
         shapes = [tuple(s.shape) for s in host_slots]
         expected = (self.sample_count, replay_buffer.width)

@@ -1,0 +1,138 @@
+"""An external collector restarted after its process died (slow tier: processes).
+
+A collector that reads a request off the channel and dies leaves it undone; the one
+attached after it never reads it. Nobody watch()ed the dead process, and the new one
+beats: the learner waited for that tick for ever (helper-68, 2 of 8 random trials).
+The learner now fails the run with CollectorDied where nobody can finish the request,
+and goes on where it can pack the request itself (nothing of it was claimed).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+from typing import Any
+
+import pytest
+import torch
+
+from replay_fsm import CollectorDied, Pipeline, ReplayBuffer
+from replay_fsm.data.packer import Packer, PackerHandle
+
+from .support import finishes_within
+
+pytestmark = pytest.mark.slow
+MARGIN_S = 60.0
+N = 8
+
+
+def buffer() -> ReplayBuffer:
+    rb = ReplayBuffer(512, 5, 3)
+    rb.add_packed(torch.randn(300, rb.width))
+    return rb
+
+
+def die_in_its_first_chunk(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, read the first request and claim a chunk of it, then die before
+    writing it (as a SIGKILL inside the gather would)."""
+    packer = Packer.attach(handle, rb)
+
+    def die(*args: Any, **kwargs: Any) -> None:
+        os._exit(9)
+    rb.gather = die  # type: ignore[method-assign]
+    while not packer.closed:
+        packer.service(timeout=0.05)
+
+
+def die_with_it_read(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach and read the first request, which waits for rows (min_snapshot_ptr),
+    then die holding it."""
+    packer = Packer.attach(handle, rb)
+    while not handle.requests.taken and not packer.closed:
+        packer.service(timeout=0.05)
+    os._exit(9)
+
+
+def serve(handle: PackerHandle, rb: ReplayBuffer, attached: Any) -> None:
+    """The restarted collector: attach, say so, serve until closed."""
+    packer = Packer.attach(handle, rb)
+    attached.set()
+    while not packer.closed:
+        packer.service(timeout=0.01)
+
+
+def restart(pipe: Pipeline, rb: ReplayBuffer, first: Any) -> Any:
+    """Run ``first`` as the collector until it dies, then attach a new one; returns
+    the new one's process (alive, attached)."""
+    ctx = mp.get_context("spawn")
+    dead = ctx.Process(target=first, args=(pipe.packer_handle(), rb))
+    dead.start()
+    dead.join(MARGIN_S)
+    assert dead.exitcode == 9, dead.exitcode
+    attached = ctx.Event()
+    new = ctx.Process(target=serve, args=(pipe.packer_handle(), rb, attached))
+    new.start()
+    assert attached.wait(MARGIN_S)
+    assert pipe.packer_handle().predecessor[1] == dead.pid
+    return new
+
+
+def stop(pipe: Pipeline, process: Any) -> None:
+    pipe.close()
+    process.join(MARGIN_S)
+    assert process.exitcode == 0
+
+
+def test_a_chunk_the_dead_collector_claimed_fails_the_run_not_hangs_it() -> None:
+    """The dead collector claimed the request's only chunk: neither the learner nor
+    the new collector may write it, and the wait ends in CollectorDied naming the
+    tick and the dead process."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    pipe.start_prepare(0, N)
+    new = restart(pipe, rb, die_in_its_first_chunk)
+    try:
+        with pytest.raises(CollectorDied) as info:
+            pipe.wait_until_ready(0, N, timeout=MARGIN_S)
+        dead = pipe.packer_handle().predecessor[1]
+        assert str(info.value).startswith(
+            f"tick 0: tick 0's request was read by a collector process attached before "
+            f"pid {new.pid}, and gone since (the last one was pid {dead})")
+    finally:
+        stop(pipe, new)
+
+
+def test_a_request_read_and_left_fails_the_run_when_the_learner_packs_nothing() -> None:
+    """learner_packs=False: the request the dead collector read while it waited for
+    rows is nobody's once the rows come."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                    learner_packs=False)
+    pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr + 1)
+    new = restart(pipe, rb, die_with_it_read)
+    try:
+        rb.add_packed(torch.randn(1, rb.width))  # the rows it waited for
+        with pytest.raises(CollectorDied, match="tick 0's request was read by a collector"):
+            pipe.wait_until_ready(0, N, timeout=MARGIN_S)
+    finally:
+        stop(pipe, new)
+
+
+def test_a_request_read_and_left_is_packed_by_the_learner_and_the_run_goes_on() -> None:
+    """learner_packs=True and nothing of the request claimed: the learner packs all of
+    it itself, so the restart costs nothing; the new collector serves the next ticks."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr + 1)
+    new = restart(pipe, rb, die_with_it_read)
+    try:
+        rb.add_packed(torch.randn(1, rb.width))
+        for tick in range(4):
+            ok, got = finishes_within(lambda: pipe.sample_large_batch(tick, N))  # noqa: B023
+            assert ok, f"tick {tick} never came"
+            assert got[0]["obs"].shape[0] == N
+            pipe.start_prepare(tick + 1, N)
+            pipe.after_tick()
+        assert pipe.statistics().learner_packs >= 1  # tick 0 at least
+    finally:
+        stop(pipe, new)
