@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replay_fsm.data.channel import semaphore_name
 from replay_fsm.trainers.shared import EpisodeLog, WeightRing
 
 
@@ -58,6 +59,35 @@ def test_episode_log_keeps_order_and_the_newest_beyond_capacity() -> None:
     assert log.dropped == 9 and [r for _, _, r, _ in log.rows()] == [6.0] * 3
 
 
+def asleep_on(pid: int, name: str, timeout: float = 60.0) -> None:
+    """Return once process ``pid``'s main thread is asleep on a futex inside the
+    semaphore ``name``'s mapping (its wait); skip where /proc cannot tell."""
+    import platform
+    import time
+
+    futex = {"x86_64": "202", "aarch64": "98"}.get(platform.machine())
+    if futex is None:
+        pytest.skip(f"the futex system call's number on {platform.machine()}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            call = open(f"/proc/{pid}/syscall").read().split()
+            maps = open(f"/proc/{pid}/maps").read().splitlines()
+        except OSError:
+            pytest.skip("needs /proc/<pid>/syscall and maps (Linux)")
+        if call and call[0] == futex:  # its first argument: the futex's address
+            address = int(call[1], 16)
+            for line in maps:
+                span, *rest = line.split()
+                low, high = (int(x, 16) for x in span.split("-"))
+                if low <= address < high and rest[-1].endswith(name):
+                    return
+        elif call and call[0] not in ("running",) and not call[0].lstrip("-").isdigit():
+            pytest.skip(f"/proc/{pid}/syscall says {call[0]!r}")
+        time.sleep(0.01)  # a poll of the process's state, not a wait for it
+    raise AssertionError(f"process {pid} never slept in the semaphore's wait")
+
+
 def _wait_for_ever(ring: WeightRing, ready: object) -> None:
     ready.set()  # type: ignore[attr-defined]
     while True:
@@ -71,7 +101,6 @@ def test_a_collector_killed_while_it_waits_for_weights_leaves_publish_free() -> 
     failing with CollectorDied."""
     import multiprocessing as mp
     import threading
-    import time
 
     ctx = mp.get_context("spawn")
     ring = WeightRing(2, slots=2)
@@ -80,7 +109,7 @@ def test_a_collector_killed_while_it_waits_for_weights_leaves_publish_free() -> 
     proc.start()
     try:
         assert ready.wait(60)
-        time.sleep(0.5)  # asleep in wait by now
+        asleep_on(proc.pid, semaphore_name(ring._published))
     finally:
         proc.kill()
         proc.join()
