@@ -208,7 +208,11 @@ def die_holding_the_queue(q) -> None:  # type: ignore[no-untyped-def]
     import os
     import time
     q.put(b"x" * (1 << 20))  # far more than the pipe holds
-    time.sleep(0.5)  # the feeder thread has the lock and is stuck in send
+    # Until the feeder thread holds the write lock (stuck in send: nobody drains the
+    # pipe); a poll of the lock, not a wait for the thread.
+    while q._wlock.acquire(False):
+        q._wlock.release()
+        time.sleep(0.001)
     os._exit(3)
 
 

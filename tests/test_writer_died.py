@@ -493,8 +493,11 @@ def test_add_waiting_s_counts_every_waiting_add_and_none_behind_this_process() -
     assert own.wait(MARGIN_S)
     adder = threading.Thread(target=rb.add_packed, args=(rows,), daemon=True)
     adder.start()
-    time.sleep(0.3)
+    deadline = time.monotonic() + MARGIN_S
+    while not rb._add_waits and time.monotonic() < deadline:
+        time.sleep(0.001)  # a poll for the add's wait record, not a wait for the thread
     try:
+        assert rb._add_waits, "the add never began its wait"
         assert adder.is_alive() and rb.add_waiting_s() == 0.0
         # A child forked now holds no lock and has no add waiting.
         read, write = os.pipe()
