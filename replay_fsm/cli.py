@@ -38,7 +38,8 @@ def _demo(args: argparse.Namespace) -> int:
                         sample_count=args.sample_count,
                         progress=progress(args),
                         learner_threads=learner_threads(args.learner_threads),
-                        peer_timeout=args.peer_timeout)
+                        peer_timeout=args.peer_timeout,
+                        liveness_timeout=args.liveness_timeout)
     if args.nproc < 1:
         raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
     if args.nproc > 1:
@@ -194,6 +195,9 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--peer-timeout", type=float, default=120.0,
                       help="with --nproc N: seconds a rank waits in an all-reduce for a "
                       "stopped or stuck peer before it fails")
+    demo.add_argument("--liveness-timeout", type=float, default=30.0,
+                      help="seconds the learner waits on a silent collector, or for "
+                      "rows that stopped coming, before the run fails")
     demo.add_argument("--learner-threads", type=int, default=1,
                       help="torch threads of the learner (0: torch's default; at most 256)")
     demo.set_defaults(fn=_demo)

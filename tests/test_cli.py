@@ -172,6 +172,28 @@ def test_demo_passes_its_peer_timeout_to_the_ranks(
     assert len(launched) == 1
 
 
+def test_demo_passes_its_liveness_timeout(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """The demo's pipeline had liveness_timeout 30 written in, beside the sac
+    trainer's --liveness-timeout: the flag sets DemoConfig.liveness_timeout, which
+    the ranks get, and a bad value is one line."""
+    import replay_fsm.distributed
+
+    launched = []
+    monkeypatch.setattr(replay_fsm.distributed, "launch",
+                        lambda nproc, config: launched.append(config) or {})
+    assert main(["demo", "--nproc", "2", "--liveness-timeout", "4.5", "--out",
+                 str(tmp_path), "--no-progress"]) == 0
+    assert [config.liveness_timeout for config in launched] == [4.5]
+    assert launched[0].for_rank(1, 7, "cpu").liveness_timeout == 4.5
+    for bad in ("0", "-3", "nan"):
+        err = one_line_error(capsys, main(["demo", "--nproc", "2", "--liveness-timeout",
+                                           bad, "--out", str(tmp_path), "--no-progress"]))
+        assert "liveness_timeout must be a finite number of seconds > 0" in err
+    assert len(launched) == 1
+
+
 def test_explore_with_bad_ticks(capsys: pytest.CaptureFixture[str]) -> None:
     for bad in ("-1", "0"):  # not a deadlock, not "no violation" about nothing
         err = one_line_error(capsys, main(["explore", "--ticks", bad]))

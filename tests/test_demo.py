@@ -430,3 +430,24 @@ def test_the_mean_tick_leaves_out_the_first_ticks_warm_up_even_in_a_short_run() 
     assert steady_ticks([9.0]) == [9.0]  # all there is
     assert steady_ticks([]) == []
     assert steady_ticks([float(t) for t in range(30)])[0] == 3.0  # the first tenth
+
+
+def test_the_demo_pipeline_takes_the_configs_liveness_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DemoConfig.liveness_timeout reaches the pipeline (it was 30 s written in), and
+    a bad one is refused when the config is made."""
+    from replay_fsm.demo import runner
+
+    made: list[float] = []
+    pipeline = runner.Pipeline
+
+    def recorded(*args: object, **kwargs: object) -> object:
+        made.append(kwargs["liveness_timeout"])  # type: ignore[arg-type]
+        return pipeline(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "Pipeline", recorded)
+    run(DemoConfig(ticks=4, collector="thread", out=tmp_path, sample_count=256,
+                   capacity=10_000, envs=32, progress=False, liveness_timeout=7.5))
+    assert made == [7.5]
+    with pytest.raises(ValueError, match="liveness_timeout must be a finite number"):
+        DemoConfig(liveness_timeout=0)

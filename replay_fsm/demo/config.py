@@ -22,7 +22,9 @@ class DemoConfig:
     ``seed`` (environment and network seeds; a rank's environments take
     ``collector_seed``), ``progress`` (a tqdm bar),
     ``learner_threads`` (torch threads of the learner; 1 leaves the collector a core
-    on a small machine, None keeps torch's default).
+    on a small machine, None keeps torch's default), ``liveness_timeout`` (the
+    pipeline's: seconds the learner waits on a silent collector, or for rows that
+    stopped coming, before the run fails).
 
     One rank of a multi-rank run: ``rank`` (None: a single-process run),
     ``base_seed`` (the batches' seed, default ``seed``; see
@@ -64,6 +66,7 @@ class DemoConfig:
     kill_collector_at: int | None = None
     freeze_at: int | None = None
     peer_timeout: float = 120.0
+    liveness_timeout: float = 30.0
     interrupt_at: int | None = None
     interrupt_signal: int = signal.SIGINT
 
@@ -82,6 +85,7 @@ class DemoConfig:
                              + f"), got {self.interrupt_signal!r}")
         as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
         as_seconds("peer_timeout", self.peer_timeout)
+        as_seconds("liveness_timeout", self.liveness_timeout)
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
                              f"{self.collector!r}")

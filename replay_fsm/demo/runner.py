@@ -206,7 +206,8 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
     pipe = Pipeline(rb, device=device,
                     sample_count=config.sample_count, base_seed=config.batch_seed,
                     ring_depth=config.ring_depth, collector="external",
-                    checked=config.checked, trace=True, liveness_timeout=30.0,
+                    checked=config.checked, trace=True,
+                    liveness_timeout=config.liveness_timeout,
                     trace_capacity=trace_capacity(config.ticks))
     return out_dir, rb, pipe
 
