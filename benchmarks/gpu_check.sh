@@ -76,6 +76,28 @@ def p_register():
     say("register", unregister_again=int(cr().cudaHostUnregister(t.data_ptr())))
 
 
+def p_setup_fail():
+    """CudaBackend.setup whose cudaHostRegister fails (the slot's pages overlap a range
+    registered before): the error is read out, so a later kernel on this thread runs."""
+    from replay_fsm.transfer.cuda import CudaBackend
+    t = torch.zeros(1 << 20).share_memory_()
+    tail = t[1 << 19:]
+    say("setup_fail", tail_register=register(tail), slot_pinned=t.is_pinned())
+    b = CudaBackend("cuda")
+    try:
+        b.setup([t], lambda s: None, lambda e: None)
+        say("setup_fail", setup="ok (no overlap error here)")
+    except RuntimeError as exc:
+        say("setup_fail", setup="raised", error=str(exc)[:120])
+    try:
+        y = (torch.ones(1000, device="cuda") * 2).sum().item()
+        say("setup_fail", kernel_after="ok", value=y)
+    except RuntimeError as exc:
+        say("setup_fail", kernel_after="RAISED", error=str(exc)[:200])
+    b.close()
+    cr().cudaHostUnregister(tail.data_ptr())
+
+
 def p_views():
     """Host slots given as views of one shared tensor (n, rows, width): adjacent slots on
     one page, registered one by one, as CudaBackend does for a list of views."""
@@ -229,7 +251,7 @@ if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
 fi
 
 # -- 1. probes of the torch/CUDA behaviour the backend relies on (each in its own process)
-for p in register views stale spin async; do
+for p in register setup_fail views stale spin async; do
     step "probe_$p" 60 "$PY" "$OUT/scripts/probe.py" "$p"
 done
 

@@ -20,6 +20,7 @@ from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.runtime.liveness import RowWatch
 from replay_fsm.spec import SlotState
 from replay_fsm.transfer.emulated import EmulatedBackend
+from replay_fsm.transfer.manual import ManualBackend
 
 from .support import MARGIN_S, finishes_within
 
@@ -85,6 +86,71 @@ def test_a_copy_is_late_from_when_the_learner_first_found_it_pending() -> None:
             pipe._judge_locked(2, 0, SlotState.SUBMITTED, 51 * s, None)
             with pytest.raises(TransferFailed, match="slot 0 did not complete within 1 s"):
                 pipe._judge_locked(2, 0, SlotState.SUBMITTED, 51 * s + 1, None)
+
+
+def test_a_copy_late_for_the_learners_own_reads_is_said_to_be_theirs() -> None:
+    """A copy into a slot whose last batch the learner still reads on its device (a
+    long step still queued behind after_tick: ``hold_reads``) waits for them
+    (INV-DEVICE-WAR). Past liveness_timeout it still fails the wait (no hang on a
+    learner's device work that never ends), but says whose time it was: before, a
+    learner step longer than liveness_timeout was blamed on the copy (set clock)."""
+    s = 10**9
+    with Pipeline(buffer(), sample_count=8, backend="manual",
+                  backend_options={"hold_reads": True}, liveness_timeout=1.0) as pipe:
+        backend = pipe.backend
+        pipe.start_prepare(0, 8)
+        assert backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        backend.complete(0)  # type: ignore[attr-defined]
+        pipe.sample_large_batch(0, 8)
+        pipe.after_tick()  # its reads stay in flight
+        pipe.start_prepare(1, 8)
+        pipe.start_prepare(2, 8)  # slot 0 again: its copy waits for tick 0's reads
+        assert pipe.slot_of(2) == 0 and backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        assert backend.copy_held(0)
+        with pipe._lock:
+            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 5 * s, None)
+            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 6 * s, None)  # exactly the bound
+            with pytest.raises(TransferFailed) as info:
+                pipe._judge_locked(2, 0, SlotState.SUBMITTED, 6 * s + 1, None)
+        assert str(info.value).startswith(
+            "tick 2: the copy into slot 0 has waited 1.0 s (liveness_timeout 1 s) for the "
+            "learner's own device work: the reads of the slot's last batch")
+    with Pipeline(buffer(), sample_count=8, backend="manual",
+                  liveness_timeout=1.0) as pipe:  # reads over: the copy's own time
+        pipe.start_prepare(0, 8)
+        assert pipe.backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        assert not pipe.backend.copy_held(0)
+        with pipe._lock:
+            pipe._judge_locked(0, 0, SlotState.SUBMITTED, 5 * s, None)
+            with pytest.raises(TransferFailed, match="^tick 0: the copy into slot 0 did "
+                                                     "not complete within 1 s"):
+                pipe._judge_locked(0, 0, SlotState.SUBMITTED, 6 * s + 1, None)
+
+
+def test_a_learner_step_longer_than_the_liveness_timeout_is_named_as_such() -> None:
+    """End to end on the emulated device (its copy engine waits on the slot's release
+    event, as CUDA's copy stream does): the learner's reads of each batch drain 3 s
+    after release, the copies themselves take no time, liveness_timeout is 0.2 s."""
+    rb = buffer()
+    backend = EmulatedBackend(copy_delay=0.0, read_delay=3.0)
+    with Pipeline(rb, sample_count=8, backend=backend, liveness_timeout=0.2) as pipe:
+        with pytest.raises(TransferFailed, match="for the learner's own device work"):
+            for _ in pipe.ticks(0, 4):
+                pass
+
+
+def test_a_backend_whose_copy_held_raises_fails_the_wait_chained() -> None:
+    boom = RuntimeError("copy_held is broken")
+
+    class Broken(ManualBackend):
+        def copy_held(self, slot: int) -> bool:
+            raise boom
+
+    with Pipeline(buffer(), sample_count=8, backend=Broken(), liveness_timeout=0.2) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(TransferFailed, match="copy_held raised RuntimeError") as info:
+            pipe.wait_until_ready(0, 8, timeout=MARGIN_S)
+        assert info.value.__cause__ is boom
 
 
 def test_a_copy_engine_that_raises_fails_the_learner_chained() -> None:

@@ -89,6 +89,9 @@ class Backend:
     def check_alive(self) -> str | None:
         return self.why
 
+    def copy_held(self, slot: int) -> bool:
+        return False
+
 
 def watchdog(gone: Gone | None = None, why: str | None = None,
              timeout: float = 2.0, worker_alive: bool = True,

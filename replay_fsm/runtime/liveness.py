@@ -76,10 +76,31 @@ class Watchdog:
             if why is not None:
                 return TransferFailed(f"tick {tick}: {why}")
             if waited_s > self.timeout:
-                return TransferFailed(
-                    f"tick {tick}: the copy into slot {slot} did not complete within "
-                    f"{self.timeout:g} s (liveness_timeout)")
+                return self._late_copy(tick, slot, waited_s)
         return None
+
+    def _late_copy(self, tick: int, slot: int, waited_s: float) -> TransferFailed:
+        """The failure of a copy into ``slot`` not complete ``waited_s`` after the
+        learner first found it pending: the copy's own, or, where the copy still waits
+        for the learner's own device work (``TransferBackend.copy_held``: the reads of
+        the slot's last batch, INV-DEVICE-WAR), said to be that."""
+        try:
+            held = self._backend.copy_held(slot)
+        except Exception as exc:  # noqa: BLE001 - a backend's bug: not alive
+            failed = TransferFailed(f"tick {tick}: the backend's copy_held raised "
+                                    f"{type(exc).__name__}: {exc}")
+            failed.__cause__ = exc
+            return failed
+        if held:
+            return TransferFailed(
+                f"tick {tick}: the copy into slot {slot} has waited {waited_s:.1f} s "
+                f"(liveness_timeout {self.timeout:g} s) for the learner's own device "
+                "work: the reads of the slot's last batch, released at after_tick(), "
+                "have not ended on the device. A learner step that long needs a "
+                "larger liveness_timeout; otherwise its device work hangs")
+        return TransferFailed(
+            f"tick {tick}: the copy into slot {slot} did not complete within "
+            f"{self.timeout:g} s (liveness_timeout)")
 
 
     def _busy_for_s(self, now_ns: int) -> float:

@@ -14,11 +14,17 @@ from .base import TransferBackend, available_device
 
 
 def synchronize(device: torch.device) -> None:
+    """Wait for all work on ``device`` (every stream: the learner's reads and the
+    worker's copies alike). Without ``torch.accelerator`` (torch < 2.6), through the
+    device type's module, told the device: its ``synchronize()`` alone waits for the
+    current device, not xpu:1's copy (mps has one device and takes no argument)."""
     accelerator = getattr(torch, "accelerator", None)
     if accelerator is not None and hasattr(accelerator, "synchronize"):
         accelerator.synchronize(device)
-    else:
+    elif device.index is None or device.type == "mps":
         getattr(torch, device.type).synchronize()
+    else:
+        getattr(torch, device.type).synchronize(device)
 
 
 class AcceleratorBackend(TransferBackend):

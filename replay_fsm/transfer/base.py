@@ -114,6 +114,16 @@ class TransferBackend(abc.ABC):
         mode asks before a copy into it). Default: False."""
         return False
 
+    def copy_held(self, slot: int) -> bool:
+        """Whether the copy into G[slot] (SUBMITTED) still waits for the learner's own
+        device work: the reads of G[slot] from its last HOT period, which it must not
+        overtake (INV-DEVICE-WAR). Asked, on the learner's thread, only of a copy
+        past ``liveness_timeout``: its ``TransferFailed`` then names the learner's
+        device work, not the copy (a learner step that long, or one that hangs).
+        Default: ``reads_pending`` (a backend whose copy engine waits for those reads
+        before it starts)."""
+        return self.reads_pending(slot)
+
     # -- observability and liveness --------------------------------------------
 
     def watch_copies(self, monitor: CopyMonitor | None) -> None:

@@ -40,10 +40,22 @@ class CudaBackend(TransferBackend):
         if self.device.index is None:
             self.device = torch.device("cuda", torch.cuda.current_device())
         self.timing = timing
-        self.host_pinned = False
         self.last_copy_ms: dict[int, float] = {}
-        self._registered: list[int] = []
+        # The host slots setup registered, held (not just their addresses) until close
+        # unregisters them: a registration never outlives its mapping, whatever the
+        # caller does with the list it gave (which ``host`` is).
+        self._registered: list[torch.Tensor] = []
+        self._regions: list[torch.Tensor] = []  # every host slot, pinned at setup
+        self._pinned = False
         self._closed = False
+
+    @property
+    def host_pinned(self) -> bool:
+        """Whether the host slots are page-locked now: from a setup that pinned them
+        until close, and while each still is. Asked each time, not kept: a slot setup
+        found pinned already (someone else's registration) stays so only as long as
+        they keep it."""
+        return self._pinned and all(region.is_pinned() for region in self._regions)
 
     def setup(self, host_slots: HostSlots, on_complete: OnComplete,
               on_error: OnError) -> None:
@@ -51,6 +63,7 @@ class CudaBackend(TransferBackend):
         self.on_complete = on_complete
         self.on_error = on_error
         regions = [host_slots] if isinstance(host_slots, torch.Tensor) else list(host_slots)
+        self._regions = regions
         try:
             # Under the slot device: a runtime call makes the current device's primary
             # context if it has none (cuda:1 would otherwise put one on cuda:0 too).
@@ -63,10 +76,13 @@ class CudaBackend(TransferBackend):
                         ptr, region.numel() * region.element_size(),
                         CUDA_HOST_REGISTER_PORTABLE))
                     if err != 0:
+                        # Else the runtime's last error stays set on this (the learner's)
+                        # thread, and torch raises it at its next kernel launch here.
+                        _clear_last_error(self.device)
                         raise RuntimeError(f"cudaHostRegister of the host slots failed: "
                                            f"cudaError {err}{_error_text(err)}")
-                    self._registered.append(ptr)
-                self.host_pinned = True
+                    self._registered.append(region)
+                self._pinned = True
                 self.device_slots = allocate_like(host_slots, self.device)
                 self.stream = torch.cuda.Stream(self.device)
                 n = len(host_slots)
@@ -117,6 +133,13 @@ class CudaBackend(TransferBackend):
     def after_read(self, slot: int) -> None:
         self.released[slot].record(torch.cuda.current_stream(self.device))
 
+    def copy_held(self, slot: int) -> bool:
+        # The copy stream waits on this event (INV-DEVICE-WAR): until the learner's
+        # stream passes it, the copy has not begun, and the time is the learner's
+        # step still queued on the device, not the copy's. (reads_pending stays
+        # False: checked mode asks it when the copy is enqueued, behind that wait.)
+        return not self.released[slot].query()
+
     def close(self) -> None:
         if self._closed:
             return
@@ -126,9 +149,36 @@ class CudaBackend(TransferBackend):
                 self.stream.synchronize()
                 torch.cuda.current_stream(self.device).synchronize()
         finally:  # a device error in the drain still unregisters the host slots
+            failed = False
             while self._registered:
-                torch.cuda.cudart().cudaHostUnregister(self._registered.pop())
-            self.host_pinned = False
+                ptr = self._registered.pop().data_ptr()
+                failed |= int(torch.cuda.cudart().cudaHostUnregister(ptr)) != 0
+            self._pinned, self._regions = False, []
+            if failed:  # nothing left to undo; the runtime's last error is read out
+                _clear_last_error(self.device)
+
+
+def _clear_last_error(device: torch.device) -> None:
+    """Read out, and so reset, the CUDA runtime's last error on this thread, which a
+    failed runtime call (cudaHostRegister, cudaHostUnregister) leaves set: torch reads
+    it (cudaGetLastError) after its next kernel launch on this thread and raises it
+    there, as the error of that unrelated op. torch's cudart binding may lack
+    cudaGetLastError; then one tiny kernel launched here lets torch's own launch check
+    read it out (the error that check raises is the stale one). Best effort: it never
+    raises (a context already broken stays broken)."""
+    try:
+        get_last_error = getattr(torch.cuda.cudart(), "cudaGetLastError", None)
+        if get_last_error is not None:
+            get_last_error()
+        else:
+            _launch_check(device)
+    except Exception:  # noqa: BLE001 - the stale error itself, read out by torch
+        pass
+
+
+def _launch_check(device: torch.device) -> None:
+    """One kernel launch on ``device``: torch checks the last error after it."""
+    torch.empty(1, device=device).fill_(0.0)
 
 
 def _error_text(err: int) -> str:
