@@ -41,3 +41,36 @@ def test_exported_machine_on_each_backend(config: dict) -> None:
 def test_unknown_option_is_rejected() -> None:
     with pytest.raises(ValueError, match="unknown pipeline_machine options"):
         pipeline_machine(colour="blue")
+
+
+def _run_manual(max_examples: int) -> None:
+    run_state_machine_as_test(pipeline_machine(backend="manual", ring_depth=2), settings=settings(
+        max_examples=max_examples, deadline=None, derandomize=True, database=None))
+
+
+def test_the_machine_catches_a_core_that_acquires_out_of_order(monkeypatch) -> None:
+    """The machine offers illegal learner calls too: a core whose acquire guard lets
+    any pending tick be taken (INV-ORDER) is caught."""
+    from replay_fsm import core
+    from replay_fsm.spec import Event
+
+    def any_pending(c, slot, step):  # type: ignore[no-untyped-def]
+        if step.tick not in [t for t, _ in c.pending]:
+            return "not pending"
+        return None if c.hot_slot is None else "hot"
+
+    monkeypatch.setitem(core._GUARD_FN, Event.ACQUIRE, any_pending)
+    with pytest.raises(AssertionError, match="INV-ORDER"):
+        _run_manual(60)
+
+
+def test_the_machine_reaches_slot_reuse_and_catches_a_release_without_fence(
+        monkeypatch) -> None:
+    """A release that never ends the slot's reads (no ``after_read``) bites only when
+    the slot is used again; a fault injected at every chance ended most examples
+    before that. The failure replays the same, run after run."""
+    from replay_fsm.transfer.manual import ManualBackend
+
+    monkeypatch.setattr(ManualBackend, "after_read", lambda self, slot: None)
+    with pytest.raises(RuntimeError, match="must wait for the release"):
+        _run_manual(50)

@@ -181,9 +181,30 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
             return bad(i, f"malformed record: slot {slot} is outside any ring (0 to "
                           f"{MAX_RING_DEPTH - 1})")
         depth = max(depth, slot + 1)
-    report.slots = depth
+    last_ns: int | None = None  # the tracer stamps records in the order the core made them
+    for i, r in enumerate(recs):
+        stamp = r.get("time_ns")
+        if type(stamp) is not int:
+            continue
+        if last_ns is not None and stamp < last_ns:
+            return bad(i, f"records out of order: time_ns {stamp} is earlier than the "
+                          f"record before it ({last_ns}); the tracer logs transitions in "
+                          "the order the core made them")
+        last_ns = stamp
     if depth < 2:
         return bad(0, "the log names only slot 0; a ring has at least 2 slots")
+    # The log does not say the ring's size, and one written before close (which names
+    # every slot) may not name them all: a run resumed at tick N > 0 fills slot
+    # N mod D first. The ring is the smallest in which every logged tick sits in its
+    # slot (tick mod depth); where none is, the largest slot's, and the replay below
+    # reports the record out of ring order.
+    ticked = {(r["slot"], r["tick"]) for r in recs
+              if type(r.get("tick")) is int and r["tick"] >= 0}
+    for size in range(depth, MAX_RING_DEPTH + 1):
+        if all(tick % size == slot for slot, tick in ticked):
+            depth = size
+            break
+    report.slots = depth
     made: list[TransitionRecord] = []
     core = Core(depth, observer=made.append)
     i = 0
