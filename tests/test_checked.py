@@ -185,3 +185,25 @@ def test_a_copy_draining_after_the_end_is_not_checked(state: SlotState) -> None:
     checker = seen.checker()
     checker.copy_started(0)
     assert seen.failures == [] and checker.checks == 0 and checker.copy_open[0]
+
+
+def test_a_refused_sample_leaves_the_backend_and_the_checker_as_they_were() -> None:
+    """INV-STICKY's "an illegal call changes nothing": sampling tick 1 while tick 0
+    is pending is refused, and neither the backend's read fence (before_read) nor the
+    checker's record of the slot being read was set for it (helper-72)."""
+    from replay_fsm import ProtocolError
+
+    with Pipeline(buffer(), sample_count=N, backend="manual", ring_depth=3,
+                  checked=True) as pipe:
+        backend = pipe.backend
+        assert isinstance(backend, ManualBackend) and pipe._checker is not None
+        for tick in (0, 1):
+            pipe.start_prepare(tick, N)
+            assert backend.wait_submitted(tick, timeout=MARGIN_S)
+            backend.complete(tick)
+        with pytest.raises(ProtocolError):
+            pipe.sample_large_batch(1, N)
+        assert not backend.reads_pending(1) and not pipe._checker.reading[1]
+        assert list(pipe.pending) == [(0, 0), (1, 1)] and pipe.hot is None
+        pipe.sample_large_batch(0, N)  # the legal one, as before
+        assert pipe._checker.reading[0] and pipe.hot == (0, 0)
