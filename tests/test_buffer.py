@@ -9,7 +9,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from replay_fsm.data.buffer import ReplayBuffer
@@ -547,3 +547,40 @@ def test_a_buffer_pickled_outside_a_spawn_is_refused_before_its_rows_are_copied(
     other = copy.copy(rb)
     other.add_packed(torch.ones(3, rb.width))
     assert rb.ptr == 3 and torch.equal(rb.storage[:3], torch.ones(3, rb.width))
+
+
+@given(capacity=st.integers(1, 12), region_rows=st.integers(1, 4),
+       ptr=st.integers(0, 40), a=st.integers(0, 12), length=st.integers(1, 12),
+       step=st.sampled_from([1, 2]), kind=st.sampled_from(["tensor", "numpy"]))
+@example(capacity=10, region_rows=2, ptr=17, a=2, length=6, step=1, kind="tensor")
+@example(capacity=10, region_rows=2, ptr=13, a=1, length=5, step=1, kind="tensor")
+@example(capacity=10, region_rows=2, ptr=17, a=2, length=6, step=1, kind="numpy")
+def test_rows_added_from_the_buffers_own_storage_are_the_rows_it_held(
+        capacity: int, region_rows: int, ptr: int, a: int, length: int, step: int,
+        kind: str) -> None:
+    """add_packed(rb.storage[a:b]): a wrapped add's first copy overwrote source rows
+    its second then read (row 7 of 2..7 came back as row 2), and a copy onto rows
+    overlapping its source was refused by torch inside the lock, an add cut short."""
+    rb = ReplayBuffer(capacity, 1, 1, region_rows=region_rows)
+    rb.add_packed(constant_rows(rb, 1, capacity))
+    rb.adopt_rows(max(ptr, capacity))
+    source = rb.storage[min(a, capacity - 1):a + length:step]
+    model = rb.storage.clone()
+    for j, row in enumerate(source.clone()):
+        model[(rb.ptr + j) % capacity] = row
+    rb.add_packed(source if kind == "tensor" else source.numpy())
+    assert torch.equal(rb.storage, model)
+    assert rb.adds_cut_short == 0
+
+
+def test_add_of_fields_viewing_the_storage_copies_them_first() -> None:
+    """add(...) packs its fields into rows of its own before it writes: a wrapped add
+    of the buffer's own rows stores them as they were."""
+    rb = ReplayBuffer(10, 1, 1, region_rows=2)
+    rb.add_packed(constant_rows(rb, 1, 10))
+    rb.adopt_rows(17)
+    s, lay = rb.storage, rb.layout
+    expected = s[2:8].clone()
+    rb.add(s[2:8, lay.obs], s[2:8, lay.actions], s[2:8, lay.rewards], s[2:8, lay.next_obs],
+           s[2:8, lay.dones], s[2:8, lay.truncated])
+    assert torch.equal(torch.cat([s[7:], s[:3]]), expected)

@@ -450,7 +450,8 @@ class ReplayBuffer:
 
     def add_packed(self, rows: Array) -> None:
         """Append rows already in the packed layout: an [n, width] tensor or array of
-        real numbers, stored as float32.
+        real numbers, stored as float32. Rows viewing ``storage`` itself are stored as
+        they were before the add (copied first where it would overwrite them).
 
         Raises:
             ValueError: ``rows`` is not [n, width], or (``check_finite``) holds NaN or
@@ -518,6 +519,12 @@ class ReplayBuffer:
         keep = rows[-cap:] if n > cap else rows
         start = (ptr + n - keep.shape[0]) % cap
         first = min(keep.shape[0], cap - start)
+        if self._overwrites_source(keep, start, first):
+            # Rows read from this storage (add_packed(rb.storage[a:b])): a wrapped add's
+            # first copy overwrote rows its second then read, and torch refuses a copy
+            # onto rows overlapping its source, inside the lock (an add cut short).
+            # Copied first, under the lock, so no add changes them meanwhile.
+            keep = keep.clone()
         try:
             self._write_region(start, keep[:first])
             if first < keep.shape[0]:
@@ -532,6 +539,21 @@ class ReplayBuffer:
             raise
         self._counters[1] = min(cap, int(self._counters[1]) + n)
         self._counters[0] = ptr + n
+
+    def _overwrites_source(self, rows: torch.Tensor, start: int, first: int) -> bool:
+        """Whether writing the [n, width] ``rows`` at ``start`` (``first`` of them before
+        the wrap) writes bytes that ``rows`` reads: only rows viewing this storage."""
+        n, width = rows.shape
+        if not n:
+            return False
+        # 4: the bytes of a float32, which rows are here; torch strides are never negative.
+        lo = rows.data_ptr()
+        hi = lo + 4 * (1 + (n - 1) * rows.stride(0) + (width - 1) * rows.stride(1))
+        base, row_bytes = self.storage.data_ptr(), 4 * width
+        if hi <= base or lo >= base + self.capacity * row_bytes:
+            return False  # the common case: rows of the caller's own
+        return ((lo < base + (start + first) * row_bytes and base + start * row_bytes < hi)
+                or (first < n and lo < base + (n - first) * row_bytes))
 
     # The writer's steps; the caller holds _write_lock.
     def _write_region(self, start: int, rows: torch.Tensor) -> None:
