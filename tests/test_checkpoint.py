@@ -167,6 +167,23 @@ def test_load_checks_the_dimensions_asked_for(tmp_path: Path) -> None:
         ReplayBuffer.load(path, obs_dim=1, critic_dim=0)
 
 
+@pytest.mark.parametrize("name,value,low", [
+    ("capacity", 0, 1), ("capacity", -5, 1), ("obs_dim", 0, 1), ("action_dim", 0, 1),
+    ("critic_dim", -1, 0)])
+def test_load_refuses_a_dimension_no_buffer_has_by_name_before_reading_the_file(
+        tmp_path: Path, name: str, value: int, low: int) -> None:
+    """obs_dim=0 was reported as a mismatch with the file ("obs_dim=3 in the file, 0
+    asked for"), and capacity=-5 as "must be an int >= 0": a bad argument is a
+    ValueError naming it, with the constructor's bound, before the file is opened."""
+    path = tmp_path / "b.ckpt"
+    filled(10, 4, 3, 2, 1).save(path)
+    for where in (path, tmp_path / "missing.ckpt"):
+        with pytest.raises(ValueError) as info:
+            ReplayBuffer.load(where, **{name: value})
+        assert not isinstance(info.value, CheckpointError)
+        assert str(info.value) == f"{name} must be an int >= {low}, got {value}"
+
+
 
 def test_a_file_that_shrinks_while_it_is_read_is_reported_truncated(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -711,7 +711,9 @@ class ReplayBuffer:
                 regular file), is truncated or corrupted, has another format version,
                 has a header whose fields disagree, or does not match a given
                 dimension; the message names the file and what is wrong.
-            TypeError, ValueError: a dimension given is not an int >= 0.
+            TypeError, ValueError: a dimension given is not an int, or is below what
+                the constructor takes (1; 0 for ``critic_dim``): the message names it,
+                and the file is not read.
             MemoryError: the buffer the file describes does not fit in shared memory
                 (the message names the size and the room).
             OSError: the file cannot be read.

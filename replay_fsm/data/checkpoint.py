@@ -81,6 +81,9 @@ _CRC_FIELD = slice(16, 20)
 # Lock-free catch-up passes before the locked one: enough for a collector slower than
 # the disk to be left with at most a chunk of rows to copy under the lock.
 CATCH_UP_PASSES = 4
+# The least of each dimension a buffer takes (ReplayBuffer's constructor): a header, and
+# a dimension passed to load, below it is out of range, not a mismatch.
+_DIM_LOW = {"capacity": 1, "obs_dim": 1, "action_dim": 1, "critic_dim": 0}
 _HEADER_INTS = ("capacity", "obs_dim", "action_dim", "critic_dim", "width", "region_rows",
                 "ptr", "size", "chunk_rows", "n_chunks", "table_offset", "file_bytes")
 
@@ -531,8 +534,7 @@ def _check_header_describes_a_file(path: str, meta: dict[str, Any]) -> None:
     """The header's fields agree with each other and with the format (a header with a
     valid checksum written by another tool, or edited by hand), before anything is
     allocated or read from where it points."""
-    low = {"capacity": 1, "obs_dim": 1, "action_dim": 1, "critic_dim": 0,
-           "region_rows": 1, "ptr": 0, "chunk_rows": 1}
+    low = {**_DIM_LOW, "region_rows": 1, "ptr": 0, "chunk_rows": 1}
     bad = [f"{k}={meta[k]}" for k, least in low.items() if meta[k] < least]
     if bad:
         raise CheckpointError(path, f"header says {', '.join(bad)}: out of range")
@@ -566,14 +568,18 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
         CheckpointError: the file is not a checkpoint (or not a regular file), is
             truncated or corrupted, has another format version, has a header whose
             fields disagree, or does not match a given dimension.
-        TypeError, ValueError: a dimension given is not an int >= 0.
+        TypeError, ValueError: a dimension given is not an int, or is below what a
+            buffer takes (1; 0 for ``critic_dim``): checked before the file is read.
         MemoryError: the buffer the file describes does not fit (``ReplayBuffer``).
         OSError: the file cannot be read.
     """
     path = os.fsdecode(path)  # a str, bytes or os.PathLike path, named as a str
     asked = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,
              "critic_dim": critic_dim}
-    expected = {k: None if v is None else as_count(k, v, 0) for k, v in asked.items()}
+    # Checked before the file is opened: obs_dim=0 is a bad argument, which no file
+    # could match, not a mismatch with this one.
+    expected = {k: None if v is None else as_count(k, v, _DIM_LOW[k])
+                for k, v in asked.items()}
     with _open_regular(path) as f:
         file_bytes = os.fstat(f.fileno()).st_size
         meta = _read_header(path, f, file_bytes)
