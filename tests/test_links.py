@@ -97,6 +97,43 @@ def test_a_watched_process_is_asked_first(link: ExternalCollector, clock: Clock)
     assert gone is not None and gone.reason == "the simulator (pid 4242) exited with code -9"
 
 
+class Dying:
+    """A watched process killed with threads running: its pid shows it dead (a
+    zombie) for a few ``is_alive`` calls before it can be reaped."""
+
+    def __init__(self, pid: int, alive_calls: int) -> None:
+        self.pid, self.calls, self.alive_calls = pid, 0, alive_calls
+
+    def is_alive(self) -> bool:
+        self.calls += 1
+        return self.calls <= self.alive_calls
+
+    @property
+    def exitcode(self) -> int | None:
+        return None if self.calls <= self.alive_calls else -9
+
+
+@pytest.mark.parametrize("alive_calls,reaped", [(3, True), (10**9, False)])
+def test_a_watched_collector_found_dead_by_its_pid_is_named_as_the_watch_names_it(
+        link: ExternalCollector, clock: Clock, monkeypatch: pytest.MonkeyPatch,
+        alive_calls: int, reaped: bool) -> None:
+    """kill -9 of replay-fsm sac's collector said "the collector process (pid P) is
+    gone" where the demo's said "the demo collector process (pid P) exited with code
+    -9": the pid check saw the zombie before the watch could reap it. It now waits
+    for the reap, up to REAP_WAIT_S, and words it as the watch does."""
+    monkeypatch.setattr(links, "REAP_WAIT_S", 0.2, raising=False)
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    send(link)
+    state = link.handle.packer_state
+    state[0], state[1] = exited.pid, clock.ns
+    link.watch(Dying(exited.pid, alive_calls), "the SAC collector process")
+    gone = link.liveness(waiting=False, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        f"the SAC collector process (pid {exited.pid}) exited with code -9" if reaped else
+        f"the collector process (pid {exited.pid}) is gone")
+
+
 def test_a_stopped_link_has_no_verdict(link: ExternalCollector, clock: Clock) -> None:
     send(link)
     link.stop(1.0)

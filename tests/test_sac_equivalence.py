@@ -439,6 +439,20 @@ def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
         assert rb.ptr == 30 and clock.now == pytest.approx(8.0)
 
 
+def test_the_synchronous_wait_words_a_killed_collector_as_the_pipeline_does() -> None:
+    """It said "the SAC collector exited with -9 while ..."; the pipelined run and the
+    demo say "<collector> (pid P) exited with code -9"."""
+    from replay_fsm import CollectorDied
+    from replay_fsm.trainers import collector
+
+    from .support import Exited
+
+    with pytest.raises(CollectorDied) as info:
+        collector.wait_rows(_Rows(10), 30, Exited(), 1.0)  # type: ignore[arg-type]
+    assert str(info.value) == ("the SAC collector process (pid 4242) exited with code -9 "
+                               "while the learner waited for 30 rows")
+
+
 def test_a_plot_that_cannot_be_written_whole_keeps_the_earlier_one(tmp_path: Path) -> None:
     """savefig wrote the PNG in place: a file-size limit (or a full disk, or a stop)
     cut it, and a cut PNG took the earlier plot's place. It is written beside it, then

@@ -34,6 +34,10 @@ from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
 
 WAIT_SLICE_S = 0.05
+# How long an external collector found dead by its pid may take to be reaped, for its
+# watched process's exit code: SIGKILLed with threads running, it shows as a zombie
+# some milliseconds (10 to 40 here) before its last thread has exited.
+REAP_WAIT_S = 1.0
 Fail = Callable[[BaseException], None]
 
 # Packer processes started here: an os.fork child inherits multiprocessing's set of
@@ -56,6 +60,11 @@ class Gone:
 
     reason: str
     cause: BaseException | None = None
+
+
+def _exited(process: Any, what: str) -> Gone:
+    """A watched process that exited, in the one wording of every command."""
+    return Gone(f"{what} (pid {process.pid}) exited with code {process.exitcode}")
 
 
 class CollectorLink(abc.ABC):
@@ -132,8 +141,22 @@ class CollectorLink(abc.ABC):
         ``timeout``: the pipeline's liveness bound."""
         for process, what in self._watched:
             if not process.is_alive():
-                return Gone(f"{what} (pid {process.pid}) exited with code "
-                            f"{process.exitcode}")
+                return _exited(process, what)
+        return None
+
+    def _watched_exit(self, pid: int) -> Gone | None:
+        """The watched process ``pid``, found dead by its pid, named as ``liveness``
+        names it once it is reaped (within ``REAP_WAIT_S``): in the window before,
+        a killed collector was named another way ("is gone", no exit code). None: no
+        watched process has that pid, or it was not reaped in time."""
+        for process, what in self._watched:
+            if process.pid == pid:
+                deadline = time.monotonic() + REAP_WAIT_S
+                while process.is_alive():
+                    if time.monotonic() > deadline:
+                        return None
+                    time.sleep(0.001)
+                return _exited(process, what)
         return None
 
     def stop(self, timeout: float) -> list[str]:
@@ -386,7 +409,8 @@ class ExternalCollector(ChannelLink):
                             "request")
             return None
         if pid != os.getpid() and not process_alive(pid):
-            return Gone(f"the collector process (pid {pid}) is gone")
+            return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
+                                                   f"gone")
         return self._stranded(pid) or self._silence(f"the collector (pid {pid})", waiting,
                                                     timeout)
 

@@ -289,9 +289,11 @@ def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
     """
     seen, deadline = rb.ptr, time.monotonic() + timeout
     while seen < ptr:
-        if not worker.is_alive():
-            raise CollectorDied(f"the SAC collector exited with {worker.exitcode} while "
-                                f"the learner waited for {ptr} rows")
+        if not worker.is_alive():  # worded as the pipeline's watch words it
+            kind = "thread" if isinstance(worker, ThreadProcess) else "process"
+            raise CollectorDied(f"the SAC collector {kind} (pid {worker.pid}) exited with "
+                                f"code {worker.exitcode} while the learner waited for "
+                                f"{ptr} rows")
         if time.monotonic() > deadline:
             raise CollectorDied(f"the SAC collector added no row for {timeout:g} s while "
                                 f"the learner waited for {ptr} rows (it has written {seen})")
