@@ -346,6 +346,26 @@ def test_version_and_defaults_in_help(capsys: pytest.CaptureFixture[str]) -> Non
     assert "--out OUT a file (default: standard output) --highlight" in out, out
 
 
+@pytest.mark.parametrize("command,first,after", [
+    ("sac", "**1. The native API**", "**2. The seed's class**"),
+    ("demo", "## The demo", "## Several GPUs")])
+def test_the_readme_names_every_option_of_sac_and_demo(
+        capsys: pytest.CaptureFixture[str], command: str, first: str, after: str) -> None:
+    """Where the README documents the command: --env-steps-per-tick, --warmup-steps,
+    --capacity, --ring-depth, --collector, --hidden, --seed, --learner-threads and
+    --no-progress of sac were in its --help alone."""
+    import re
+
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme[readme.index(first):readme.index(after)]
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    options = set(re.findall(r"(?<![\w-])--[a-z][a-z-]*", capsys.readouterr().out))
+    options.discard("--help")
+    assert len(options) > 8
+    assert sorted(o for o in options if not re.search(rf"{o}(?![\w-])", section)) == []
+
+
 @pytest.mark.parametrize("argv,unknown", [
     (["demo", "--bogus"], "--bogus"), (["check-trace", "a", "b"], "b"),
     (["explore", "--ticks", "2", "--depht", "3"], "--depht 3")])
