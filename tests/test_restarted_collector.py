@@ -136,3 +136,122 @@ def test_a_request_read_and_left_is_packed_by_the_learner_and_the_run_goes_on() 
         assert pipe.statistics().learner_packs >= 1  # tick 0 at least
     finally:
         stop(pipe, new)
+
+
+def die_holding_the_claim_lock(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, then die holding the claim lock (as a SIGKILL inside a claim, an
+    advance, or the attach itself would): a POSIX semaphore is never given back."""
+    Packer.attach(handle, rb)
+    handle.claim_lock.acquire()
+    os._exit(9)
+
+
+def die_before_posting(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, pack the first request whole, and die between counting its last chunk
+    and posting its pack-done message."""
+    packer = Packer.attach(handle, rb)
+    _die_at_the_post(handle, packer)
+
+
+def fail_and_die_before_posting(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, fail the first request's pack (abandoned), and die before posting its
+    error."""
+    packer = Packer.attach(handle, rb)
+
+    def fail(*args: Any, **kwargs: Any) -> None:
+        raise OSError("the gather failed")
+    rb.gather = fail  # type: ignore[method-assign]
+    _die_at_the_post(handle, packer)
+
+
+def _die_at_the_post(handle: PackerHandle, packer: Packer) -> None:
+    """Serve; die where the first pack-done message (or error) would be posted."""
+    def die(*args: Any, **kwargs: Any) -> None:
+        os._exit(9)
+    handle.done.put = die  # type: ignore[method-assign]
+    while not packer.closed:
+        packer.service(timeout=0.05)
+
+
+@pytest.mark.parametrize("how", ["batch_ready", "timed wait", "a later tick"])
+def test_a_request_read_and_left_is_packed_by_a_learner_that_polls(how: str) -> None:
+    """learner_packs=True: the learner packs an unclaimed request the dead collector
+    read in any wait or poll for it as the oldest requested tick, not only in an
+    untimed wait (a learner that polls batch_ready, or waits with a timeout, waited
+    for ever). A later tick is packed once it is the oldest: the learner samples
+    (in order) the ticks before it first."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=2)
+    tick = 0
+    if how == "a later tick":  # the dead one serves tick 0, reads tick 1 and dies
+        pipe.start_prepare(0, N)
+        tick = 1
+    pipe.start_prepare(tick, N, min_snapshot_ptr=rb.ptr + 1)
+    new = restart(pipe, rb, die_with_it_read if tick == 0 else die_with_two_read)
+    try:
+        rb.add_packed(torch.randn(1, rb.width))
+
+        def ready() -> bool:
+            if how == "batch_ready":
+                while not pipe.batch_ready(tick, N):
+                    pass
+            elif how == "timed wait":
+                while not pipe.wait_until_ready(tick, N, timeout=0.2):
+                    pass
+            else:  # tick 0, served by the dead one, first; then tick 1, by polls
+                pipe.sample_large_batch(0, N)
+                pipe.after_tick()
+                while not pipe.batch_ready(tick, N):
+                    pass
+            return True
+        ok, _ = finishes_within(ready, 20.0)
+        assert ok, f"tick {tick} never came"
+    finally:
+        stop(pipe, new)
+
+
+def die_with_two_read(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, serve the first request, read the second (it waits for rows), die."""
+    packer = Packer.attach(handle, rb)
+    while handle.requests.taken < 2 and not packer.closed:
+        packer.service(timeout=0.05)
+    os._exit(9)
+
+
+@pytest.mark.parametrize("learner_packs", [True, False])
+def test_a_claim_lock_the_dead_collector_held_fails_the_run_not_hangs_it(
+        learner_packs: bool) -> None:
+    """Nobody ever claims a chunk again, the learner nor the new collector, which
+    beats all the same: the wait ends in CollectorDied after liveness_timeout."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=2,
+                    learner_packs=learner_packs)
+    pipe.start_prepare(0, N)
+    new = restart(pipe, rb, die_holding_the_claim_lock)
+    try:
+        ok, got = finishes_within(lambda: pytest.raises(
+            CollectorDied, pipe.wait_until_ready, 0, N), 20.0)
+        assert ok, "the learner waited on"
+        assert "claim lock has stayed taken" in str(got[0].value)
+    finally:
+        stop(pipe, new)
+
+
+@pytest.mark.parametrize(("learner_packs", "failed"),
+                         [(True, False), (False, False), (True, True)])
+def test_a_pack_done_the_dead_collector_never_posted_fails_the_run_not_hangs_it(
+        learner_packs: bool, failed: bool) -> None:
+    """Written whole (its last chunk counted) or failed (abandoned), its message never
+    posted: the wait ends in CollectorDied after liveness_timeout."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=2,
+                    learner_packs=learner_packs)
+    pipe.start_prepare(0, N)
+    new = restart(pipe, rb, fail_and_die_before_posting if failed else die_before_posting)
+    try:
+        ok, got = finishes_within(lambda: pytest.raises(
+            CollectorDied, pipe.wait_until_ready, 0, N), 20.0)
+        assert ok, "the learner waited on"
+        assert "its pack-done message has not come" in str(got[0].value)
+    finally:
+        stop(pipe, new)

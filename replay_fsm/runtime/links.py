@@ -223,7 +223,18 @@ class ChannelLink(CollectorLink):
 
     def receive(self, timeout: float) -> PackDone | None:
         got = self.handle.done.get(timeout=timeout)
-        return None if got is None else decode(PackDone, *got)
+        if got is None:
+            return None
+        done = decode(PackDone, *got)
+        self._received(done)
+        return done
+
+    def _received(self, done: PackDone) -> None:
+        """``done``'s request is answered: it is no longer one to look after. (The
+        slot is requested again only once this message has been handled, after.)"""
+        sent = self._sent.get(done.slot)
+        if sent is not None and sent[0] == done.generation:
+            del self._sent[done.slot]
 
     def deliver_here(self, deliver: Callable[[PackDone], None]) -> None:
         self._deliver = deliver
@@ -239,8 +250,15 @@ class ChannelLink(CollectorLink):
         # live ones: a paused packer makes the learner wait, never overflow.
         if packer.handle.requests.backlog > self._ring_depth:
             return None
+        deliver = self._deliver
+        if deliver is not None:
+            def deliver_received(done: PackDone, deliver: Callable[[PackDone], None]
+                                 = deliver) -> None:
+                self._received(done)
+                deliver(done)
+            deliver = deliver_received
         try:
-            return packer.take(request, timeout, give_up, self._deliver)
+            return packer.take(request, timeout, give_up, deliver)
         except ChannelClosed:
             return 0  # closed meanwhile: the pipeline raises PipelineClosed
 
@@ -393,6 +411,12 @@ class ExternalCollector(ChannelLink):
         super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout,
                          writer_patience)
         self._unattached: PackerHandle | None = None  # kept by stop (see there)
+        # When liveness first found the claim lock taken, after a collector process
+        # attached in place of a dead one (None: free at the last look).
+        self._lock_taken_since: int | None = None
+        # (slot, generation) of requests read by a dead process, written whole, their
+        # pack-done message not received: when liveness first found each so.
+        self._lost_since: dict[tuple[int, int], int] = {}
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         gone = super().liveness(waiting, timeout)
@@ -411,26 +435,77 @@ class ExternalCollector(ChannelLink):
         if pid != os.getpid() and not process_alive(pid):
             return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
                                                    f"gone")
-        return self._stranded(pid) or self._silence(f"the collector (pid {pid})", waiting,
-                                                    timeout)
+        return self._stranded(pid, timeout) or self._silence(
+            f"the collector (pid {pid})", waiting, timeout)
 
-    def _stranded(self, pid: int) -> Gone | None:
+    def orphaned(self, slot: int) -> bool:
+        """Whether the last request sent to ``slot`` was read off the channel by a
+        collector process gone since: the collector attached now never sees it, so
+        only the learner can pack what is left of it (``Pipeline`` takes it in any
+        wait or poll for it as the oldest requested tick, not only in an untimed
+        wait)."""
+        handle, sent = self._handle, self._sent.get(slot)
+        if handle is None or sent is None:
+            return False
+        read_before = handle.predecessor[0]
+        return sent[2] < read_before
+
+    def _stranded(self, pid: int, timeout: float) -> Gone | None:
         """Gone when a request that a collector process, gone since, read off the
         channel can never complete: the collector attached now (``pid``) never sees
-        it, and the learner would wait for it while the new one beats."""
+        it, and the learner would wait for it while the new one beats. Gone too when
+        the claim lock has stayed taken for ``timeout`` seconds since such a process
+        died: it died holding it (a SIGKILL inside a claim, an advance or its own
+        attach), and no chunk is ever claimed again, while the new one beats."""
         handle = self._handle
         assert handle is not None
         read_before, predecessor = handle.predecessor
+        if not predecessor:
+            return None
+        if handle.claim_lock.acquire(timeout=0.01):
+            handle.claim_lock.release()
+            self._lock_taken_since = None
+        else:
+            now = time.monotonic_ns()
+            if self._lock_taken_since is None:
+                self._lock_taken_since = now
+            held = (now - self._lock_taken_since) / 1e9
+            if held > timeout:
+                return Gone(
+                    f"the claim lock has stayed taken for {held:.1f} s since a collector "
+                    f"process attached before pid {pid} died (the last one was pid "
+                    f"{predecessor}): it died holding it, and no request can be packed "
+                    "again")
+            return None
         if not read_before:
             return None
+        now, lost = time.monotonic_ns(), {}
         for slot, (generation, tick, number) in list(self._sent.items()):
-            if number < read_before and handle.stranded(slot, generation,
-                                                        self.learner_packs, 0.01):
+            if number >= read_before:
+                continue
+            if handle.finished(slot, generation):
+                # Written whole or failed, and its pack-done message not received (it
+                # is forgotten then): the dead process counted the last chunk, or
+                # failed, and died before it posted the message (a posted one is
+                # received within a slice, or waits in the channel, and liveness is
+                # not asked then; a failure of the learner's own fails the run).
+                since = lost[(slot, generation)] = self._lost_since.get(
+                    (slot, generation), now)
+                if (now - since) / 1e9 > timeout:
+                    return Gone(
+                        f"tick {tick}'s request was written whole or failed, and its "
+                        f"pack-done message has not come for {(now - since) / 1e9:.1f} s: the "
+                        f"collector process that wrote its last chunk, attached before "
+                        f"pid {pid} and gone since (the last one was pid {predecessor}), "
+                        "died before it posted it")
+                continue
+            if handle.stranded(slot, generation, self.learner_packs, 0.01):
                 return Gone(
                     f"tick {tick}'s request was read by a collector process attached "
                     f"before pid {pid}, and gone since (the last one was pid "
                     f"{predecessor}): what it left undone of it nobody does (a restarted "
                     "collector does not take over what its predecessor had taken)")
+        self._lost_since = lost
         return None
 
     def stop(self, timeout: float) -> list[str]:

@@ -132,7 +132,8 @@ class Pipeline:
         learner_packs: when ``sample_large_batch`` (or ``wait_until_ready`` without
             a timeout) waits for the oldest requested tick and the packer has not
             started it, gather it on the learner's thread instead of waiting
-            (specs/LEARNER_PACKS.md). False leaves every pack to the collector, for
+            (specs/LEARNER_PACKS.md; any wait or poll, for a request an external
+            collector that died had read). False leaves every pack to the collector, for
             a learner that must leave its core to it. Collectors reached through a
             packer handle only (thread, process, external).
 
@@ -424,6 +425,14 @@ class Pipeline:
             state = self._core.state(slot)
             if state in AVAILABLE:
                 return True
+            if state is SlotState.REQUESTED and self._orphaned(slot):
+                # Read by a collector process gone since: nobody but the learner packs
+                # it, so a learner that only polls packs it too (or waits for ever).
+                self._take_locked(tick_id, slot)
+                self._raise_if_unusable()
+                state = self._core.state(slot)
+                if state in AVAILABLE:
+                    return True
             # Not ready: a learner that only polls learns of a dead collector too.
             self._judge_locked(tick_id, slot, state, time.monotonic_ns(), None)
             return False
@@ -789,7 +798,8 @@ class Pipeline:
                 started = now  # the first slice is judged even past the deadline
             elif deadline is not None and now / 1e9 >= deadline:
                 break
-            if deadline is None and state is SlotState.REQUESTED:
+            if state is SlotState.REQUESTED and (deadline is None or self._orphaned(slot)):
+                # A timed wait takes too where nobody but the learner packs the tick.
                 if self._take_locked(tick, slot):
                     continue  # packed here; its pack-done message goes to the worker
                 # The take may have let go of the lock: a close or a failure, or the
@@ -841,6 +851,12 @@ class Pipeline:
         if not rows_there:
             return False
         return _seen_for(self._owed_ns, slot, now) > self.liveness_timeout
+
+    def _orphaned(self, slot: int) -> bool:
+        """Whether the request in ``slot`` was read by a collector process gone since
+        (``ExternalCollector.orphaned``): only the learner can pack what is left."""
+        orphaned = getattr(self._link, "orphaned", None)
+        return bool(self.learner_packs and orphaned is not None and orphaned(slot))
 
     def _take_locked(self, tick: int, slot: int) -> bool:
         """Pack the chunks of ``tick`` the packer has not claimed, on this thread, if
