@@ -415,3 +415,22 @@ def test_the_packer_process_gets_the_callers_thread_count() -> None:
         assert made.process._args[3] == 1  # type: ignore[attr-defined]
     finally:
         made.stop(1.0)
+
+
+def test_a_dead_external_collector_is_gone_even_behind_a_pack_done_it_half_posted() -> None:
+    """A collector killed inside its put of a pack-done message, between counting the
+    record and releasing its item (helper-74): the channel's backlog stays one for
+    good, and the link, which took a backlog for a message waiting for the worker,
+    never looked at the dead pid: the learner waited for ever."""
+    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    dead = subprocess.Popen(["true"])
+    dead.wait()  # exited and reaped: its pid names no process
+    try:
+        link.handle.packer_state[0] = dead.pid
+        link.handle.done._counters[1] += 1  # the record counted, its item never released
+        assert link.handle.done.backlog == 1
+        gone = link.liveness(True, 60.0)
+        assert gone is not None and gone.reason == (
+            f"the collector process (pid {dead.pid}) is gone"), gone
+    finally:
+        link.stop(1.0)

@@ -422,9 +422,16 @@ class ExternalCollector(ChannelLink):
         gone = super().liveness(waiting, timeout)
         if gone is not None:
             return gone
-        if self._handle is None or self._handle.done.backlog:
-            return None  # a pack-done message (the learner's own?) waits for the worker
+        if self._handle is None:
+            return None
         pid = self._handle.packer_pid
+        if pid and pid != os.getpid() and not process_alive(pid):
+            # Before the backlog: a collector killed inside its put (counted, its item
+            # not released) leaves a backlog of one for good (helper-74).
+            return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
+                                                   f"gone")
+        if self._handle.done.backlog:
+            return None  # a pack-done message (the learner's own?) waits for the worker
         if not pid:
             # Never attached: not silence, absence (rows still missing or not).
             if self._attach_overdue() is not None:
@@ -432,9 +439,6 @@ class ExternalCollector(ChannelLink):
                             f"rb) within {self.attach_timeout:.0f} s of the first "
                             "request")
             return None
-        if pid != os.getpid() and not process_alive(pid):
-            return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
-                                                   f"gone")
         return self._stranded(pid, timeout) or self._silence(
             f"the collector (pid {pid})", waiting, timeout)
 
