@@ -8,9 +8,11 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 
 import pytest
+import torch
 
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.runtime import links
@@ -432,5 +434,93 @@ def test_a_dead_external_collector_is_gone_even_behind_a_pack_done_it_half_poste
         gone = link.liveness(True, 60.0)
         assert gone is not None and gone.reason == (
             f"the collector process (pid {dead.pid}) is gone"), gone
+    finally:
+        link.stop(1.0)
+
+
+def test_a_pack_done_message_posted_before_its_collector_exited_waits_for_the_worker(
+        ) -> None:
+    """A collector that served its last request and exited (its pack-done message
+    posted whole, waiting while the transfer worker is busy in a submit) is not
+    reported gone before the worker takes the message: the learner's wait got the
+    batch before ed7095e, and CollectorDied after it (helper-75). Once the message
+    is taken, the dead collector is gone."""
+    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        link.handle.packer_state[0] = dead.pid
+        assert link.handle.done.put([0] * link.handle.done.width, timeout=1.0)
+        assert link.liveness(True, 60.0) is None  # a message waits for the worker
+        assert link.handle.done.get(timeout=1.0) is not None  # the worker took it
+        gone = link.liveness(True, 60.0)
+        assert gone is not None and gone.reason == (
+            f"the collector process (pid {dead.pid}) is gone"), gone
+    finally:
+        link.stop(1.0)
+
+
+def test_a_pack_done_message_half_posted_by_a_dead_predecessor_fails_the_run(
+        ) -> None:
+    """The collector attached now lives (it beats); the one before it was killed
+    inside its put of a pack-done message (counted, its item never released). No get
+    takes that record until a later put's item, and the learner waiting for its tick
+    waited for ever while the backlog of one said 'a message waits for the worker'
+    (helper-75). Judged gone once it has stayed for the timeout."""
+    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        link.handle.packer_state[0] = live.pid
+        link.handle.packer_state[7] = live.pid + 1  # the predecessor, gone
+        link.handle.done._counters[1] += 1  # counted, its item never released
+        assert link.handle.done.backlog == 1
+        assert link.liveness(True, 0.05) is None  # a put under way, as far as it knows
+        deadline = time.monotonic() + 5.0  # 100 times the timeout
+        gone = None
+        while gone is None and time.monotonic() < deadline:
+            time.sleep(0.06)
+            gone = link.liveness(True, 0.05)
+        assert gone is not None and "counted in the done channel and not posted" in (
+            gone.reason), gone
+    finally:
+        live.kill()
+        live.wait()
+        link.stop(1.0)
+
+
+def test_a_request_answered_before_its_send_returned_is_not_left_to_look_after(
+        ) -> None:
+    """The learner's send records the request (``_sent``) after its put: a packer
+    that packs and posts it, and a transfer worker that receives that message, before
+    the learner's thread runs its next bytecodes (a GIL switch after the put's item
+    release) left the entry for good. After a restart, liveness then found that
+    request 'written whole, its pack-done message not come' and failed the run
+    (helper-75). Interleaved here by hand, on one thread."""
+    from replay_fsm.data.packer import Packer
+    rb = ReplayBuffer(64, 3, 2)
+    rb.add_packed(torch.randn(10, rb.width))
+    link = ExternalCollector(rb, 2, 4, attach_timeout=10.0)
+    packer = Packer.attach(link.handle, rb)
+    put = link.handle.requests.put
+    received = []
+
+    def put_then_serve(*args: object, **kwargs: object) -> bool:
+        ok = put(*args, **kwargs)  # type: ignore[arg-type]
+        assert packer.service(timeout=1.0)  # packed and posted
+        received.append(link.receive(1.0))  # the worker's receive
+        return ok
+    link.handle.requests.put = put_then_serve  # type: ignore[method-assign]
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    try:
+        link.send(PackRequest(tick=0, slot=0, generation=1, seed=0, sample_count=4,
+                              min_snapshot_ptr=0), snapshot=(0, 0), hot_slot=-1)
+        assert received[0] is not None and received[0].tick == 0
+        # A collector restarted since: the request was read before it attached.
+        link.handle.packer_state[6] = link.handle.requests.taken
+        link.handle.packer_state[7] = dead.pid
+        assert link.liveness(False, 0.05) is None  # False: silence not judged
+        time.sleep(0.1)
+        assert link.liveness(False, 0.05) is None, "an answered request was judged lost"
     finally:
         link.stop(1.0)

@@ -101,6 +101,20 @@ class Channel:
         ``k < taken``."""
         return self._counters[0]
 
+    @property
+    def unreleased(self) -> int | None:
+        """Records counted in the backlog whose item was never released: a producer
+        killed inside its ``put`` (between counting the record and releasing its
+        item) leaves one for good, and no ``get`` takes it until a later put's item
+        does (then every later record waits one put behind). A live producer's put,
+        and a ``get`` between its acquire and its count, show one for microseconds.
+        None where the semaphore's value cannot be read (macOS)."""
+        try:
+            items = self._items.get_value()
+        except NotImplementedError:
+            return None
+        return max(0, self.backlog - items)
+
     def put(self, values: Sequence[int], text: str | None = None,
             timeout: float | None = None) -> bool:
         """Append one record; False if no space came within ``timeout``.

@@ -217,9 +217,17 @@ class ChannelLink(CollectorLink):
         # a full channel means the packer stopped taking requests.
         requests = self.handle.requests
         number = requests.sent  # the learner is the channel's one producer
-        if not requests.put(encode(request)[0], timeout=10.0):
-            raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
+        # Recorded before the put: its pack-done message may be received (the worker's
+        # thread forgets it then) before this thread runs again after the put.
         self._sent[request.slot] = (request.generation, request.tick, number)
+        try:
+            put = requests.put(encode(request)[0], timeout=10.0)
+        except BaseException:
+            self._sent.pop(request.slot, None)  # not sent
+            raise
+        if not put:
+            self._sent.pop(request.slot, None)
+            raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
 
     def receive(self, timeout: float) -> PackDone | None:
         got = self.handle.done.get(timeout=timeout)
@@ -417,6 +425,9 @@ class ExternalCollector(ChannelLink):
         # (slot, generation) of requests read by a dead process, written whole, their
         # pack-done message not received: when liveness first found each so.
         self._lost_since: dict[tuple[int, int], int] = {}
+        # When liveness first found a pack-done record counted and never released in
+        # the done channel (``Channel.unreleased``; None: none at the last look).
+        self._unreleased_since: int | None = None
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         gone = super().liveness(waiting, timeout)
@@ -424,13 +435,34 @@ class ExternalCollector(ChannelLink):
             return gone
         if self._handle is None:
             return None
-        pid = self._handle.packer_pid
-        if pid and pid != os.getpid() and not process_alive(pid):
-            # Before the backlog: a collector killed inside its put (counted, its item
-            # not released) leaves a backlog of one for good (helper-74).
+        pid, done = self._handle.packer_pid, self._handle.done
+        # A collector killed inside its put of a pack-done message (counted, its item
+        # not released) leaves a backlog no get takes (helper-74): that is no message
+        # waiting for the worker. A real one (its item released) is, even from a
+        # collector that exited since (it served its last request and left).
+        unreleased = done.unreleased
+        if pid and pid != os.getpid() and not process_alive(pid) and (
+                unreleased is None or unreleased or not done.backlog):
             return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
                                                    f"gone")
-        if self._handle.done.backlog:
+        if unreleased:
+            # A live collector inside its put shows this for microseconds; a process
+            # attached before it, killed inside its put, for good.
+            now = time.monotonic_ns()
+            if self._unreleased_since is None:
+                self._unreleased_since = now
+            held = (now - self._unreleased_since) / 1e9
+            if held > timeout:
+                return Gone(
+                    f"a pack-done message has been counted in the done channel and not "
+                    f"posted for {held:.1f} s: the process putting it died (or stopped) "
+                    f"inside its put (the collector attached now is pid {pid}"
+                    + (f", the one before it pid {before}" if (
+                        before := self._handle.predecessor[1]) else "")
+                    + "), and every later message would wait one behind")
+            return None
+        self._unreleased_since = None
+        if done.backlog:
             return None  # a pack-done message (the learner's own?) waits for the worker
         if not pid:
             # Never attached: not silence, absence (rows still missing or not).
@@ -478,8 +510,8 @@ class ExternalCollector(ChannelLink):
                 return Gone(
                     f"the claim lock has stayed taken for {held:.1f} s since a collector "
                     f"process attached before pid {pid} died (the last one was pid "
-                    f"{predecessor}): it died holding it, and no request can be packed "
-                    "again")
+                    f"{predecessor}): it died holding it, or pid {pid} is stopped or hung "
+                    "inside a claim, and no request can be packed meanwhile")
             return None
         if not read_before:
             return None
