@@ -330,6 +330,12 @@ class Core:
         return tuple(self._pending)
 
     @property
+    def oldest_tick(self) -> int | None:
+        """The oldest requested tick not yet acquired, None when there is none: the
+        only one ``acquire`` takes (INV-ORDER)."""
+        return self._pending[0][0] if self._pending else None
+
+    @property
     def next_tick(self) -> int | None:
         return self._next_tick
 

@@ -207,3 +207,45 @@ def test_a_refused_sample_leaves_the_backend_and_the_checker_as_they_were() -> N
         assert list(pipe.pending) == [(0, 0), (1, 1)] and pipe.hot is None
         pipe.sample_large_batch(0, N)  # the legal one, as before
         assert pipe._checker.reading[0] and pipe.hot == (0, 0)
+
+
+class Cancelled(BaseException):
+    """asyncio's CancelledError, gevent's Timeout, trio's Cancelled: a BaseException
+    that is no interrupt (a KeyboardInterrupt closes the pipeline)."""
+
+
+class CancelledInBeforeRead(ManualBackend):
+    """The first before_read raises ``Cancelled`` before it marks the slot read."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.cut = False
+
+    def before_read(self, slot: int) -> None:
+        if not self.cut:
+            self.cut = True
+            raise Cancelled()
+        super().before_read(slot)
+
+
+def test_an_acquire_whose_hooks_were_cut_short_runs_them_when_sampled_again() -> None:
+    """A BaseException inside before_read (not an interrupt, which closes the
+    pipeline): 32f7b37 ran the core's acquire before the hooks, which left the slot
+    HOT, and the same tick sampled again went out at once, with no fence and no
+    reading mark (helper-75). The slot turns HOT only after its hooks now."""
+    rb = buffer()
+    backend = CancelledInBeforeRead()
+    pipe = Pipeline(rb, sample_count=8, backend=backend, checked=True)
+    try:
+        pipe.start_prepare(0, 8)
+        assert backend.wait_submitted(0, MARGIN_S)
+        backend.complete(0)
+        with pytest.raises(Cancelled):
+            pipe.sample_large_batch(0, 8)
+        pipe.sample_large_batch(0, 8)
+        assert backend.reads_pending(0), "the batch went out with no read fence"
+        assert pipe._checker is not None and pipe._checker.reading[0]
+        pipe.after_tick()
+        assert pipe.hot is None
+    finally:
+        pipe.close()

@@ -927,16 +927,19 @@ class Pipeline:
             if slot is None:  # without a deadline: an observer failed the run on its span
                 self._raise_if_unusable()
             assert slot is not None
-            # First: a refused acquire (a tick younger than the oldest pending one)
-            # leaves the backend and the checker as they were (INV-STICKY). The hooks
-            # run before the views go out, under the same lock.
-            self._core.acquire(tick)
+            if self._core.oldest_tick != tick:
+                # A tick younger than the oldest pending one: refused, before the hooks
+                # touch the backend or the checker (INV-STICKY: nothing changes).
+                self._core.acquire(tick)
             try:
                 self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
             except Exception as exc:  # noqa: BLE001 - else the batch went out unfenced
                 self._hook_failed("before_read", exc)
             if self._checker is not None:
                 self._checker.acquiring(slot)
+            # Last: the slot is HOT only once its read fence is in place (a
+            # BaseException in a hook leaves it READY, its hooks run again next time).
+            self._core.acquire(tick)
             return dict(self._views[slot])
 
     def _validate(self, sample_count: int) -> None:
