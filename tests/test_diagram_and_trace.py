@@ -412,3 +412,20 @@ def test_records_swapped_out_of_their_logged_order_are_a_violation(tmp_path: Pat
     report = check(swapped)
     assert not report.ok and report.index == i + 1, str(report)
     assert "out of order" in str(report.violation)
+
+
+def test_a_closed_logs_ring_is_the_slots_it_names() -> None:
+    """A closed (or failed) log names every slot: its ring is the largest slot's, not
+    the smallest that fits its ticks. A closed ring of 2 with its slots swapped was
+    replayed on a ring of 3 and refused at its close, not at the record out of ring
+    order (helper-75)."""
+    recs = [{"slot": t % 2, "tick": t, "generation": 1, "from": "idle",
+             "to": "requested", "event": "request", "actor": "learner"} for t in (3, 4)]
+    recs += [{"slot": k, "from": "requested", "to": "closed", "event": "close",
+              "actor": "learner"} for k in (0, 1)]
+    assert check(recs).ok and check(recs).slots == 2, str(check(recs))
+    swapped = [dict(r, slot=1 - r["slot"]) for r in recs]
+    report = check(swapped)
+    assert not report.ok and report.slots == 2 and report.index == 0, str(report)
+    assert "requested on slot 1, the log records idle --request--> requested on slot 0" in (
+        str(report.violation))

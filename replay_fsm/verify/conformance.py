@@ -193,17 +193,18 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
         last_ns = stamp
     if depth < 2:
         return bad(0, "the log names only slot 0; a ring has at least 2 slots")
-    # The log does not say the ring's size, and one written before close (which names
-    # every slot) may not name them all: a run resumed at tick N > 0 fills slot
-    # N mod D first. The ring is the smallest in which every logged tick sits in its
-    # slot (tick mod depth); where none is, the largest slot's, and the replay below
-    # reports the record out of ring order.
-    ticked = {(r["slot"], r["tick"]) for r in recs
-              if type(r.get("tick")) is int and r["tick"] >= 0}
-    for size in range(depth, MAX_RING_DEPTH + 1):
-        if all(tick % size == slot for slot, tick in ticked):
-            depth = size
-            break
+    # The log does not say the ring's size, and one written before close or a failure
+    # (each names every slot) may not name them all: a run resumed at tick N > 0 fills
+    # slot N mod D first. Such a log's ring is the smallest in which every logged tick
+    # sits in its slot (tick mod depth); where none is, the largest slot's, and the
+    # replay below reports the record out of ring order.
+    if not any(r.get("event") in ("close", "fail") for r in recs):
+        ticked = {(r["slot"], r["tick"]) for r in recs
+                  if type(r.get("tick")) is int and r["tick"] >= 0}
+        for size in range(depth, MAX_RING_DEPTH + 1):
+            if all(tick % size == slot for slot, tick in ticked):
+                depth = size
+                break
     report.slots = depth
     made: list[TransitionRecord] = []
     core = Core(depth, observer=made.append)
