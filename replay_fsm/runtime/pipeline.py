@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..core import Core, as_count, as_seconds, as_tick, require_asserts
+from ..core import Core, Step, as_count, as_seconds, as_tick, require_asserts
 from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -37,7 +37,7 @@ from ..errors import (
     TransferFailed,
 )
 from ..signals import DEFERRED, raise_deferred, step
-from ..spec import AVAILABLE, Actor, SlotState
+from ..spec import AVAILABLE, Actor, Event, SlotState
 from ..transfer import build_backend
 from ..transfer.base import TransferBackend
 from ..wire import CopyOrder, PackDone, PackRequest, TransitionRecord
@@ -928,9 +928,11 @@ class Pipeline:
                 self._raise_if_unusable()
             assert slot is not None
             if self._core.oldest_tick != tick:
-                # A tick younger than the oldest pending one: refused, before the hooks
-                # touch the backend or the checker (INV-STICKY: nothing changes).
-                self._core.acquire(tick)
+                # A tick younger than the oldest pending one: the core's refusal, before
+                # the hooks touch the backend or the checker (INV-STICKY).
+                refused = self._core.refusal(Step(Event.ACQUIRE, tick))
+                if refused is not None:
+                    raise refused
             try:
                 self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
             except Exception as exc:  # noqa: BLE001 - else the batch went out unfenced
