@@ -5,6 +5,7 @@ the same verdicts through whole pipelines, with real processes and timeouts.)"""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import threading
@@ -424,16 +425,23 @@ def test_a_dead_external_collector_is_gone_even_behind_a_pack_done_it_half_poste
     record and releasing its item (helper-74): the channel's backlog stays one for
     good, and the link, which took a backlog for a message waiting for the worker,
     never looked at the dead pid: the learner waited for ever."""
+    with attached_and_dead() as (link, pid):
+        link.handle.done._counters[1] += 1  # the record counted, its item never released
+        assert link.handle.done.backlog == 1
+        gone = link.liveness(True, 60.0)
+        assert gone is not None and gone.reason == (
+            f"the collector process (pid {pid}) is gone"), gone
+
+
+@contextlib.contextmanager
+def attached_and_dead() -> Iterator[tuple[ExternalCollector, int]]:
+    """An external link whose attached collector's pid names an exited process."""
     link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
     dead = subprocess.Popen(["true"])
     dead.wait()  # exited and reaped: its pid names no process
     try:
         link.handle.packer_state[0] = dead.pid
-        link.handle.done._counters[1] += 1  # the record counted, its item never released
-        assert link.handle.done.backlog == 1
-        gone = link.liveness(True, 60.0)
-        assert gone is not None and gone.reason == (
-            f"the collector process (pid {dead.pid}) is gone"), gone
+        yield link, dead.pid
     finally:
         link.stop(1.0)
 
@@ -445,19 +453,13 @@ def test_a_pack_done_message_posted_before_its_collector_exited_waits_for_the_wo
     reported gone before the worker takes the message: the learner's wait got the
     batch before ed7095e, and CollectorDied after it (helper-75). Once the message
     is taken, the dead collector is gone."""
-    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    try:
-        link.handle.packer_state[0] = dead.pid
+    with attached_and_dead() as (link, pid):
         assert link.handle.done.put([0] * link.handle.done.width, timeout=1.0)
         assert link.liveness(True, 60.0) is None  # a message waits for the worker
         assert link.handle.done.get(timeout=1.0) is not None  # the worker took it
         gone = link.liveness(True, 60.0)
         assert gone is not None and gone.reason == (
-            f"the collector process (pid {dead.pid}) is gone"), gone
-    finally:
-        link.stop(1.0)
+            f"the collector process (pid {pid}) is gone"), gone
 
 
 def test_a_pack_done_message_half_posted_by_a_dead_predecessor_fails_the_run(

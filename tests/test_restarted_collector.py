@@ -223,16 +223,23 @@ def test_a_claim_lock_the_dead_collector_held_fails_the_run_not_hangs_it(
         learner_packs: bool) -> None:
     """Nobody ever claims a chunk again, the learner nor the new collector, which
     beats all the same: the wait ends in CollectorDied after liveness_timeout."""
+    assert "claim lock has stayed taken" in collector_died_after(
+        die_holding_the_claim_lock, learner_packs)
+
+
+def collector_died_after(first: Any, learner_packs: bool) -> str:
+    """The CollectorDied message that ends a wait for tick 0 once ``first`` died and
+    another collector attached (liveness_timeout 2 s; 20 s is a hang)."""
     rb = buffer()
     pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=2,
                     learner_packs=learner_packs)
     pipe.start_prepare(0, N)
-    new = restart(pipe, rb, die_holding_the_claim_lock)
+    new = restart(pipe, rb, first)
     try:
         ok, got = finishes_within(lambda: pytest.raises(
             CollectorDied, pipe.wait_until_ready, 0, N), 20.0)
         assert ok, "the learner waited on"
-        assert "claim lock has stayed taken" in str(got[0].value)
+        return str(got[0].value)
     finally:
         stop(pipe, new)
 
@@ -243,15 +250,5 @@ def test_a_pack_done_the_dead_collector_never_posted_fails_the_run_not_hangs_it(
         learner_packs: bool, failed: bool) -> None:
     """Written whole (its last chunk counted) or failed (abandoned), its message never
     posted: the wait ends in CollectorDied after liveness_timeout."""
-    rb = buffer()
-    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=2,
-                    learner_packs=learner_packs)
-    pipe.start_prepare(0, N)
-    new = restart(pipe, rb, fail_and_die_before_posting if failed else die_before_posting)
-    try:
-        ok, got = finishes_within(lambda: pytest.raises(
-            CollectorDied, pipe.wait_until_ready, 0, N), 20.0)
-        assert ok, "the learner waited on"
-        assert "its pack-done message has not come" in str(got[0].value)
-    finally:
-        stop(pipe, new)
+    assert "its pack-done message has not come" in collector_died_after(
+        fail_and_die_before_posting if failed else die_before_posting, learner_packs)

@@ -419,15 +419,14 @@ class ExternalCollector(ChannelLink):
         super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout,
                          writer_patience)
         self._unattached: PackerHandle | None = None  # kept by stop (see there)
-        # When liveness first found the claim lock taken, after a collector process
-        # attached in place of a dead one (None: free at the last look).
-        self._lock_taken_since: int | None = None
+        # When liveness first found, at its last looks in a row, the claim lock taken
+        # after a collector process attached in place of a dead one ("claim lock"),
+        # and a pack-done record counted in the done channel and never released
+        # ("unreleased"): ``_held_s``.
+        self._since: dict[str, int] = {}
         # (slot, generation) of requests read by a dead process, written whole, their
         # pack-done message not received: when liveness first found each so.
         self._lost_since: dict[tuple[int, int], int] = {}
-        # When liveness first found a pack-done record counted and never released in
-        # the done channel (``Channel.unreleased``; None: none at the last look).
-        self._unreleased_since: int | None = None
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         gone = super().liveness(waiting, timeout)
@@ -448,10 +447,7 @@ class ExternalCollector(ChannelLink):
         if unreleased:
             # A live collector inside its put shows this for microseconds; a process
             # attached before it, killed inside its put, for good.
-            now = time.monotonic_ns()
-            if self._unreleased_since is None:
-                self._unreleased_since = now
-            held = (now - self._unreleased_since) / 1e9
+            held = self._held_s("unreleased")
             if held > timeout:
                 return Gone(
                     f"a pack-done message has been counted in the done channel and not "
@@ -461,7 +457,7 @@ class ExternalCollector(ChannelLink):
                         before := self._handle.predecessor[1]) else "")
                     + "), and every later message would wait one behind")
             return None
-        self._unreleased_since = None
+        self._since.pop("unreleased", None)
         if done.backlog:
             return None  # a pack-done message (the learner's own?) waits for the worker
         if not pid:
@@ -473,6 +469,12 @@ class ExternalCollector(ChannelLink):
             return None
         return self._stranded(pid, timeout) or self._silence(
             f"the collector (pid {pid})", waiting, timeout)
+
+    def _held_s(self, what: str) -> float:
+        """Seconds since liveness first found ``what`` so, at its looks in a row (the
+        first records now; ``self._since.pop(what)`` when a look finds it no more)."""
+        now = time.monotonic_ns()
+        return (now - self._since.setdefault(what, now)) / 1e9
 
     def orphaned(self, slot: int) -> bool:
         """Whether the last request sent to ``slot`` was read off the channel by a
@@ -500,12 +502,9 @@ class ExternalCollector(ChannelLink):
             return None
         if handle.claim_lock.acquire(timeout=0.01):
             handle.claim_lock.release()
-            self._lock_taken_since = None
+            self._since.pop("claim lock", None)
         else:
-            now = time.monotonic_ns()
-            if self._lock_taken_since is None:
-                self._lock_taken_since = now
-            held = (now - self._lock_taken_since) / 1e9
+            held = self._held_s("claim lock")
             if held > timeout:
                 return Gone(
                     f"the claim lock has stayed taken for {held:.1f} s since a collector "
