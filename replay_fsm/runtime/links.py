@@ -129,6 +129,13 @@ class CollectorLink(abc.ABC):
         to ``deliver``, on the taking thread, instead of to ``receive``. By default
         a link's ``take`` packs nothing, and this does nothing."""
 
+    def orphaned(self, slot: int) -> bool:
+        """Whether the request in ``slot`` was read by a collector process gone since,
+        so that only the learner can pack what is left of it (``Pipeline`` then takes
+        it in any wait or poll for it as the oldest requested tick). By default no
+        collector is replaced: False."""
+        return False
+
     def watch(self, process: Any, what: str) -> None:
         """Report ``process`` (anything with ``is_alive()``, ``pid``, ``exitcode``)
         dead in ``liveness`` once it exits."""

@@ -854,9 +854,8 @@ class Pipeline:
 
     def _orphaned(self, slot: int) -> bool:
         """Whether the request in ``slot`` was read by a collector process gone since
-        (``ExternalCollector.orphaned``): only the learner can pack what is left."""
-        orphaned = getattr(self._link, "orphaned", None)
-        return bool(self.learner_packs and orphaned is not None and orphaned(slot))
+        (``CollectorLink.orphaned``): only the learner can pack what is left."""
+        return self.learner_packs and self._link.orphaned(slot)
 
     def _take_locked(self, tick: int, slot: int) -> bool:
         """Pack the chunks of ``tick`` the packer has not claimed, on this thread, if
