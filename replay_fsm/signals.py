@@ -18,9 +18,10 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   code for the signal (143, 129). Under ``nohup`` SIGHUP stays ignored
   (``stop_signals_taken``). The helper processes that ignore SIGTERM ignore
   SIGHUP too (they take ``STOP_SIGNALS``), and so does multiprocessing's resource
-  tracker, which the library starts before its first semaphore
-  (``start_resource_tracker``). On a hangup the command line sends what it prints
-  after to /dev/null where the terminal is gone (``silence_hung_up_output``).
+  tracker, which the library starts before its first semaphore, in a session of its
+  own, out of reach of a SIGKILL to the process group (``start_resource_tracker``).
+  On a hangup the command line sends what it prints after to /dev/null where the
+  terminal is gone (``silence_hung_up_output``).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
 - A stop signal taken through this module's handlers (``sigterm_as_interrupt``) waits
   for a pipeline step the main thread is in (``step``): Python runs a handler between
@@ -148,26 +149,57 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
 
 def start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker, once per process, with the stop
-    signals ignored; the library calls it before it makes its first semaphore or
-    lock. The tracker ignores SIGINT and SIGTERM itself, not SIGHUP: a hangup sent to
-    the process group killed it, so it could not free what a process killed with it
-    left (semaphores stayed in /dev/shm), and the tracker started in its place printed
-    a traceback for each name it had never seen registered. An ignored signal survives
-    exec (as in ``start_ignoring``: one sent in these milliseconds, from the main
-    thread's start of the tracker, is lost; from another thread nothing changes).
-    Nothing where multiprocessing has no tracker (Windows)."""
+    signals ignored and in a session of its own; the library calls it before it makes
+    its first semaphore or lock. The tracker ignores SIGINT and SIGTERM itself, not
+    SIGHUP: a hangup sent to the process group killed it, so it could not free what a
+    process killed with it left (semaphores stayed in /dev/shm), and the tracker
+    started in its place printed a traceback for each name it had never seen
+    registered. An ignored signal survives exec (as in ``start_ignoring``: one sent in
+    these milliseconds, from the main thread's start of the tracker, is lost; from
+    another thread nothing changes). A SIGKILL to the process group (``kill -9 --
+    -PGID``) cannot be ignored: in the group's session the tracker died with the
+    processes it watches and every semaphore they made stayed in /dev/shm; in its own
+    it frees them once the last of those processes is gone (and says so on standard
+    error, as multiprocessing's tracker does). A tracker the program started before,
+    by a spawn of its own, stays where it is. Nothing where multiprocessing has no
+    tracker (Windows)."""
     global _TRACKER_STARTED_IN
     if _TRACKER_STARTED_IN == os.getpid() or os.name != "posix":
         return
     from multiprocessing import resource_tracker
+    from multiprocessing import util as mp_util
+    spawn = getattr(mp_util, "spawnv_passfds", None)
     with handling(STOP_SIGNALS, signal.SIG_IGN):
-        resource_tracker.ensure_running()
+        if spawn is None:  # a multiprocessing that starts it some other way
+            resource_tracker.ensure_running()
+        else:
+            mp_util.spawnv_passfds = _spawn_in_own_session  # type: ignore[assignment]
+            try:
+                resource_tracker.ensure_running()
+            finally:
+                mp_util.spawnv_passfds = spawn
     _TRACKER_STARTED_IN = os.getpid()
+
+
+def _spawn_in_own_session(path: str, args: list[str], passfds: Any) -> int:
+    """``multiprocessing.util.spawnv_passfds`` (exec ``args`` with only ``passfds``
+    open besides the standard streams, signal dispositions and mask as they are),
+    the child in a new session: no process group's signal reaches it."""
+    import subprocess
+    child = subprocess.Popen(args, executable=path, pass_fds=tuple(sorted(map(int, passfds))),
+                             close_fds=True, restore_signals=False,
+                             start_new_session=True)
+    # Kept: the tracker's owner reaps it by pid (a Popen collected while its child
+    # runs would be reaped by subprocess's own clean-up instead).
+    _TRACKERS.append(child)
+    return child.pid
 
 
 # The process that started its tracker with start_resource_tracker (a fork child shares
 # its parent's tracker, and a spawned one is given it).
 _TRACKER_STARTED_IN: int | None = None
+# The trackers this process started (see _spawn_in_own_session).
+_TRACKERS: list[Any] = []
 
 
 def hung_up(stream: Any) -> bool:

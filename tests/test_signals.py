@@ -228,6 +228,30 @@ def _left_in_session(sid: int, within_s: float) -> dict[int, str]:
     return _in_session(sid)
 
 
+def _semaphores_of_session(sid: int) -> set[str]:
+    """The /dev/shm names of the named semaphores the processes of session ``sid``
+    have open (each is mapped from its file)."""
+    names = set()
+    for pid in _in_session(sid):
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        names.update(m.group(1) for m in re.finditer(r"/dev/shm/(sem\.\S+)", maps))
+    return names
+
+
+def _gone_from_shm(names: set[str], within_s: float) -> set[str]:
+    """Which of ``names`` are still in /dev/shm after waiting up to ``within_s``
+    seconds (the resource tracker, in a session of its own, frees what the run's
+    processes left once the last of them has exited)."""
+    end = time.monotonic() + within_s
+    while (left := {n for n in names if Path("/dev/shm", n).exists()}) \
+            and time.monotonic() < end:
+        time.sleep(0.05)
+    return left
+
+
 def _hangup_at_default() -> None:
     """In a child before its exec: SIGHUP at its default, as a terminal's shell starts
     a command, whatever this suite inherited (a runner under nohup ignores it)."""
@@ -316,8 +340,6 @@ def test_a_terminal_that_hangs_up_stops_the_demo_as_ctrl_c_does(tmp_path: Path) 
     import struct
     import termios
 
-    shm = Path("/dev/shm")
-    before = set(os.listdir(shm)) if shm.is_dir() else set()
     out = tmp_path / "out"
     master, slave = os.openpty()
     # A new terminal is 0 columns wide, where tqdm draws no bar to read the ticks from.
@@ -337,6 +359,7 @@ def test_a_terminal_that_hangs_up_stops_the_demo_as_ctrl_c_does(tmp_path: Path) 
         os.close(slave)
     try:
         _read_until_tick(master, 5, deadline_s=240)
+        semaphores = _semaphores_of_session(proc.pid)  # the run's, not other programs'
     finally:
         os.close(master)  # the hangup
     try:
@@ -350,8 +373,8 @@ def test_a_terminal_that_hangs_up_stops_the_demo_as_ctrl_c_does(tmp_path: Path) 
     assert summary["interrupted"] and 5 <= summary["ticks"] < 100_000
     assert (out / "trace.json").is_file()
     assert _left_in_session(proc.pid, within_s=60) == {}
-    if shm.is_dir():
-        assert {n for n in set(os.listdir(shm)) - before if n.startswith("sem.")} == set()
+    assert len(semaphores) >= 4, semaphores  # the request and pack-done channels' at least
+    assert _gone_from_shm(semaphores, within_s=60) == set()
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="a Linux terminal")
@@ -426,6 +449,39 @@ def test_the_resource_tracker_lives_through_a_hangup() -> None:
     ignored = int(out.split()[-1])
     for signum in (signal.SIGHUP, signal.SIGINT, signal.SIGTERM):
         assert ignored >> (signum - 1) & 1, (signum, hex(ignored))
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm") or not hasattr(os, "killpg"),
+                    reason="POSIX named semaphores in /dev/shm needed")
+@pytest.mark.timeout(300)
+def test_the_resource_tracker_frees_what_a_sigkill_to_the_process_group_left() -> None:
+    """``kill -9 -- -PGID`` kills every process of the group at once, none able to
+    clean up: the tracker, in the group's session, died with them and left their
+    semaphores in /dev/shm for good. In a session of its own it frees them."""
+    child = (
+        "import time\n"
+        "from replay_fsm import ReplayBuffer\n"
+        "from replay_fsm.data.channel import Channel\n"
+        "rb = ReplayBuffer(16, 2, 1)\n"
+        "channel = Channel(2, 2)\n"
+        "print(*channel.semaphore_names, flush=True)\n"
+        "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", child], stdout=subprocess.PIPE,
+                            stderr=subprocess.DEVNULL, text=True,
+                            start_new_session=True)  # a group of its own to kill
+    try:
+        names = proc.stdout.readline().split() if proc.stdout else []
+        paths = [Path("/dev/shm", name) for name in names]
+        assert len(paths) == 2 and all(p.exists() for p in paths), names
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=120)
+        if proc.stdout:
+            proc.stdout.close()
+    left = _gone_from_shm(set(names), within_s=4 * MARGIN_S)
+    for name in left:  # not to leave them for good when this fails
+        Path("/dev/shm", name).unlink()
+    assert not left, f"left in /dev/shm after the group's SIGKILL: {left}"
 
 
 def test_the_interrupts_survive_pickling() -> None:
