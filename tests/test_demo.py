@@ -451,3 +451,27 @@ def test_the_demo_pipeline_takes_the_configs_liveness_timeout(
     assert made == [7.5]
     with pytest.raises(ValueError, match="liveness_timeout must be a finite number"):
         DemoConfig(liveness_timeout=0)
+
+
+def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """--liveness-timeout bounds the wait for rows that stopped coming too (README,
+    DemoConfig): a collector whose environment stalls before the warm-up rows are
+    there for 5 s was waited out (the pipeline's default stall_timeout is 60 s)."""
+    import time
+
+    from replay_fsm.demo import env
+    from replay_fsm.errors import DataStalled
+
+    step, calls = env.PointMass.step, [0]
+
+    def stalling(self, action):  # type: ignore[no-untyped-def]
+        calls[0] += 1
+        if calls[0] == 5:  # after 4 steps of 128 envs: short of the warm-up rows
+            time.sleep(5.0)
+        return step(self, action)
+
+    monkeypatch.setattr(env.PointMass, "step", stalling)
+    with pytest.raises(DataStalled, match=r"for 1\.0 s \(stall_timeout\)"):
+        run(DemoConfig(ticks=3, collector="thread", liveness_timeout=1.0,
+                       out=str(tmp_path), progress=False))

@@ -208,6 +208,9 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
                     ring_depth=config.ring_depth, collector="external",
                     checked=config.checked, trace=True,
                     liveness_timeout=config.liveness_timeout,
+                    # as the SAC trainer's: rows that stopped coming fail the run
+                    # after --liveness-timeout too (min_snapshot_ptr: the warm-up)
+                    stall_timeout=config.liveness_timeout,
                     trace_capacity=trace_capacity(config.ticks))
     return out_dir, rb, pipe
 
