@@ -12,8 +12,9 @@ order (manual backend) or on real threads (the others), faults are injected (one
 roll in eight). Invariants: the pipeline's pending and hot ticks and its slot states
 agree with the model, INV-HOT, INV-ORDER, INV-STICKY, and INV-DATA bit for bit on
 every batch.
-The adds never wrap the ring (capacity is sized for it), so a sampled row never
-changes between the pack and the check and INV-DATA can be checked exactly.
+The adds never wrap the ring (capacity is sized for ``max_steps`` adds, and an add
+that would wrap it is not offered), so a sampled row never changes between the pack
+and the check and INV-DATA can be checked exactly.
 """
 
 from __future__ import annotations
@@ -89,6 +90,12 @@ class PipelineMachine(RuleBasedStateMachine):
     def _live(self) -> bool:
         return self.fault is None
 
+    def _room(self) -> bool:
+        """Whether an add of up to MAX_ADD rows leaves the ring unwrapped: Hypothesis's
+        ``stateful_step_count`` is not ``max_steps``, and a wrapped row changes under
+        a batch already packed from it (a false INV-DATA failure)."""
+        return self.rb.ptr + MAX_ADD <= self.rb.capacity
+
     def _can_request(self) -> bool:
         return self._live() and len(self.pending) + (self.hot is not None) < self.ring_depth
 
@@ -109,7 +116,7 @@ class PipelineMachine(RuleBasedStateMachine):
 
     # -- rules ----------------------------------------------------------------
 
-    @precondition(lambda self: self._live())
+    @precondition(lambda self: self._live() and self._room())
     @rule(n=st.integers(1, MAX_ADD))
     def collector_adds(self, n: int) -> None:
         self._add(n)
@@ -253,7 +260,9 @@ class PipelineMachine(RuleBasedStateMachine):
 
 def pipeline_machine(**config: Any) -> type[PipelineMachine]:
     """A PipelineMachine subclass for ``config`` (device, backend, backend_options,
-    ring_depth, sample_count, obs_dim, action_dim, critic_dim, collector).
+    ring_depth, sample_count, obs_dim, action_dim, critic_dim, collector, and
+    max_steps: the adds the replay buffer is sized for, 200 by default; once it is
+    full the machine adds no more rows, whatever Hypothesis's stateful_step_count).
 
     Raises:
         ValueError: an unknown configuration key.

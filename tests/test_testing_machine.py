@@ -74,3 +74,11 @@ def test_the_machine_reaches_slot_reuse_and_catches_a_release_without_fence(
     monkeypatch.setattr(ManualBackend, "after_read", lambda self, slot: None)
     with pytest.raises(RuntimeError, match="must wait for the release"):
         _run_manual(50)
+
+
+def test_a_run_longer_than_max_steps_never_wraps_the_buffer() -> None:
+    """Hypothesis's stateful_step_count is not max_steps: a run of more steps than the
+    buffer was sized for must not wrap it (the machine then saw a false INV-DATA)."""
+    run_state_machine_as_test(pipeline_machine(backend="manual", max_steps=1), settings=settings(
+        max_examples=15, stateful_step_count=25, deadline=None, derandomize=True,
+        database=None))
