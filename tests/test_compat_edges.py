@@ -323,3 +323,14 @@ def test_the_base_seed_given_is_in_every_request() -> None:
     with Hand() as h:
         h.pipe.start_prepare(2, N)
         assert h.serve()["sample_seed"] == BASE_SEED + 2
+
+
+def test_a_min_snapshot_ptr_past_63_bits_is_refused_naming_the_seeds_tick() -> None:
+    """The refusal came from the pipeline underneath and named its own tick, the
+    request number (tick 1 for the seed's tick 10); nothing is sent either way."""
+    with Hand() as h:
+        with pytest.raises(ValueError, match=r"^tick 10: min_snapshot_ptr must be < 2\*\*63"):
+            h.pipe.start_prepare(10, N, min_snapshot_ptr=1 << 63)
+        assert h.requests.empty()
+        assert h.pipe.start_prepare(10, N)  # the class is as before
+        assert h.serve()["tick_id"] == 10

@@ -32,7 +32,7 @@ from ..runtime.observers import Observer
 from ..runtime.pipeline import Pipeline
 from ..spec import Actor
 from ..transfer.cuda import CudaBackend
-from ..wire import PACK_EXECUTOR, PACK_LAYOUT
+from ..wire import MAX_SEED, PACK_EXECUTOR, PACK_LAYOUT
 from .buffer import ReplayBufferView
 from .errors import as_seed_error
 from .link import RING_DEPTH, SeedQueueLink
@@ -211,7 +211,8 @@ class CPUPinnedDoubleBufferReplayPipeline:
         ``tick_id`` is already requested and not yet sampled.
 
         Raises:
-            ValueError: ``sample_count`` differs from the allocated one.
+            ValueError: ``sample_count`` differs from the allocated one, or
+                ``min_snapshot_ptr`` is 2**63 or more (requests travel as int64).
             RuntimeError: another tick is requested and not yet sampled, the pipeline
                 is closed, or an earlier failure (raised again).
         """
@@ -229,6 +230,9 @@ class CPUPinnedDoubleBufferReplayPipeline:
             # The seed took int() of it: a float (ptr + num_envs * 1.0) or a tensor
             # works as it did there; a negative one waits for no row, as 0 does.
             min_snapshot_ptr = max(int(min_snapshot_ptr), 0)
+            if min_snapshot_ptr > MAX_SEED:  # the pipeline's refusal names its own tick
+                raise ValueError(f"tick {tick}: min_snapshot_ptr must be < 2**63, got "
+                                 f"{min_snapshot_ptr}")
         number = self._requests + 1
         self._link.label(number, tick)
         self._call(self._pipe.start_prepare, number, self._sample_count, min_snapshot_ptr)
