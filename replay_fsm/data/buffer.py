@@ -397,8 +397,10 @@ class ReplayBuffer:
 
         Raises:
             ValueError: a field's shape is wrong (the message names the field, the
-                shape given and the one expected), a required field is missing, or
-                the rows would take ``ptr`` past ``MAX_PTR``; nothing is written.
+                shape given and the one expected), a required field is missing, a
+                terminal field is given without ``terminal_mask``, (``check_finite``)
+                a row holds NaN or infinity (the message names the row and field),
+                or the rows would take ``ptr`` past ``MAX_PTR``; nothing is written.
             TypeError: a field is not a tensor or array of real numbers.
             ProtocolError: called inside this thread's ``adds_paused()`` block.
             WriterDied: a process died inside an add, holding the write lock.

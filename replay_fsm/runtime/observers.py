@@ -46,7 +46,9 @@ class Statistics:
     requests: int
     packs: int
     learner_wait_s: float  # time the learner spent blocked waiting for a batch
-    stalls: int  # acquires that found their batch not yet READY
+    # Waits that found their batch not yet READY: each sample_large_batch that waited,
+    # and each wait_until_ready that did (one per call, a timed-out one included).
+    stalls: int
     bytes_moved: int  # host-to-device bytes copied
     dwell_s: dict[str, float] = field(default_factory=dict)  # per state, all slots
     checks: int = 0  # checked mode's interval checks (0 when off)

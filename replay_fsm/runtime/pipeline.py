@@ -401,7 +401,11 @@ class Pipeline:
 
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
         """Whether ``tick_id`` can be sampled without waiting (False for a tick not
-        requested: unlike a wait, a poll does not raise for it). Never blocks. When it
+        requested: unlike a wait, a poll does not raise for it). Never waits for
+        another actor; one exception packs on the calling thread: the oldest requested
+        tick, read by an external collector process gone since, which nobody else can
+        pack (``specs/LEARNER_PACKS.md``: a whole batch's gather, held up to
+        ``liveness_timeout`` by a writer stopped inside an add). When it
         cannot, the watchdog is asked, as by every slice of a wait: a learner that
         only polls learns of a dead collector or copy engine too. Rows that stopped
         coming (``min_snapshot_ptr``) are judged by a wait, from its own start, never
