@@ -304,6 +304,7 @@ class ReplayBuffer:
 
     @property
     def width(self) -> int:
+        """Floats per row: every field's columns together (``layout``)."""
         return self.layout.width
 
     @property
@@ -705,8 +706,8 @@ class ReplayBuffer:
         """A new buffer, in shared memory, holding the checkpoint at ``path``: same
         dims, rows, ptr and size, so adds continue at the same ring position and
         batches drawn with the same seeds are the same. Each dimension given must match
-        the file's. Rows are read ``chunk_rows`` at a time straight into the new
-        storage and checked against their checksums.
+        the file's. Rows are read a chunk at a time (the chunks the file was saved in)
+        straight into the new storage and checked against their checksums.
 
         Raises:
             CheckpointError: (a ValueError) the file is not a checkpoint (or not a

@@ -573,12 +573,14 @@ class Pipeline:
             self._core.check_invariants()
 
     def statistics(self) -> Statistics:
+        """A snapshot of the run's counters and per-state dwell times."""
         with self._lock:
             return self._stats.snapshot(self._core.states,
                                         0 if self._checker is None else self._checker.checks)
 
     @property
     def states(self) -> tuple[SlotState, ...]:
+        """Each slot's state, slot 0 first."""
         with self._lock:
             return self._core.states
 
@@ -618,6 +620,8 @@ class Pipeline:
 
     @property
     def closed(self) -> bool:
+        """Whether ``close`` has begun (or a Ctrl-C closed the pipeline): the learner's
+        calls raise ``PipelineClosed`` from then on."""
         return self._closed
 
     def close(self) -> None:
@@ -627,7 +631,13 @@ class Pipeline:
         its own running threads, and they, its packer process and its slots stay until
         then (an exit hook stops it). In a child forked (``os.fork``) from the process
         that made it, it only makes the pipeline unusable there: its threads, packer
-        and channels are the parent's."""
+        and channels are the parent's.
+
+        Raises:
+            Exception: the first error an observer or a custom link's or backend's
+                close hook raised, once every step of the close has run (the
+                pipeline is closed all the same; a second close raises nothing).
+        """
         if os.getpid() != self._pid:
             self._closed = True
             return
