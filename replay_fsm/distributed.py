@@ -29,6 +29,7 @@ import os
 import signal
 import uuid
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import torch
@@ -39,6 +40,7 @@ from .errors import RankFailed, ReplayFSMError, first_line
 from .files import write_text
 from .signals import (
     STOP_SIGNALS,
+    WAIT_STOPS,
     Interrupted,
     children_start_blocked,
     handling,
@@ -111,11 +113,22 @@ class AgreedInterrupt:
     on Ctrl-C. Installs its handlers for the life of the with-block (main thread
     only). ``peer_timeout``: the bound the process group was made with, for the
     error of a collective that ran out of it.
+
+    A rank that waits for its batch (a pipeline's wait: its collector slow, stuck or
+    stopped) reaches the step's all-reduce only when that wait ends, up to
+    ``liveness_timeout`` later, while the other ranks wait in the all-reduce and the
+    launcher kills them all 30 s after it forwarded the signal. So a stop signal also
+    ends this rank's next or current wait for a batch, and only that
+    (``WAIT_STOPS``: a KeyboardInterrupt at the wait's start or next slice, before
+    the step's all-reduce), and the rank then calls ``all_reduce_mean`` once more
+    (with any tensors, none needed): it joins the all-reduce of the other ranks'
+    flags for that step, which raises KeyboardInterrupt on every rank there.
     """
 
     def __init__(self, peer_timeout: float | None = None) -> None:
         self.signum: int | None = None  # the stop signal this rank got, if any
         self.peer_timeout = peer_timeout
+        self.agreed = False  # the ranks' flags said stop: every rank raised at one step
 
     @property
     def requested(self) -> bool:
@@ -129,12 +142,17 @@ class AgreedInterrupt:
 
     def __exit__(self, *exc: object) -> None:
         self._handling.__exit__(None, None, None)
+        WAIT_STOPS.clear()  # for no wait after the block
 
-    def _on_signal(self, signum: int, frame: object) -> None:
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.signum = signum
+        if not WAIT_STOPS:
+            WAIT_STOPS.append(KeyboardInterrupt())
 
     def all_reduce_mean(self, tensors: list[torch.Tensor]) -> None:
-        """Average ``tensors`` across ranks, unless a rank asked to stop.
+        """Average ``tensors`` across ranks, unless a rank asked to stop. Called
+        after the ranks agreed to stop, it raises KeyboardInterrupt again, with no
+        collective.
 
         Raises:
             KeyboardInterrupt: some rank got a stop signal (every rank raises here).
@@ -142,11 +160,15 @@ class AgreedInterrupt:
                 longer than ``peer_timeout`` (torch's error chained).
         """
         import torch.distributed as dist
+        if self.agreed:
+            raise KeyboardInterrupt
         device = tensors[0].device if tensors else torch.device("cpu")
         flags = torch.tensor([float(self.requested)], device=device)
         try:
             dist.all_reduce(flags)
             if flags.item() > 0:
+                self.agreed = True
+                WAIT_STOPS.clear()  # agreed here: no wait is to raise it again
                 raise KeyboardInterrupt
             world = dist.get_world_size()
             for t in tensors:
@@ -162,7 +184,7 @@ class AgreedInterrupt:
 def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any]:
     """The body of one rank: ``config`` as this rank (its seeds and device), its
     collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``,
-    ``config.interrupt_at`` and ``config.freeze_at`` apply only to ``kill_rank``
+    ``freeze_collector_at``, ``interrupt_at`` and ``freeze_at`` apply only to ``kill_rank``
     (fault injection for tests). Ctrl-C stops every rank at the same step
     (``AgreedInterrupt``).
 
@@ -200,7 +222,7 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
             mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
             if rank != kill_rank:
                 mine = dataclasses.replace(mine, kill_collector_at=None, interrupt_at=None,
-                                           freeze_at=None)
+                                           freeze_at=None, freeze_collector_at=None)
             summary = run(mine, all_reduce=interrupt.all_reduce_mean)
         if interrupt.signum is not None:
             # This rank got a stop signal. A launcher that is stopping (the terminal's

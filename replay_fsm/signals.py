@@ -70,6 +70,12 @@ _STEPS: set[CodeType] = set()
 # raised). The pipeline reads it after each step and at each wait slice: a plain
 # list, so that the read is one truth test.
 DEFERRED: list[KeyboardInterrupt] = []
+# Stops that end a pipeline's wait for a batch and nothing else (the first is raised
+# by the wait, at its start or at its next slice): a handler that must not raise
+# inside the learner's other calls appends here (``AgreedInterrupt``: the ranks agree
+# to stop at a step's all-reduce, and a rank stuck in a wait would reach it only when
+# the wait ends). Read, like DEFERRED, at each wait slice.
+WAIT_STOPS: list[KeyboardInterrupt] = []
 
 
 class Interrupted(KeyboardInterrupt):
@@ -287,6 +293,15 @@ def raise_deferred(*, within_step: bool = False) -> None:
         raise stop
 
 
+def raise_wait_stop() -> None:
+    """In a wait for a batch, on the main thread: raise the first of ``WAIT_STOPS``,
+    if any (and forget them all). Elsewhere do nothing."""
+    if WAIT_STOPS and threading.current_thread() is threading.main_thread():
+        stop = WAIT_STOPS[0]
+        WAIT_STOPS.clear()
+        raise stop
+
+
 def interrupt_after_step(make: Callable[[int], KeyboardInterrupt]
                          ) -> Callable[[int, FrameType | None], None]:
     """A handler raising ``make(signum)`` where the signal lands, or, inside a
@@ -383,11 +398,33 @@ def end_worker(worker: Any, join_s: float, *, hung: bool = False) -> None:
     if worker.pid is None:
         return
     try:
-        worker.join(timeout=0.0 if hung else join_s)
+        # In slices: a process stopped (SIGSTOP) meanwhile cannot leave, however long
+        # it is waited for, and is SIGKILLed at once too.
+        end = time.monotonic() + (0.0 if hung else join_s)
+        while not stopped(worker.pid):
+            worker.join(timeout=max(0.0, min(JOIN_SLICE_S, end - time.monotonic())))
+            if worker.exitcode is not None or time.monotonic() >= end:
+                break
     finally:
         if worker.is_alive():
             worker.kill()
             worker.join()
+
+
+# How often end_worker looks whether the process it waits for was stopped.
+JOIN_SLICE_S = 0.1
+
+
+def stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP: state T in
+    /proc; a debugger's stop, t, is not counted). False where that cannot be told
+    (no /proc, the process gone)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:stat.rindex(b")") + 3] == b"T"
 
 
 def ignore(signums: tuple[int, ...] = (signal.SIGINT,)) -> None:

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -313,9 +314,12 @@ from replay_fsm.demo import DemoConfig
 from replay_fsm.distributed import launch
 from replay_fsm.signals import exit_code
 if __name__ == "__main__":
+    frozen = sys.argv[4] == "frozen"  # rank 1's collector SIGSTOPped first
     config = DemoConfig(ticks=400, device="cpu", out=sys.argv[1], sample_count=256,
                         capacity=20_000, envs=32, seed=5, progress=False,
-                        interrupt_at=int(sys.argv[2]), interrupt_signal=int(sys.argv[3]))
+                        interrupt_at=int(sys.argv[2]), interrupt_signal=int(sys.argv[3]),
+                        freeze_collector_at=int(sys.argv[2]) if frozen else None,
+                        liveness_timeout=120.0 if frozen else 30.0)
     try:
         launch(2, config, kill_rank=1)
     except KeyboardInterrupt as exc:
@@ -325,13 +329,14 @@ if __name__ == "__main__":
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("tick, signum", [
-    (0, signal.SIGINT),  # in the warm-up's wait for rows
-    (3, signal.SIGINT),
-    (3, signal.SIGTERM),  # a batch scheduler's stop (SLURM, systemd: the whole group)
+@pytest.mark.parametrize("tick, signum, collector", [
+    (0, signal.SIGINT, "running"),  # in the warm-up's wait for rows
+    (3, signal.SIGINT, "running"),
+    (3, signal.SIGTERM, "running"),  # a batch scheduler's stop (SLURM, systemd)
+    (3, signal.SIGINT, "frozen"),  # the run looks hung: its user presses Ctrl-C
 ])
 def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(
-        tmp_path: Path, tick: int, signum: int) -> None:
+        tmp_path: Path, tick: int, signum: int, collector: str) -> None:
     """At ``tick`` rank 1 sends SIGINT to the whole process group, as a terminal's
     Ctrl-C does (or SIGTERM, as a batch scheduler does): the launcher, both ranks
     and their collector processes get it. The ranks stop at the same step's
@@ -339,11 +344,18 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(
     interrupted single-process run does and exit on their own: the launcher never
     has to kill one (it would, after 30 s). On Ctrl-C the collectors carry on (a
     rank waiting for rows must not see its collector die). launch() raises a
-    KeyboardInterrupt that names the signal's exit code."""
+    KeyboardInterrupt that names the signal's exit code.
+
+    "frozen": rank 1's collector is SIGSTOPped just before. Rank 1's wait for its
+    batch (held up by the stopped collector, for up to its 120 s liveness_timeout)
+    kept it from the all-reduce where the ranks agree, and its close joined the
+    stopped collector for 30 s: the launcher killed both ranks first, and neither
+    wrote its files. The stop ends the wait, and a stopped collector is killed at
+    once."""
     script = tmp_path / "launch_and_report.py"
     script.write_text(LAUNCH_AND_REPORT)
     out = subprocess.run([sys.executable, str(script), str(tmp_path / "out"), str(tick),
-                          str(int(signum))],
+                          str(int(signum)), collector],
                          capture_output=True, text=True, timeout=280,
                          start_new_session=True)  # the group it signals is its own
     assert f"launch raised KeyboardInterrupt, exit code {128 + signum}" in out.stdout, (
@@ -660,3 +672,61 @@ def test_under_nohup_the_launcher_leaves_sighup_ignored() -> None:
         nproc_per_node: int = 1
 
     assert _launcher_signals(Older) == {}
+
+
+def _main_thread_waits_for_a_batch() -> bool:
+    """Whether the main thread is inside a pipeline's wait for a batch."""
+    from replay_fsm.runtime.pipeline import Pipeline
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    while frame is not None:
+        if frame.f_code is Pipeline._wait_locked.__code__:
+            return True
+        frame = frame.f_back
+    return False
+
+
+@pytest.mark.timeout(300)
+def test_a_ranks_stop_signal_ends_its_wait_for_a_batch_and_nothing_else() -> None:
+    """A rank's stop signal is only recorded: the ranks agree on it at the next
+    step's all-reduce. A rank waiting for its batch (its collector stuck or stopped)
+    reached that all-reduce only when the wait ended, liveness_timeout later, while
+    the others waited in it and the launcher killed them all after 30 s. The signal
+    now ends the rank's current or next wait for a batch, and no other learner call
+    (one raising elsewhere would make the ranks stop at different steps)."""
+    from replay_fsm import Pipeline, ReplayBuffer
+    from replay_fsm.distributed import AgreedInterrupt
+
+    rb = ReplayBuffer(64, 2, 1)
+    rb.add_packed(torch.ones(8, rb.width))
+    never = 10**9  # rows that never come: the wait ends only as asked
+
+    def pipeline() -> Pipeline:
+        pipe = Pipeline(rb, sample_count=4, collector="thread", stall_timeout=None,
+                        liveness_timeout=4 * MARGIN_S)
+        pipe.start_prepare(0, 4, min_snapshot_ptr=never)
+        return pipe
+
+    with AgreedInterrupt() as interrupt, pipeline() as pipe:
+        signal.raise_signal(signal.SIGINT)  # between the learner's calls: recorded
+        assert interrupt.requested and not pipe.closed
+        assert pipe.start_prepare(1, 4, min_snapshot_ptr=never)  # not a wait: goes on
+        assert not pipe.batch_ready(0, 4)  # a poll is not a wait either
+        with pytest.raises(KeyboardInterrupt):  # the next wait ends at its start
+            pipe.wait_until_ready(0, 4, timeout=MARGIN_S)
+    with AgreedInterrupt() as interrupt, pipeline() as pipe:
+        assert not interrupt.requested  # a new block starts with no stop
+        main = threading.main_thread().ident or 0
+
+        def signal_the_wait() -> None:
+            while not _main_thread_waits_for_a_batch():
+                time.sleep(0.01)
+            signal.pthread_kill(main, signal.SIGINT)
+
+        signaller = threading.Thread(target=signal_the_wait, daemon=True)
+        signaller.start()
+        try:
+            with pytest.raises(KeyboardInterrupt):  # the wait under way ends
+                pipe.wait_until_ready(0, 4, timeout=MARGIN_S)
+        finally:
+            signaller.join()
+        assert interrupt.requested

@@ -539,3 +539,25 @@ def test_join_started_gives_up_at_its_timeout() -> None:
     thread = _Starting(7, 10**9)
     signals.join_started(thread, 0.01)  # type: ignore[arg-type]
     assert 1 <= thread.joins < 10**9
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
+@pytest.mark.timeout(300)
+def test_a_helper_process_stopped_by_sigstop_is_killed_at_once_not_waited_for() -> None:
+    """A collector stopped (SIGSTOP) cannot leave when told: the run's stop joined it
+    for 30 s (a multi-rank launcher killed the rank meanwhile, its files unwritten)."""
+    import multiprocessing as mp
+
+    worker = mp.get_context("spawn").Process(target=time.sleep, args=(3600,), daemon=True)
+    worker.start()
+    try:
+        os.kill(worker.pid, signal.SIGSTOP)
+        while not signals.stopped(worker.pid):  # the kernel stops it soon after
+            time.sleep(0.01)
+        signals.end_worker(worker, join_s=3600)
+        assert worker.exitcode == -signal.SIGKILL
+    finally:
+        if worker.is_alive():
+            worker.kill()
+            worker.join()
+    assert not signals.stopped(os.getpid())

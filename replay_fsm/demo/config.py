@@ -35,7 +35,8 @@ class DemoConfig:
     Checks and fault injection, for tests: ``collect_steps`` stops the collector
     stepping after that many steps (the storage then holds still) and
     ``verify_data`` checks every batch bit for bit (INV-DATA);
-    ``kill_collector_at`` SIGKILLs the collector process at that tick;
+    ``kill_collector_at`` SIGKILLs the collector process at that tick, and
+    ``freeze_collector_at`` SIGSTOPs it (a collector stuck for good);
     ``freeze_at`` SIGSTOPs this rank at that tick (a rank only: a stuck peer);
     ``interrupt_at`` sends ``interrupt_signal`` (SIGINT, Ctrl-C; SIGTERM, a
     scheduler's stop; or SIGHUP, a closed terminal) at that tick to this process, or
@@ -64,6 +65,7 @@ class DemoConfig:
     collect_steps: int | None = None
     verify_data: bool = False
     kill_collector_at: int | None = None
+    freeze_collector_at: int | None = None
     freeze_at: int | None = None
     peer_timeout: float = 120.0
     liveness_timeout: float = 30.0

@@ -94,6 +94,8 @@ def run(config: DemoConfig | None = None,
                 t0 = time.perf_counter()
                 if config.kill_collector_at == tick and config.collector == "process":
                     worker.kill()  # fault injection: the collector crashes
+                if config.freeze_collector_at == tick and config.collector == "process":
+                    os.kill(worker.pid, signal.SIGSTOP)  # fault injection: it is stuck
                 if config.freeze_at == tick and config.rank is not None:
                     os.kill(os.getpid(), signal.SIGSTOP)  # fault injection: a stuck rank
                 if config.interrupt_at == tick:  # fault injection: Ctrl-C or SIGTERM
@@ -120,6 +122,7 @@ def run(config: DemoConfig | None = None,
                 bar.update(1)
         except KeyboardInterrupt:
             interrupted = "run"
+            _agree_to_stop(all_reduce)
         except Exception as exc:  # noqa: BLE001 - raised below, once the files are written
             error = exc
         finally:  # the run's figures end with its ticks: the comparison after them
@@ -132,6 +135,7 @@ def run(config: DemoConfig | None = None,
                                    all_reduce)
             except KeyboardInterrupt:
                 interrupted = "comparison"
+                _agree_to_stop(all_reduce)
             except Exception as exc:  # noqa: BLE001 - as above
                 error = exc
     finally:
@@ -299,6 +303,20 @@ def _start_collector(pipe: Pipeline, worker: Any) -> None:
         return
     start_ignoring(worker, STOP_SIGNALS)
     pipe.watch(worker, "the demo collector process")
+
+
+def _agree_to_stop(all_reduce: Callable[[list[torch.Tensor]], None] | None) -> None:
+    """After a stop that ended this rank's run somewhere other than the step's
+    all-reduce (its wait for a batch, ``AgreedInterrupt``): join that all-reduce, in
+    which the other ranks wait, so that every rank stops at this step. Where the ranks
+    already agreed there, the all-reduce raises again at once. Nothing for one rank
+    alone."""
+    if all_reduce is None:
+        return
+    try:
+        all_reduce([])
+    except (KeyboardInterrupt, RuntimeError):  # RuntimeError: a peer is gone; the rank
+        pass  # stops either way, and writes its files
 
 
 def _stop_collector(pipe: Pipeline, stop: threading.Event, worker: Any,

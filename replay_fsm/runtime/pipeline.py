@@ -36,7 +36,7 @@ from ..errors import (
     ReplayFSMError,
     TransferFailed,
 )
-from ..signals import DEFERRED, raise_deferred, step
+from ..signals import DEFERRED, WAIT_STOPS, raise_deferred, raise_wait_stop, step
 from ..spec import AVAILABLE, Actor, Event, SlotState
 from ..transfer import build_backend
 from ..transfer.base import TransferBackend
@@ -802,6 +802,8 @@ class Pipeline:
         while True:
             if DEFERRED:  # a stop signal came during the wait: nothing is half done here
                 raise_deferred(within_step=True)
+            if WAIT_STOPS:  # one that ends waits alone (AgreedInterrupt), as DEFERRED
+                raise_wait_stop()
             self._pump_locked()
             self._raise_if_unusable()
             state = self._core.state(slot)
