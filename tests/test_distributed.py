@@ -189,6 +189,10 @@ def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
     for depth in (1, 65):  # each rank's pipeline refused it, 15 s and 40 lines later
         with pytest.raises(ValueError, match="ring_depth must be"):
             options(tmp_path, ring_depth=depth)
+    for seconds in (1e10, 1e15):  # every rank failed once started (helper-78): torch's
+        with pytest.raises(ValueError, match="peer_timeout must be at most"):  # ns
+            options(tmp_path, peer_timeout=seconds)
+    assert options(tmp_path, peer_timeout=1e9).peer_timeout == 1e9
 
 
 def test_ranks_that_would_share_a_gpu_are_refused_before_any_starts(

@@ -11,6 +11,11 @@ from pathlib import Path
 from ..core import as_ring_depth, as_seconds
 from ..signals import STOP_SIGNALS
 
+# The longest peer_timeout: torch keeps a collective's timeout in nanoseconds (an int64,
+# 292 years); one past that failed inside every rank once it had started (an
+# OverflowError, or a "timed out after 10000000000000ms" at once).
+MAX_PEER_TIMEOUT_S = 1e9
+
 
 @dataclass(frozen=True)
 class DemoConfig:
@@ -87,6 +92,10 @@ class DemoConfig:
                              + f"), got {self.interrupt_signal!r}")
         as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
         as_seconds("peer_timeout", self.peer_timeout)
+        if float(self.peer_timeout) > MAX_PEER_TIMEOUT_S:  # a number: as_seconds took it
+            raise ValueError(f"peer_timeout must be at most {MAX_PEER_TIMEOUT_S:g} s (about "
+                             f"31 years; torch holds a collective's timeout in nanoseconds), "
+                             f"got {self.peer_timeout!r}")
         as_seconds("liveness_timeout", self.liveness_timeout)
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
