@@ -143,6 +143,9 @@ def test_a_rank_started_without_torchrun_says_so(
     ({"RANK": "256", "WORLD_SIZE": "300"}, [], "rank must be in [0, 256), got 256"),
     ({}, ["--sample-count", "0"], "sample_count"),
     ({}, ["--device", "bogus"], "bogus"),
+    ({}, ["--ring-depth", "1"], "ring_depth must be"),
+    ({}, ["--peer-timeout", "1e10"], "peer_timeout must be at most"),
+    ({}, ["--learner-threads", "-1"], "--learner-threads must be >= 0"),
 ] + ([] if torch.cuda.is_available() else [
     ({}, ["--device", "cuda"], "device 'cuda' is not available on this machine")]))
 def test_a_rank_with_wrong_input_says_so_in_one_line_before_its_rendezvous(
@@ -159,6 +162,25 @@ def test_a_rank_with_wrong_input_says_so_in_one_line_before_its_rendezvous(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def test_a_torchrun_rank_takes_the_demos_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under torchrun the rank took only --ticks, --device, --out and --sample-count:
+    a multi-node run could not set the peer timeout the README describes, nor the
+    ring depth, the liveness timeout or the learner's threads."""
+    import replay_fsm.distributed as distributed
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+    seen: list[DemoConfig] = []
+    monkeypatch.setattr(distributed, "rank_main",
+                        lambda config: seen.append(config) or {"interrupted": False})
+    assert main(["--ticks", "7", "--device", "cpu", "--ring-depth", "3", "--peer-timeout",
+                 "5", "--liveness-timeout", "9", "--learner-threads", "0"]) == 0
+    (config,) = seen
+    assert (config.ticks, config.ring_depth, config.peer_timeout, config.liveness_timeout,
+            config.learner_threads) == (7, 3, 5.0, 9.0, None)
 
 
 def test_a_launch_that_cannot_run_is_refused_before_any_rank_starts(
