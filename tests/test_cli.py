@@ -216,6 +216,20 @@ def test_a_failed_command_leaves_no_empty_folder_behind(
     assert (tmp_path / "kept" / "mine.txt").read_text() == "a user's file"
 
 
+def _as_if_sac_extras_were_there(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sac's check of its extras (gymnasium, matplotlib) passes: the tests of what it
+    checks next run where the package was installed with its test extra alone."""
+    from replay_fsm.trainers import cli as sac_cli
+
+    monkeypatch.setattr(sac_cli, "find_spec", lambda name: object())
+
+
+@pytest.fixture
+def sac_extras(monkeypatch: pytest.MonkeyPatch) -> None:
+    _as_if_sac_extras_were_there(monkeypatch)
+
+
+@pytest.mark.usefixtures("sac_extras")
 def test_sac_checks_its_out_before_it_trains(capsys: pytest.CaptureFixture[str],
                                              tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
@@ -244,6 +258,7 @@ def test_sac_checks_its_out_before_it_trains(capsys: pytest.CaptureFixture[str],
     assert "r.png is a folder, where the run writes its plot" in err, err
 
 
+@pytest.mark.usefixtures("sac_extras")
 def test_an_out_that_is_a_file_is_named(capsys: pytest.CaptureFixture[str],
                                         tmp_path: Path) -> None:
     """demo and sac with --out naming a file: one line that says so, not errno 17."""
@@ -260,8 +275,6 @@ def test_sac_checks_its_extras_before_it_trains(capsys: pytest.CaptureFixture[st
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Without matplotlib the plot would fail after the whole run: sac refuses at once,
     naming what is missing and the extra that installs it."""
-    import importlib.util
-
     from replay_fsm.trainers import cli as sac_cli
     from replay_fsm.trainers import run
 
@@ -270,15 +283,15 @@ def test_sac_checks_its_extras_before_it_trains(capsys: pytest.CaptureFixture[st
 
     monkeypatch.setattr(run, "train", never)
     monkeypatch.setattr(run, "compare", never)
-    found = importlib.util.find_spec
     for gone in (("matplotlib",), ("gymnasium", "matplotlib")):
-        monkeypatch.setattr(sac_cli, "find_spec",
-                            lambda name, gone=gone: None if name in gone else found(name))
+        monkeypatch.setattr(sac_cli, "find_spec",  # whatever this machine has installed
+                            lambda name, gone=gone: None if name in gone else object())
         err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--ticks", "2",
                                            "--out", str(tmp_path), "--no-progress"]))
         assert f"needs {' and '.join(gone)}: pip install 'replay-fsm[mujoco]'" in err, err
 
 
+@pytest.mark.usefixtures("sac_extras")
 def test_learner_threads_below_zero_is_named_as_the_option(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """The error named the config's field and its None, which no command line gives."""
@@ -289,6 +302,7 @@ def test_learner_threads_below_zero_is_named_as_the_option(
                             "got -1\n"), err
 
 
+@pytest.mark.usefixtures("sac_extras")
 def test_learner_threads_past_the_bound_are_refused(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """100000 segfaulted in OpenMP (exit 139, no message) and 20000 aborted it
@@ -301,6 +315,7 @@ def test_learner_threads_past_the_bound_are_refused(
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.usefixtures("sac_extras")
 def test_sac_passes_its_liveness_timeout_to_the_run(
         capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
         tmp_path: Path) -> None:
@@ -320,6 +335,7 @@ def test_sac_passes_its_liveness_timeout_to_the_run(
     assert seen == [90.0]
     capsys.readouterr()
     monkeypatch.undo()  # the real run, which checks its options first
+    _as_if_sac_extras_were_there(monkeypatch)
     err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--liveness-timeout",
                                        "-1", "--out", str(tmp_path), "--no-progress"]))
     assert "liveness_timeout must be a finite number of seconds > 0, got -1.0" in err
@@ -485,6 +501,31 @@ def test_a_closed_output_pipe_ends_the_command_quietly(tmp_path: Path) -> None:
     finally:
         os.close(write)
     assert done.returncode == 141 and done.stderr == "", done.stderr
+
+
+def test_sac_writes_its_files_when_its_output_pipe_closed(tmp_path: Path) -> None:
+    """`replay-fsm sac ... | tee log` and a terminal's Ctrl-C, which ends tee too: the
+    summary was printed before the files were written, so its closed pipe ended the
+    command (141) with no sac.json or sac.png, the whole run lost, and an earlier
+    run's files left in --out (helper-76b). The reader is gone before the run here."""
+    pytest.importorskip("gymnasium")
+    pytest.importorskip("matplotlib")
+    import os
+    out = tmp_path / "run"
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "replay_fsm", "sac", "--env", "Pendulum-v1",
+             "--num-envs", "1", "--batch-size", "16", "--updates-per-tick", "1",
+             "--ticks", "2", "--warmup-steps", "32", "--hidden", "8",
+             "--collector", "thread", "--out", str(out), "--no-progress"],
+            stdout=write, stderr=subprocess.PIPE, text=True, timeout=4 * MARGIN_S)
+    finally:
+        os.close(write)
+    assert done.returncode == 141 and done.stderr == "", done.stderr
+    assert json.loads((out / "sac.json").read_text())["ticks"] == 2
+    assert (out / "sac.png").exists()
 
 
 def test_a_broken_pipe_that_is_not_standard_output_is_the_commands_error(

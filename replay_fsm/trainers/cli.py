@@ -42,7 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     """Run the trainer from parsed options; print a summary; write JSON and PNG."""
-    from ..signals import exit_code
+    from ..signals import exit_code, send_to_devnull
     from .report import plot
     from .run import RunInterrupted, SACConfig, compare, output_path, train, write
 
@@ -70,14 +70,24 @@ def main(args: argparse.Namespace) -> int:
             raise
         result, error = exc.result, exc  # type: ignore[attr-defined]
     runs = result["runs"] if "runs" in result else {config.sampling: result}
-    print(summary(result))  # first: the numbers are on the screen whatever follows
+    gone: OSError | None = None
+    try:
+        print(summary(result))  # first: the numbers are on the screen whatever follows
+    except OSError as exc:  # its reader left (| head, a tee the job's Ctrl-C ended): the
+        gone = exc  # files are still written, then the command ends as that write says
     from ..files import forget
     # The earlier run's plot goes before this run's result is written: a process
     # killed before the plot (SIGKILL) leaves none, not one that looks like this run's.
     forget(output_path(args.out).with_suffix(".png"))
     path = write(result, args.out)
     png = plot(runs, path.with_suffix(".png"), title=f"SAC on {config.env}")
-    print(f"wrote {path} and {png}")
+    if gone is None:
+        print(f"wrote {path} and {png}")
+    elif error is None and not code:
+        raise gone  # exit code 141, as a command that SIGPIPE ends
+    else:  # the run's own end decides the code (a stop's 130, 143 or 129, an error's
+        send_to_devnull(sys.stdout)  # 2); what is still buffered goes nowhere, not to a
+        # warning at exit
     if error is not None:
         raise error  # the command's one-line error, exit code 2
     return code
