@@ -414,6 +414,22 @@ def test_records_swapped_out_of_their_logged_order_are_a_violation(tmp_path: Pat
     assert "out of order" in str(report.violation)
 
 
+def test_a_time_stamp_that_is_not_an_int_is_malformed(tmp_path: Path) -> None:
+    """A time_ns that was not an int was skipped: a log whose stamps were floats,
+    strings or NaN, running backwards, conformed (helper-76b). As a tick or a
+    generation, it is malformed; one not logged (absent or null) is not checked."""
+    pipe = traced_run(tmp_path)
+    assert pipe.tracer is not None
+    recs = load(pipe.tracer.write_transitions(tmp_path / "log.jsonl"))
+    n = len(recs)
+    for stamp in (float, str, lambda i: float("nan"), lambda i: True):
+        report = check([dict(r, time_ns=stamp(n - i)) for i, r in enumerate(recs)])
+        assert not report.ok and report.index == 0, str(report)
+        assert "malformed record: time_ns" in str(report.violation), str(report)
+    assert check([dict(r, time_ns=None) for r in recs]).ok
+    assert check([{k: v for k, v in r.items() if k != "time_ns"} for r in recs]).ok
+
+
 def test_a_closed_logs_ring_is_the_slots_it_names() -> None:
     """A closed (or failed) log names every slot: its ring is the largest slot's, not
     the smallest that fits its ticks. A closed ring of 2 with its slots swapped was

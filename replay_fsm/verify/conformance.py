@@ -184,8 +184,10 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
     last_ns: int | None = None  # the tracer stamps records in the order the core made them
     for i, r in enumerate(recs):
         stamp = r.get("time_ns")
-        if type(stamp) is not int:
+        if stamp is None:  # not logged
             continue
+        if type(stamp) is not int:  # a float, a string, NaN: no order to check by
+            return bad(i, f"malformed record: time_ns {stamp!r} is not an int")
         if last_ns is not None and stamp < last_ns:
             return bad(i, f"records out of order: time_ns {stamp} is earlier than the "
                           f"record before it ({last_ns}); the tracer logs transitions in "
