@@ -179,6 +179,12 @@ def test_the_exit_hook_stops_a_pipeline_after_a_close_on_another_thread_not_besi
         def release(self) -> None:
             original_lock.release()
 
+        def __enter__(self) -> bool:  # close() takes it in a with-statement
+            return self.acquire()
+
+        def __exit__(self, *exc: object) -> None:
+            self.release()
+
     link.stop, pipe._close_lock = stop, SpyLock()  # type: ignore[assignment]
     closer = threading.Thread(target=pipe.close, name="closer", daemon=True)
     closer.start()

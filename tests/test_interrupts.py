@@ -9,6 +9,7 @@ interrupt on another thread fails it chained, and nothing hangs."""
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from replay_fsm.runtime.observers import Observer
 from replay_fsm.transfer.cpu import CpuBackend
 
 from .drive import packed, reference
+from .support import MARGIN_S
 
 TICKS = 6
 
@@ -128,3 +130,121 @@ def test_a_learner_call_after_an_interrupt_says_closed() -> None:
         learner_loop(pipe)
     with pytest.raises(PipelineClosed):
         pipe.start_prepare(10, 16)
+
+
+OURS = ("pipeline.py", "links.py", "worker.py", "channel.py", "packer.py", "threading.py",
+        "signals.py")
+
+
+def _signal_points(code: object) -> set[int]:
+    """The offsets in ``code`` where CPython runs a signal handler (and so where a
+    Ctrl-C raises): right after a call returns, at a function's entry, at a
+    backward jump."""
+    import dis
+    points, before = set(), None
+    for ins in dis.get_instructions(code):  # type: ignore[arg-type]
+        if ins.opname == "CACHE":
+            continue
+        if ins.opname in ("RESUME", "JUMP_BACKWARD") or (
+                before is not None and before.opname in ("CALL", "CALL_FUNCTION_EX")):
+            points.add(ins.offset)
+        before = ins
+    return points
+
+
+def test_a_close_a_ctrl_c_cut_short_at_any_point_is_finished_by_the_next() -> None:
+    """A KeyboardInterrupt at each point of close() where a signal handler can raise
+    one, the stops of the link and the transfer worker included: the next close()
+    (from another thread here) finishes it, within its bounds. A Ctrl-C right after
+    close took its close lock left that lock taken for good, and one right after
+    the transfer worker's Event.set() took the Event's own lock left that one:
+    either way the pipeline stayed open and the next close() blocked for ever
+    (the interpreter's exit too, in its hook) (helper-79)."""
+    import sys
+    threads_before = set(threading.enumerate())
+    for at in range(1, 400):
+        rb = ReplayBuffer(512, 4, 2)
+        rb.add_packed(torch.randn(300, rb.width))
+        pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=60)
+        pipe.start_prepare(0, 16)
+        count = 0
+
+        def local(frame: Any, event: str, arg: object, at: int = at) -> Any:
+            nonlocal count
+            if event == "opcode" and frame.f_lasti in _signal_points(frame.f_code):
+                count += 1
+                if count == at:
+                    raise KeyboardInterrupt("injected")
+            return local
+
+        def tracer(frame: Any, event: str, arg: object) -> Any:
+            # The pipeline's code and threading's (its locks, Event, joins); not the
+            # finalizers of multiprocessing's semaphores, which print what they take
+            if not frame.f_code.co_filename.endswith(OURS):
+                return None
+            frame.f_trace_opcodes = True
+            return local
+
+        sys.settrace(tracer)
+        try:
+            pipe.close()
+        except KeyboardInterrupt:
+            pass
+        finally:
+            sys.settrace(None)
+        other = threading.Thread(target=pipe.close, daemon=True)
+        other.start()
+        other.join(MARGIN_S)
+        assert not other.is_alive(), f"point {at}: the next close() blocks"
+        assert pipe.closed and pipe.forced == [], (at, pipe.forced)
+        assert set(threading.enumerate()) <= threads_before | {threading.current_thread()}
+        if count < at:  # close() ran to its end before the interrupt
+            break
+    else:
+        pytest.fail("more than 400 points in one close()")
+
+
+def test_a_ctrl_c_right_after_the_learner_lets_go_of_the_lock_for_its_own_pack() -> None:
+    """The learner packs a batch itself with the pipeline's lock released. A Ctrl-C
+    right after that release returned (a point where Python's handler raises) was
+    raised outside the try that takes the lock back: the call raised RuntimeError
+    ("cannot release un-acquired lock") instead of the interrupt, and the pack was
+    left marked as running, so a close on another thread waited 4 s for it and
+    reported it forced (helper-79)."""
+    import dis
+    import sys
+
+    from replay_fsm.runtime.pipeline import Pipeline as RuntimePipeline
+
+    take = RuntimePipeline._take_locked.__code__
+    ins = [i for i in dis.get_instructions(take) if i.opname != "CACHE"]
+    release = next(k for k, i in enumerate(ins) if i.argval == "release")
+    call = next(k for k in range(release, len(ins)) if ins[k].opname.startswith("CALL"))
+    after = ins[call + 1].offset
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "opcode" and frame.f_lasti == after:
+            sys.settrace(None)
+            raise KeyboardInterrupt("injected")
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        if frame.f_code is take:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    rb = ReplayBuffer(4096, 4, 2)
+    rb.add_packed(torch.randn(2000, rb.width))
+    # external, never attached: the learner packs the batch itself
+    pipe = Pipeline(rb, sample_count=64, collector="external", liveness_timeout=60)
+    pipe.start_prepare(0, 64)
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt, match="injected"):
+            pipe.sample_large_batch(0, 64)
+    finally:
+        sys.settrace(None)
+    assert pipe.closed
+    pipe.close()
+    assert pipe.forced == []

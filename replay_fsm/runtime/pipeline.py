@@ -646,32 +646,44 @@ class Pipeline:
         # thread needs before it lets go of the close lock: waiting for that close
         # would deadlock. It closes the core (the learner's calls raise from now on)
         # and leaves the rest to that close.
-        if not self._close_lock.acquire(
-                blocking=not self._lock._is_owned()):  # type: ignore[attr-defined]
-            with self._lock:
-                self._close_core_once()
-            return
-        try:
-            try:
+        if self._lock._is_owned():  # type: ignore[attr-defined]
+            if not self._close_lock.acquire(blocking=False):
                 with self._lock:
-                    if self._stopped:
-                        return
-                self.forced = self._stop_sides()
-                with self._closing_step():
-                    self.backend.close()
-                # Let go of the slots so their memory is freed now (the learner's
-                # batches keep theirs): the closed pipeline may live on, in reference
-                # cycles too.
-                self._views = []
-                self.host_slots = self._link.host_slots = []
-                with self._closing_step():
-                    self.backend.release_slots()
-                self._stopped = True
-                _OPEN.discard(self)
-                if self._close_error is not None:
-                    raise self._close_error
+                    self._close_core_once()
+                return
+            try:
+                self._close_once()
             finally:
                 self._close_lock.release()
+            return
+        # Entered in C: a stop signal cannot land between taking the close lock and
+        # the block that gives it back. With acquire() and try: one landing right
+        # after the acquire left the lock taken for good, the pipeline open, and
+        # every close from another thread waiting for ever (helper-79).
+        with self._close_lock:
+            self._close_once()
+
+    def _close_once(self) -> None:
+        """The part of close that holds the close lock: stop the sides (once), close
+        the backend, let go of the slots."""
+        try:
+            with self._lock:
+                if self._stopped:
+                    return
+            self.forced = self._stop_sides()
+            with self._closing_step():
+                self.backend.close()
+            # Let go of the slots so their memory is freed now (the learner's
+            # batches keep theirs): the closed pipeline may live on, in reference
+            # cycles too.
+            self._views = []
+            self.host_slots = self._link.host_slots = []
+            with self._closing_step():
+                self.backend.release_slots()
+            self._stopped = True
+            _OPEN.discard(self)
+            if self._close_error is not None:
+                raise self._close_error
         finally:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
@@ -907,14 +919,18 @@ class Pipeline:
             if failure is not None:
                 raise failure
         self._taker = threading.get_ident()
-        self._cv.release()
         try:
+            # In the try: a Ctrl-C that Python's own handler raises right after the
+            # release is taken back under the lock, with _taker cleared, as any other
+            # end of the pack (outside, the caller's lock was released twice, and a
+            # close on another thread waited STOP_TIMEOUT_S for a pack long gone).
+            self._cv.release()
             took = self._link.take(request, WAIT_SLICE_S, give_up=give_up)
         except Exception as exc:  # noqa: BLE001 - failed below, under the lock
             took, error = None, exc
         finally:
+            self._taker = None  # first: one right after the acquire skips the rest
             self._cv.acquire()
-            self._taker = None
             self._cv.notify_all()  # a close waiting for this pack
         if error is not None:
             # A chunk may be ours and never counted: the slot could never fill. (A

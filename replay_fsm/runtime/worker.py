@@ -24,7 +24,11 @@ class TransferWorker:
                  submit: Callable[[CopyOrder], None],
                  fail: Callable[[BaseException], None]) -> None:
         self._receive, self._on_done, self._submit, self._fail = receive, on_done, submit, fail
-        self._stop = threading.Event()
+        # A plain flag, not a threading.Event: Event.set() takes the Event's own lock
+        # in Python code (Condition.__enter__), and a Ctrl-C landing right after that
+        # acquire left the lock taken for good, so the next close() (which must
+        # finish the one the Ctrl-C cut short) blocked for ever in set() (helper-79).
+        self._stopping = False
         self._busy_since_ns: int | None = None  # inside one message's handling since
         self._thread = threading.Thread(target=self._run, name="replay_fsm-transfer",
                                         daemon=True)
@@ -44,7 +48,7 @@ class TransferWorker:
 
     def stop(self, timeout: float) -> list[str]:
         """Stop and join within ``timeout``; returns what was left running."""
-        self._stop.set()
+        self._stopping = True
         if self._thread is not threading.current_thread():
             join_started(self._thread, timeout)
             if self._thread.is_alive():
@@ -63,7 +67,7 @@ class TransferWorker:
 
     def _run(self) -> None:
         try:
-            while not self._stop.is_set():
+            while not self._stopping:
                 try:
                     done = self._receive(POLL_S)
                 except ChannelClosed:
