@@ -526,3 +526,24 @@ def test_a_request_answered_before_its_send_returned_is_not_left_to_look_after(
         assert link.liveness(False, 0.05) is None, "an answered request was judged lost"
     finally:
         link.stop(1.0)
+
+
+def test_a_packer_stopped_inside_its_put_of_a_pack_done_message_is_silent() -> None:
+    """A packer process stopped (SIGSTOP) between counting a pack-done record and
+    releasing its item: the done channel's backlog of one is no message waiting for
+    the worker (no get takes it until the packer goes on), so its silence counts.
+    The link took the backlog for a message waiting, and the learner waited for as
+    long as the process stayed stopped (helper-79; the external link judged it)."""
+    link = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)  # not started
+    try:
+        link.handle.packer_state[1] = time.monotonic_ns() - 10 * S  # beat 10 s ago
+        link.handle.done._counters[1] += 1  # counted, its item never released
+        assert link.handle.done.backlog == 1
+        gone = link.liveness(True, 5.0)
+        assert gone is not None and "no heartbeat from the packer thread" in gone.reason
+        # A message posted whole waits for the worker: no verdict.
+        link.handle.done._counters[1] -= 1
+        assert link.handle.done.put([0] * link.handle.done.width, timeout=1.0)
+        assert link.liveness(True, 5.0) is None
+    finally:
+        link.stop(1.0)

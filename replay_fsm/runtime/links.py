@@ -280,9 +280,12 @@ class ChannelLink(CollectorLink):
     def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
         if self._handle is None:
             return None
-        if self._handle.done.backlog:
+        done = self._handle.done
+        if done.backlog and not done.unreleased:
             # A pack-done message waits for the transfer worker (busy in a submit):
             # the packer served its requests and owes nothing; its silence is no sign.
+            # Not a record counted and never released: a packer stopped (SIGSTOP) or
+            # hung inside its put left it, and no get takes it (helper-79).
             return None
         beat = self._handle.heartbeat_ns
         if waiting and beat:
