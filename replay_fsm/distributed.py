@@ -216,8 +216,14 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
                     torch.cuda.set_device(device)
                 # A bound on each collective: a peer stopped or stuck fails the job
                 # after peer_timeout, not after torch's default of 30 minutes.
-                dist.init_process_group(
-                    backend, timeout=datetime.timedelta(seconds=config.peer_timeout))
+                try:
+                    dist.init_process_group(
+                        backend, timeout=datetime.timedelta(seconds=config.peer_timeout))
+                except dist.DistError as exc:  # the store's, the network's: as a collective's
+                    raise RuntimeError(
+                        f"the ranks' rendezvous failed: a rank is gone, or did not join it "
+                        f"for {config.peer_timeout:g} s (peer_timeout; stopped or stuck "
+                        f"as it started): {exc}") from exc
             # From here a stop signal is recorded, and every rank stops at one step.
             mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
             if rank != kill_rank:

@@ -756,3 +756,26 @@ def test_a_ranks_stop_signal_ends_its_wait_for_a_batch_and_nothing_else() -> Non
         finally:
             signaller.join()
         assert interrupt.requested
+
+
+def test_a_rendezvous_that_runs_out_of_the_peer_timeout_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank stopped as it started: the others failed with torch's "DistStoreError:
+    wait timeout after 5000ms, keys: /default_pg/0//cpu//0/1", which named neither
+    the peer timeout nor a stuck rank (helper-78)."""
+    import torch.distributed as dist
+
+    from replay_fsm.distributed import rank_main
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+    def store_timeout(*args: object, **kwargs: object) -> None:
+        raise dist.DistStoreError("wait timeout after 5000ms, keys: /default_pg/0//cpu//0/1")
+
+    monkeypatch.setattr(dist, "init_process_group", store_timeout)
+    with pytest.raises(RuntimeError, match=r"did not join it for 5 s \(peer_timeout") as info:
+        rank_main(DemoConfig(ticks=2, device="cpu", out=str(tmp_path), peer_timeout=5.0,
+                             progress=False))
+    assert isinstance(info.value.__cause__, dist.DistStoreError)
