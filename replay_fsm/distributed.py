@@ -129,6 +129,9 @@ class AgreedInterrupt:
         self.signum: int | None = None  # the stop signal this rank got, if any
         self.peer_timeout = peer_timeout
         self.agreed = False  # the ranks' flags said stop: every rank raised at one step
+        # The device of the process group's tensors (NCCL's are CUDA): the flags of an
+        # all-reduce given no tensors (a rank joining the agreement) go there too.
+        self.device: torch.device | None = None
 
     @property
     def requested(self) -> bool:
@@ -162,7 +165,8 @@ class AgreedInterrupt:
         import torch.distributed as dist
         if self.agreed:
             raise KeyboardInterrupt
-        device = tensors[0].device if tensors else torch.device("cpu")
+        device = (tensors[0].device if tensors
+                  else self.device if self.device is not None else torch.device("cpu"))
         flags = torch.tensor([float(self.requested)], device=device)
         try:
             dist.all_reduce(flags)
@@ -212,6 +216,7 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
                 unblock_stop_signals()
                 device = local_device(local_rank, config.device)
                 backend = "nccl" if device.type == "cuda" else "gloo"
+                interrupt.device = device  # NCCL all-reduces CUDA tensors only
                 if device.type == "cuda":
                     torch.cuda.set_device(device)
                 # A bound on each collective: a peer stopped or stuck fails the job

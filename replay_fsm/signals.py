@@ -192,20 +192,21 @@ def _spawn_in_own_session(path: str, args: list[str], passfds: Any) -> int:
     open besides the standard streams, signal dispositions and mask as they are),
     the child in a new session: no process group's signal reaches it."""
     import subprocess
-    child = subprocess.Popen(args, executable=path, pass_fds=tuple(sorted(map(int, passfds))),
-                             close_fds=True, restore_signals=False,
-                             start_new_session=True)
-    # Kept: the tracker's owner reaps it by pid (a Popen collected while its child
-    # runs would be reaped by subprocess's own clean-up instead).
-    _TRACKERS.append(child)
+
+    class Detached(subprocess.Popen):  # type: ignore[type-arg]
+        def __del__(self) -> None:
+            """Nothing: the tracker's owner reaps it by pid. (Popen's own, run while
+            the tracker outlives it, warned "subprocess N is still running" at exit
+            under ``-X dev`` and left the child to subprocess's clean-up to reap.)"""
+
+    child = Detached(args, executable=path, pass_fds=tuple(sorted(map(int, passfds))),
+                     close_fds=True, restore_signals=False, start_new_session=True)
     return child.pid
 
 
 # The process that started its tracker with start_resource_tracker (a fork child shares
 # its parent's tracker, and a spawned one is given it).
 _TRACKER_STARTED_IN: int | None = None
-# The trackers this process started (see _spawn_in_own_session).
-_TRACKERS: list[Any] = []
 
 
 def hung_up(stream: Any) -> bool:

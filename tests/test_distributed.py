@@ -779,3 +779,24 @@ def test_a_rendezvous_that_runs_out_of_the_peer_timeout_says_so(
         rank_main(DemoConfig(ticks=2, device="cpu", out=str(tmp_path), peer_timeout=5.0,
                              progress=False))
     assert isinstance(info.value.__cause__, dist.DistStoreError)
+
+
+def test_the_agreement_all_reduce_puts_its_flags_on_the_groups_device(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank whose wait a stop ended joins the step's all-reduce with no tensors
+    (_agree_to_stop): its flags went to the CPU, which an NCCL group (a CUDA run)
+    refuses, so the rank left and its peers waited in their all-reduce for
+    peer_timeout (helper-81)."""
+    import torch
+    import torch.distributed as dist
+
+    from replay_fsm.distributed import AgreedInterrupt
+
+    seen: list[str] = []
+    monkeypatch.setattr(dist, "all_reduce", lambda t, *a, **k: seen.append(t.device.type))
+    ai = AgreedInterrupt(120.0)
+    ai.device = torch.device("meta")  # stands in for the rank's CUDA device
+    ai.signum = 2
+    with pytest.raises((KeyboardInterrupt, RuntimeError)):  # meta: no .item()
+        ai.all_reduce_mean([])
+    assert seen == ["meta"], seen

@@ -484,6 +484,16 @@ def test_the_resource_tracker_frees_what_a_sigkill_to_the_process_group_left() -
     assert not left, f"left in /dev/shm after the group's SIGKILL: {left}"
 
 
+def test_the_resource_tracker_started_in_its_own_session_warns_of_nothing() -> None:
+    """The tracker outlives the Popen that started it: Popen's own finalizer warned
+    "subprocess N is still running" at every exit under ``-X dev`` (helper-81)."""
+    done = subprocess.run(
+        [sys.executable, "-X", "dev", "-W", "error", "-c",
+         "from replay_fsm import signals; signals.start_resource_tracker()"],
+        capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+
+
 def test_the_interrupts_survive_pickling() -> None:
     """An exception that crosses a process boundary (a multiprocessing result, an
     error file) is pickled: its args must rebuild it."""
