@@ -181,7 +181,6 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--device", default="cpu",
                       help="the learner's device: cpu, cuda, ..., or auto (cuda where there "
                       "is one)")
-    demo.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (2-64)")
     demo.add_argument("--collector", choices=["process", "thread"], default="process",
                       help="where the demo's collector steps its environments")
     demo.add_argument("--out", default="demo-out",
@@ -192,14 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--nproc", type=int, default=1,
                       help="ranks on this node (torch.distributed: gloo on CPU, nccl on GPU)")
-    demo.add_argument("--peer-timeout", type=float, default=120.0,
-                      help="with --nproc N: seconds a rank waits in an all-reduce for a "
-                      "stopped or stuck peer before it fails")
-    demo.add_argument("--liveness-timeout", type=float, default=30.0,
-                      help="seconds the learner waits on a silent collector, or for "
-                      "rows that stopped coming, before the run fails")
-    demo.add_argument("--learner-threads", type=int, default=1,
-                      help="torch threads of the learner (0: torch's default; at most 256)")
+    from .trainers.cli import add_demo_run_options  # torch-free
+    add_demo_run_options(demo)
     demo.set_defaults(fn=_demo)
 
     sac = command("sac", help="train SAC on a gymnasium task through the pipeline")

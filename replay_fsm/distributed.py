@@ -423,6 +423,7 @@ def env_int(name: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``torchrun ... -m replay_fsm.distributed``: one rank of a multi-node run."""
+    from .trainers.cli import add_demo_run_options, learner_threads  # torch-free
     ap = argparse.ArgumentParser(prog="python -m replay_fsm.distributed",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--ticks", type=int, default=100, help="learner ticks")
@@ -430,22 +431,13 @@ def main(argv: list[str] | None = None) -> int:
                     help="cpu, cuda (rank k of a node takes cuda:k), or auto")
     ap.add_argument("--out", default="demo-out", help="the ranks' output folder")
     ap.add_argument("--sample-count", type=int, default=2048, help="rows per batch")
-    ap.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (2-64)")
-    ap.add_argument("--peer-timeout", type=float, default=120.0,
-                    help="seconds a rank waits in an all-reduce for a stopped or stuck "
-                    "peer before it fails")
-    ap.add_argument("--liveness-timeout", type=float, default=30.0,
-                    help="seconds the learner waits on a silent collector, or for rows "
-                    "that stopped coming, before the run fails")
-    ap.add_argument("--learner-threads", type=int, default=1,
-                    help="torch threads of the learner (0: torch's default)")
+    add_demo_run_options(ap)
     args = ap.parse_args(argv)
     missing = [name for name in RANK_ENV if name not in os.environ]
     if missing:
         ap.error(f"{', '.join(missing)} not set: this is one rank of a run that torchrun "
                  "starts (torchrun --nproc-per-node N -m replay_fsm.distributed ...); "
                  "on one node, replay-fsm demo --nproc N starts the ranks itself")
-    from .trainers.cli import learner_threads  # torch-free
     try:  # what would fail in rank_main, before its rendezvous: a usage error here
         config = DemoConfig(ticks=args.ticks, device=args.device, out=args.out,
                             sample_count=args.sample_count, capacity=50_000, envs=64,

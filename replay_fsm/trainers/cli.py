@@ -96,6 +96,20 @@ def main(args: argparse.Namespace) -> int:
 MAX_LEARNER_THREADS = 256
 
 
+def add_demo_run_options(parser: argparse.ArgumentParser) -> None:
+    """The demo's options that a torchrun rank (``python -m replay_fsm.distributed``)
+    takes too, on ``parser``."""
+    parser.add_argument("--ring-depth", type=int, default=2, help="slots in the ring (2-64)")
+    parser.add_argument("--peer-timeout", type=float, default=120.0,
+                        help="with several ranks: seconds a rank waits in an all-reduce "
+                        "for a stopped or stuck peer before it fails (at most 1e9)")
+    parser.add_argument("--liveness-timeout", type=float, default=30.0,
+                        help="seconds the learner waits on a silent collector, or for "
+                        "rows that stopped coming, before the run fails")
+    parser.add_argument("--learner-threads", type=int, default=1,
+                        help="torch threads of the learner (0: torch's default; at most 256)")
+
+
 def learner_threads(option: int) -> int | None:
     """``--learner-threads`` as the configs take it: 0 is torch's default (None).
 
