@@ -248,3 +248,136 @@ def test_a_ctrl_c_right_after_the_learner_lets_go_of_the_lock_for_its_own_pack()
     assert pipe.closed
     pipe.close()
     assert pipe.forced == []
+
+
+def _after_first_call_of(code: Any, name: str) -> int:
+    """The offset right after the first call of method ``name`` in ``code``: where a
+    signal handler raises once that call returned."""
+    import dis
+    ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
+    at = next(k for k, i in enumerate(ins) if i.argval == name)
+    call = next(k for k in range(at, len(ins)) if ins[k].opname.startswith("CALL"))
+    return ins[call + 1].offset
+
+
+def test_a_ctrl_c_right_after_a_close_from_inside_a_step_took_its_lock() -> None:
+    """An observer closes the pipeline from inside a step, and a Ctrl-C lands right
+    after that close took its close lock (without blocking: the step holds the
+    pipeline's lock): the close lock stayed taken for good, and a close on another
+    thread blocked for ever (helper-82)."""
+    import sys
+
+    code = Pipeline.close.__code__
+    after = _after_first_call_of(code, "acquire")
+
+    def local(frame: Any, event: str, arg: object) -> Any:
+        if event == "opcode" and frame.f_lasti == after:
+            sys.settrace(None)
+            raise KeyboardInterrupt("injected")
+        return local
+
+    def tracer(frame: Any, event: str, arg: object) -> Any:
+        if frame.f_code is code:
+            frame.f_trace_opcodes = True
+            return local
+        return None
+
+    class Closer(Observer):
+        def __init__(self) -> None:
+            self.pipe: Pipeline | None = None
+
+        def transition(self, record: Any, time_ns: int) -> None:
+            pipe, self.pipe = self.pipe, None
+            if pipe is not None:
+                sys.settrace(tracer)
+                try:
+                    pipe.close()
+                finally:
+                    sys.settrace(None)
+
+        def span(self, *args: Any, **kwargs: Any) -> None:
+            pass
+
+    rb = ReplayBuffer(512, 4, 2)
+    rb.add_packed(torch.randn(300, rb.width))
+    pipe = Pipeline(rb, sample_count=16, collector="external", liveness_timeout=60)
+    closer = Closer()
+    pipe.add_observer(closer)
+    closer.pipe = pipe
+    with pytest.raises(KeyboardInterrupt, match="injected"):
+        pipe.start_prepare(0, 16)
+    other = threading.Thread(target=pipe.close, daemon=True)
+    other.start()
+    other.join(MARGIN_S)
+    assert not other.is_alive(), "a close on another thread blocks"
+    assert pipe.closed and pipe.forced == []
+
+
+def test_a_ctrl_c_while_the_learner_takes_its_lock_back_after_its_own_pack() -> None:
+    """Taking the pipeline's lock back after its own pack, the learner waits in
+    RLock.acquire when another thread holds the lock, and Python's SIGINT handler
+    raises there, without the lock: the caller's with-block then released a lock it
+    did not hold, and the call raised RuntimeError ("cannot release un-acquired
+    lock") instead of the interrupt (helper-82)."""
+    import dis
+    import signal
+    import sys
+    import time
+
+    from replay_fsm.runtime.pipeline import Pipeline as RuntimePipeline
+
+    take = RuntimePipeline._take_locked.__code__
+    first = next(i for i in dis.get_instructions(take) if i.argval == "acquire")
+    line = first.positions.lineno if first.positions else None
+    main = threading.main_thread()
+    assert threading.current_thread() is main and line is not None
+
+    def learner_line() -> int | None:
+        """The line of _take_locked the main thread is at, None outside it."""
+        frame = sys._current_frames().get(main.ident or 0)
+        while frame is not None and frame.f_code is not take:
+            frame = frame.f_back
+        return None if frame is None else frame.f_lineno
+
+    rb = ReplayBuffer(4096, 4, 2)
+    rb.add_packed(torch.randn(2000, rb.width))
+    # external, never attached: the learner packs the batch itself
+    pipe = Pipeline(rb, sample_count=64, collector="external", liveness_timeout=60)
+    pipe.start_prepare(0, 64)
+    packed: list[bool] = []
+    holding: list[bool] = []
+    take_chunks = pipe._link.take
+
+    def take_then_let_the_holder_in(*args: Any, **kwargs: Any) -> Any:
+        took = take_chunks(*args, **kwargs)  # its pack-done message needs the lock
+        packed.append(True)
+        while not holding:  # the holder takes the lock the learner let go of
+            time.sleep(0.001)
+        return took
+
+    pipe._link.take = take_then_let_the_holder_in  # type: ignore[method-assign]
+
+    def hold_the_lock_and_interrupt() -> None:
+        while not packed:
+            time.sleep(0.001)
+        with pipe._lock:
+            holding.append(True)
+            while learner_line() != line:  # it waits to take the lock back
+                time.sleep(0.001)
+            signal.pthread_kill(main.ident or 0, signal.SIGINT)
+            while learner_line() == line:  # the handler ran there
+                time.sleep(0.001)
+
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    holder = threading.Thread(target=hold_the_lock_and_interrupt, daemon=True)
+    holder.start()
+    try:
+        with pytest.raises(KeyboardInterrupt) as info:
+            pipe.sample_large_batch(0, 64)
+    finally:
+        signal.signal(signal.SIGINT, before)
+        holder.join(MARGIN_S)
+    assert type(info.value) is KeyboardInterrupt and not holder.is_alive()
+    assert pipe.closed
+    pipe.close()
+    assert pipe.forced == []

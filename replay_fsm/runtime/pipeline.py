@@ -647,7 +647,14 @@ class Pipeline:
         # would deadlock. It closes the core (the learner's calls raise from now on)
         # and leaves the rest to that close.
         if self._lock._is_owned():  # type: ignore[attr-defined]
-            if not self._close_lock.acquire(blocking=False):
+            held = self._close_lock._is_owned()  # type: ignore[attr-defined]
+            try:
+                got = self._close_lock.acquire(blocking=False)
+            except BaseException:  # a Ctrl-C right after it took the lock
+                if not held and self._close_lock._is_owned():  # type: ignore[attr-defined]
+                    self._close_lock.release()
+                raise
+            if not got:
                 with self._lock:
                     self._close_core_once()
                 return
@@ -930,8 +937,21 @@ class Pipeline:
             took, error = None, exc
         finally:
             self._taker = None  # first: one right after the acquire skips the rest
-            self._cv.acquire()
+            # RLock.acquire runs signal handlers while it waits: a Ctrl-C there raised
+            # without the lock, and the caller's with-block released it unheld.
+            interrupted: BaseException | None = None
+            try:
+                self._cv.acquire()
+            except BaseException as exc:  # noqa: BLE001 - raised once it is ours
+                interrupted = exc
+                while not self._lock._is_owned():  # type: ignore[attr-defined]
+                    try:
+                        self._cv.acquire()
+                    except BaseException:  # noqa: BLE001 - the first one is raised
+                        pass
             self._cv.notify_all()  # a close waiting for this pack
+            if interrupted is not None:
+                raise interrupted
         if error is not None:
             # A chunk may be ours and never counted: the slot could never fill. (A
             # pipeline closed meanwhile stays closed: the core ignores a failure then.)
