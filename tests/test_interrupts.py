@@ -326,18 +326,18 @@ def test_a_ctrl_c_while_the_learner_takes_its_lock_back_after_its_own_pack() -> 
 
     from replay_fsm.runtime.pipeline import Pipeline as RuntimePipeline
 
-    take = RuntimePipeline._take_locked.__code__
-    first = next(i for i in dis.get_instructions(take) if i.argval == "acquire")
+    retake = RuntimePipeline._retake_lock.__code__
+    first = next(i for i in dis.get_instructions(retake) if i.argval == "acquire")
     line = first.positions.lineno if first.positions else None
     main = threading.main_thread()
     assert threading.current_thread() is main and line is not None
 
-    def learner_line() -> int | None:
-        """The line of _take_locked the main thread is at, None outside it."""
+    def retaking() -> Any:
+        """The main thread's frame taking the lock back, None outside it."""
         frame = sys._current_frames().get(main.ident or 0)
-        while frame is not None and frame.f_code is not take:
+        while frame is not None and frame.f_code is not retake:
             frame = frame.f_back
-        return None if frame is None else frame.f_lineno
+        return frame
 
     rb = ReplayBuffer(4096, 4, 2)
     rb.add_packed(torch.randn(2000, rb.width))
@@ -362,11 +362,12 @@ def test_a_ctrl_c_while_the_learner_takes_its_lock_back_after_its_own_pack() -> 
             time.sleep(0.001)
         with pipe._lock:
             holding.append(True)
-            while learner_line() != line:  # it waits to take the lock back
-                time.sleep(0.001)
+            while (frame := retaking()) is None or frame.f_lineno != line:
+                time.sleep(0.001)  # until it waits to take the lock back
             signal.pthread_kill(main.ident or 0, signal.SIGINT)
-            while learner_line() == line:  # the handler ran there
-                time.sleep(0.001)
+            while (frame := retaking()) is not None and frame.f_locals.get(
+                    "interrupted") is None:
+                time.sleep(0.001)  # until the handler raised there
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
     holder = threading.Thread(target=hold_the_lock_and_interrupt, daemon=True)

@@ -936,19 +936,8 @@ class Pipeline:
         except Exception as exc:  # noqa: BLE001 - failed below, under the lock
             took, error = None, exc
         finally:
-            self._taker = None  # first: one right after the acquire skips the rest
-            # RLock.acquire runs signal handlers while it waits: a Ctrl-C there raised
-            # without the lock, and the caller's with-block released it unheld.
-            interrupted: BaseException | None = None
-            try:
-                self._cv.acquire()
-            except BaseException as exc:  # noqa: BLE001 - raised once it is ours
-                interrupted = exc
-                while not self._lock._is_owned():  # type: ignore[attr-defined]
-                    try:
-                        self._cv.acquire()
-                    except BaseException:  # noqa: BLE001 - the first one is raised
-                        pass
+            self._taker = None  # first: one right after the retake skips the rest
+            interrupted = self._retake_lock()
             self._cv.notify_all()  # a close waiting for this pack
             if interrupted is not None:
                 raise interrupted
@@ -1016,17 +1005,33 @@ class Pipeline:
     def _pump_locked(self) -> None:
         if not self._pumps:
             return  # the backend has nothing to run on the learner thread
-        self._cv.release()  # the backend may call back (on_complete) while it pumps
-        try:
+        try:  # in the try: a Ctrl-C right after the release is taken back too
+            self._cv.release()  # the backend may call back (on_complete) while it pumps
             self.backend.pump()
         except Exception as exc:  # noqa: BLE001 - a backend's bug fails the run
             error: Exception | None = exc
         else:
             error = None
         finally:
-            self._cv.acquire()
+            interrupted = self._retake_lock()
+            if interrupted is not None:
+                raise interrupted
         if error is not None:
             self._hook_failed("pump", error)
+
+    def _retake_lock(self) -> BaseException | None:
+        """Take back the pipeline's lock, which this thread let go of for work done
+        without it, and return what interrupted the taking (raised by the caller once
+        the lock is its own). RLock.acquire runs signal handlers while it waits: a
+        Ctrl-C there raised without the lock, and the caller's with-block then
+        released a lock it did not hold ("cannot release un-acquired lock")."""
+        interrupted: BaseException | None = None
+        while not self._lock._is_owned():  # type: ignore[attr-defined]
+            try:
+                self._cv.acquire()
+            except BaseException as exc:  # noqa: BLE001 - the first one is raised
+                interrupted = interrupted or exc
+        return interrupted
 
     def _hook_failed(self, hook: str, error: Exception) -> NoReturn:
         """A backend hook the learner's call ran raised: fail the pipeline with
