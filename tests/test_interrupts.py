@@ -211,29 +211,11 @@ def test_a_ctrl_c_right_after_the_learner_lets_go_of_the_lock_for_its_own_pack()
     ("cannot release un-acquired lock") instead of the interrupt, and the pack was
     left marked as running, so a close on another thread waited 4 s for it and
     reported it forced (helper-79)."""
-    import dis
     import sys
 
     from replay_fsm.runtime.pipeline import Pipeline as RuntimePipeline
 
-    take = RuntimePipeline._take_locked.__code__
-    ins = [i for i in dis.get_instructions(take) if i.opname != "CACHE"]
-    release = next(k for k, i in enumerate(ins) if i.argval == "release")
-    call = next(k for k in range(release, len(ins)) if ins[k].opname.startswith("CALL"))
-    after = ins[call + 1].offset
-
-    def local(frame: Any, event: str, arg: object) -> Any:
-        if event == "opcode" and frame.f_lasti == after:
-            sys.settrace(None)
-            raise KeyboardInterrupt("injected")
-        return local
-
-    def tracer(frame: Any, event: str, arg: object) -> Any:
-        if frame.f_code is take:
-            frame.f_trace_opcodes = True
-            return local
-        return None
-
+    tracer = _interrupting_right_after(RuntimePipeline._take_locked.__code__, "release")
     rb = ReplayBuffer(4096, 4, 2)
     rb.add_packed(torch.randn(2000, rb.width))
     # external, never attached: the learner packs the batch itself
@@ -250,25 +232,16 @@ def test_a_ctrl_c_right_after_the_learner_lets_go_of_the_lock_for_its_own_pack()
     assert pipe.forced == []
 
 
-def _after_first_call_of(code: Any, name: str) -> int:
-    """The offset right after the first call of method ``name`` in ``code``: where a
-    signal handler raises once that call returned."""
+def _interrupting_right_after(code: Any, name: str) -> Any:
+    """A ``sys.settrace`` tracer that raises KeyboardInterrupt("injected") in ``code``
+    right after its first call of method ``name`` returned (where a signal handler
+    raises), once, and then stops tracing."""
     import dis
+    import sys
     ins = [i for i in dis.get_instructions(code) if i.opname != "CACHE"]
     at = next(k for k, i in enumerate(ins) if i.argval == name)
     call = next(k for k in range(at, len(ins)) if ins[k].opname.startswith("CALL"))
-    return ins[call + 1].offset
-
-
-def test_a_ctrl_c_right_after_a_close_from_inside_a_step_took_its_lock() -> None:
-    """An observer closes the pipeline from inside a step, and a Ctrl-C lands right
-    after that close took its close lock (without blocking: the step holds the
-    pipeline's lock): the close lock stayed taken for good, and a close on another
-    thread blocked for ever (helper-82)."""
-    import sys
-
-    code = Pipeline.close.__code__
-    after = _after_first_call_of(code, "acquire")
+    after = ins[call + 1].offset
 
     def local(frame: Any, event: str, arg: object) -> Any:
         if event == "opcode" and frame.f_lasti == after:
@@ -281,6 +254,18 @@ def test_a_ctrl_c_right_after_a_close_from_inside_a_step_took_its_lock() -> None
             frame.f_trace_opcodes = True
             return local
         return None
+
+    return tracer
+
+
+def test_a_ctrl_c_right_after_a_close_from_inside_a_step_took_its_lock() -> None:
+    """An observer closes the pipeline from inside a step, and a Ctrl-C lands right
+    after that close took its close lock (without blocking: the step holds the
+    pipeline's lock): the close lock stayed taken for good, and a close on another
+    thread blocked for ever (helper-82)."""
+    import sys
+
+    tracer = _interrupting_right_after(Pipeline.close.__code__, "acquire")
 
     class Closer(Observer):
         def __init__(self) -> None:
