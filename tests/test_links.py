@@ -533,14 +533,28 @@ def test_a_packer_stopped_inside_its_put_of_a_pack_done_message_is_silent() -> N
     releasing its item: the done channel's backlog of one is no message waiting for
     the worker (no get takes it until the packer goes on), so its silence counts.
     The link took the backlog for a message waiting, and the learner waited for as
-    long as the process stayed stopped (helper-79; the external link judged it)."""
+    long as the process stayed stopped (helper-79; the external link judged it).
+    Judged only once that state has persisted for the timeout: a live put, and the
+    transfer worker's get between its acquire and its count, show it for a moment,
+    and a packer blocked behind a worker stuck in a submit is silent then too
+    (helper-82; the first look judged it)."""
     link = links.ThreadCollector(ReplayBuffer(64, 3, 2), 2, 4)  # not started
     try:
         link.handle.packer_state[1] = time.monotonic_ns() - 10 * S  # beat 10 s ago
         link.handle.done._counters[1] += 1  # counted, its item never released
         assert link.handle.done.backlog == 1
-        gone = link.liveness(True, 5.0)
+        assert link.liveness(True, 0.05) is None  # a put or get under way, so far
+        deadline = time.monotonic() + 5.0  # 100 times the timeout
+        gone = None
+        while gone is None and time.monotonic() < deadline:
+            time.sleep(0.06)
+            gone = link.liveness(True, 0.05)
         assert gone is not None and "no heartbeat from the packer thread" in gone.reason
+        # Released since: the next look finds it no more, and starts afresh.
+        link.handle.done._counters[1] -= 1
+        assert link.liveness(True, 60.0) is None  # silent 10 s: under 60 s
+        link.handle.done._counters[1] += 1
+        assert link.liveness(True, 0.05) is None, "an earlier stretch counted"
         # A message posted whole waits for the worker: no verdict.
         link.handle.done._counters[1] -= 1
         assert link.handle.done.put([0] * link.handle.done.width, timeout=1.0)

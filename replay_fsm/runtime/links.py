@@ -204,6 +204,9 @@ class ChannelLink(CollectorLink):
         # Per slot, its last request sent: (generation, tick, its number in the
         # request channel), to tell which requests a packer process that is gone read.
         self._sent: dict[int, tuple[int, int, int]] = {}
+        # When liveness first found, at its looks in a row, a state that is a fault
+        # only once it persists: ``_held_s``.
+        self._since: dict[str, int] = {}
 
     @property
     def handle(self) -> PackerHandle:
@@ -281,12 +284,21 @@ class ChannelLink(CollectorLink):
         if self._handle is None:
             return None
         done = self._handle.done
-        if done.backlog and not done.unreleased:
-            # A pack-done message waits for the transfer worker (busy in a submit):
-            # the packer served its requests and owes nothing; its silence is no sign.
-            # Not a record counted and never released: a packer stopped (SIGSTOP) or
-            # hung inside its put left it, and no get takes it (helper-79).
-            return None
+        if done.unreleased:
+            # A record counted and its item not released: a packer stopped (SIGSTOP)
+            # or hung inside its put left it, and no get takes it (helper-79); its
+            # silence counts then. But a live put, and the transfer worker's get
+            # between its acquire and its count, show it for microseconds (a few ms
+            # under the GIL): only once it has persisted for the timeout (helper-82).
+            if self._held_s("unreleased") <= timeout:
+                return None
+        else:
+            self._since.pop("unreleased", None)
+            if done.backlog:
+                # A pack-done message waits for the transfer worker (busy in a
+                # submit): the packer served its requests and owes nothing; its
+                # silence is no sign.
+                return None
         beat = self._handle.heartbeat_ns
         if waiting and beat:
             silent = (time.monotonic_ns() - beat) / 1e9
@@ -294,6 +306,12 @@ class ChannelLink(CollectorLink):
                 return Gone(f"no heartbeat from {who} for {silent:.1f} s (alive but not "
                             "serving: hung inside a pack?)")
         return None
+
+    def _held_s(self, what: str) -> float:
+        """Seconds since liveness first found ``what`` so, at its looks in a row (the
+        first records now; ``self._since.pop(what)`` when a look finds it no more)."""
+        now = time.monotonic_ns()
+        return (now - self._since.setdefault(what, now)) / 1e9
 
     def _attach_overdue(self) -> float | None:
         """Seconds since the first request, once past ``attach_timeout`` with no packer
@@ -429,11 +447,8 @@ class ExternalCollector(ChannelLink):
         super().__init__(replay_buffer, ring_depth, sample_count, attach_timeout,
                          writer_patience)
         self._unattached: PackerHandle | None = None  # kept by stop (see there)
-        # When liveness first found, at its last looks in a row, the claim lock taken
-        # after a collector process attached in place of a dead one ("claim lock"),
-        # and a pack-done record counted in the done channel and never released
-        # ("unreleased"): ``_held_s``.
-        self._since: dict[str, int] = {}
+        # ``_since`` holds here too the claim lock taken after a collector process
+        # attached in place of a dead one ("claim lock").
         # (slot, generation) of requests read by a dead process, written whole, their
         # pack-done message not received: when liveness first found each so.
         self._lost_since: dict[tuple[int, int], int] = {}
@@ -479,12 +494,6 @@ class ExternalCollector(ChannelLink):
             return None
         return self._stranded(pid, timeout) or self._silence(
             f"the collector (pid {pid})", waiting, timeout)
-
-    def _held_s(self, what: str) -> float:
-        """Seconds since liveness first found ``what`` so, at its looks in a row (the
-        first records now; ``self._since.pop(what)`` when a look finds it no more)."""
-        now = time.monotonic_ns()
-        return (now - self._since.setdefault(what, now)) / 1e9
 
     def orphaned(self, slot: int) -> bool:
         """Whether the last request sent to ``slot`` was read off the channel by a
