@@ -281,10 +281,10 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
            ) -> dict[int, Any]:
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
-    others and raises. The files an earlier run left in ``config.out`` for these ranks
-    (``RANK_FILES``) and its merged trace are removed first. The ranks start with the
-    stop signals blocked: one sent while they start up ends them once they have, an
-    interrupt with nothing written (``rank_main``).
+    others and raises. The files an earlier run left in ``config.out`` for its ranks
+    (``RANK_FILES``, whatever their number) and its merged trace are removed first.
+    The ranks start with the stop signals blocked: one sent while they start up ends
+    them once they have, an interrupt with nothing written (``rank_main``).
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C,
@@ -319,11 +319,14 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     out = output_folder(config.out)
     out.mkdir(parents=True, exist_ok=True)
     # An earlier run's files, which a rank that fails early (or a launcher killed
-    # before it merges the traces) would leave looking current.
+    # before it merges the traces) would leave looking current; an earlier run's
+    # ranks past this run's too (they would read as this run's).
     (out / "trace.json").unlink(missing_ok=True)
-    for rank in range(nproc):
-        for name in RANK_FILES:
-            (out / name.format(rank=rank)).unlink(missing_ok=True)
+    for name in RANK_FILES:
+        prefix, suffix = name.split("{rank}")
+        for path in out.glob(f"{prefix}*{suffix}"):
+            if path.name[len(prefix):-len(suffix)].isdigit():
+                path.unlink(missing_ok=True)
     run_id = f"replay_fsm-{uuid.uuid4().hex[:8]}"
     launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
                           run_id=run_id,

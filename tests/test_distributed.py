@@ -610,7 +610,9 @@ def test_an_earlier_runs_rank_files_are_not_taken_for_this_runs(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank that fails before it writes anything left the files of an earlier run
     in the same folder: its summary looked current, and its trace was merged into
-    this run's trace.json."""
+    this run's trace.json. An earlier run's ranks past this run's too: a 3-rank
+    run's summary-rank2.json read as this 2-rank run's (helper-78). A file of another
+    name stays."""
     from torch.distributed.launcher import api
 
     out = tmp_path / "out"
@@ -622,6 +624,9 @@ def test_an_earlier_runs_rank_files_are_not_taken_for_this_runs(
         (out / f"summary-rank{rank}.json").write_text('{"ticks": 300}')
         (out / f"transitions-rank{rank}.jsonl").write_text("")
     (out / "trace-rank2.json").write_text(json.dumps(stale))  # not a rank of this run
+    (out / "summary-rank2.json").write_text('{"ticks": 300}')
+    (out / "summary-rank2.json.bak").write_text("{}")  # not the library's: stays
+    (out / "trace-rank-old.json").write_text("{}")  # no rank number: stays
     (out / "trace.json").write_text(json.dumps(stale))  # a launcher killed before its
     failing = failing_launcher(tmp_path, -9, None)  # merge left the one before
     seen = []
@@ -635,9 +640,10 @@ def test_an_earlier_runs_rank_files_are_not_taken_for_this_runs(
     monkeypatch.setattr(api, "elastic_launch", looking)
     with pytest.raises(RankFailed):
         launch(2, options(out))
-    assert seen == [["launcher-logs", "trace-rank2.json"]]
+    kept = ["summary-rank2.json.bak", "trace-rank-old.json"]
+    assert seen == [["launcher-logs", *kept]]
     assert not (out / "trace.json").exists()  # no rank wrote one: none merged
-    assert sorted(p.name for p in out.iterdir() if "rank" in p.name) == ["trace-rank2.json"]
+    assert sorted(p.name for p in out.iterdir() if "rank" in p.name) == kept
 
 
 def test_a_rank_that_failed_is_not_hidden_by_another_ranks_stop_signal(
