@@ -26,7 +26,6 @@ from .spec import SlotState
 def _demo(args: argparse.Namespace) -> int:
     from .demo import DemoConfig
     from .trainers.cli import learner_threads, progress  # torch-free
-    args.out = args.out or "."  # --out "": this folder, and the paths printed say so
     if args.device == "auto" and args.nproc == 1:  # as each rank of --nproc N takes it
         import torch
         args.device = "cuda" if torch.cuda.is_available() else "cpu"

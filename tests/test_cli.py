@@ -443,16 +443,20 @@ def test_an_error_is_shown_by_its_first_line_that_says_something(
     assert err == f"replay-fsm explore: error: {shown}\n"
 
 
-def test_a_demo_with_an_empty_out_writes_here_and_says_so(
+@pytest.mark.usefixtures("sac_extras")
+def test_an_empty_out_is_refused_by_demo_and_sac_as_by_diagram(
         capsys: pytest.CaptureFixture[str], tmp_path: Path,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """It printed "/trace.json", a path in the root folder."""
+    """``--out ''`` (an unset shell variable) wrote the demo's and sac's files into the
+    current folder while ``diagram`` refused it (helper-76b); it printed
+    "/trace.json", a path in the root folder, before that. Refused before any run,
+    with nothing written; ``--out .`` names the current folder."""
     monkeypatch.chdir(tmp_path)
-    assert main(["demo", "--ticks", "3", "--collector", "thread", "--sample-count", "64",
-                 "--no-progress", "--out", ""]) == 0
-    out = capsys.readouterr().out
-    assert "./trace.json" in out and " /trace.json" not in out, out
-    assert (tmp_path / "trace.json").is_file() and (tmp_path / "summary.json").is_file()
+    for argv in (["demo", "--ticks", "3", "--collector", "thread", "--sample-count",
+                  "64", "--no-progress"], ["sac", "--ticks", "10", "--no-progress"]):
+        err = one_line_error(capsys, main([*argv, "--out", ""]))
+        assert "--out '' names no folder" in err and "--out ." in err, err
+        assert list(tmp_path.iterdir()) == [], argv[0]
 
 
 def command(*args: str, **kw: object) -> subprocess.CompletedProcess[str]:

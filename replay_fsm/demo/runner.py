@@ -188,7 +188,11 @@ def output_folder(out: str | Path) -> Path:
 
     Raises:
         NotADirectoryError: ``out`` is a file.
+        ValueError: ``out`` is empty (an unset shell variable, say; ``.`` names the
+            current folder).
     """
+    if str(out) == "":  # Path("") is ".": a wish for the current folder it is not
+        raise ValueError("--out '' names no folder; write --out . for the current folder")
     out_dir = Path(out)
     if out_dir.exists() and not out_dir.is_dir():
         raise NotADirectoryError(f"{out_dir} is a file; --out names the output folder")

@@ -469,7 +469,12 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
         IsADirectoryError: the .json path is a folder, or (``before_run``) its plot's
             path (``<name>.png``) is.
         NotADirectoryError: the folder is a file.
+        ValueError: ``out`` is empty (an unset shell variable, say; ``.`` names the
+            current folder).
     """
+    if str(out) == "":  # Path("") is ".": a wish for the current folder it is not
+        raise ValueError("--out '' names no folder or file; write --out . for the "
+                         "current folder")
     path = Path(out)
     if path.suffix.lower() != ".json":  # res.JSON is a file too, not a folder
         path = path / "sac.json"
