@@ -485,6 +485,36 @@ def test_a_plot_that_cannot_be_written_whole_keeps_the_earlier_one(tmp_path: Pat
     assert out.read_bytes().startswith(b"\x89PNG") and len(out.read_bytes()) > 4096
 
 
+def test_a_plot_of_a_run_with_no_finished_episode_says_so() -> None:
+    """Too few ticks for an episode to end drew two empty panels, with nothing to
+    tell an empty run from a plot gone wrong (helper-76b). A run that has curves
+    gets no such line."""
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from replay_fsm.trainers.report import figure
+
+    def texts(episodes: list[dict[str, float]], sync: bool = True) -> list[list[str]]:
+        run = {"episodes": episodes, "config": {"num_envs": 2}, "loop_s": 2.0,
+               "updates": 40}
+        fig = figure(plt, {"pipeline": run, "sync": dict(run, episodes=[])} if sync
+                     else {"pipeline": run})
+        try:
+            return [[t.get_text() for t in ax.texts] for ax in fig.axes]
+        finally:
+            plt.close(fig)
+
+    said = ("no episode finished (pipeline, synchronous sampling): more ticks, or a "
+            "task with shorter episodes")
+    assert texts([]) == [[said], [said]]
+    one = [{"env_steps": 10, "wall_s": 1.0, "return": -3.0}]
+    assert texts(one) == [[said.replace("pipeline, ", "")]] * 2
+    assert texts(one, sync=False) == [[], []]
+
+
 @pytest.mark.parametrize("collector", ["thread", "process"])
 def test_both_samplings_end_with_the_episodes_of_the_last_phase(collector: str) -> None:
     """The last publish (weights version ``ticks``) starts a collection phase that

@@ -44,26 +44,7 @@ def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> 
     except ImportError as exc:
         raise ImportError("the plot needs matplotlib: pip install 'replay-fsm[mujoco]'"
                           ) from exc
-    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    styles = {"pipeline": ("tab:blue", "-"), "sync": ("tab:orange", "--")}
-    for name, run in runs.items():
-        color, dash = styles.get(name, (None, "-"))
-        label = {"pipeline": "pipeline", "sync": "synchronous sampling"}.get(name, name)
-        c = curve(run["episodes"], run["config"]["num_envs"])
-        by_steps.plot(c["env_steps"], c["mean_return"], dash, color=color, marker=".",
-                      label=label)
-        by_time.plot(c["wall_s"], c["mean_return"], dash, color=color, marker=".",
-                     label=f"{label} ({run['loop_s']:.0f} s for {run['updates']} updates)")
-    by_steps.set_xlabel("environment steps")
-    window = next(iter(runs.values()))["config"]["num_envs"]
-    by_steps.set_ylabel(f"episode return (mean of the last {window})")
-    by_time.set_xlabel("wall-clock seconds since the first tick")
-    for ax in (by_steps, by_time):
-        ax.grid(alpha=0.3)
-        ax.legend(loc="best", fontsize=8)
-    if title:
-        fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
+    fig = figure(plt, runs, title)
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     image = io.BytesIO()
@@ -72,3 +53,37 @@ def plot(runs: dict[str, dict[str, Any]], path: str | Path, title: str = "") -> 
     # Whole or not at all, as the result beside it: savefig wrote in place, and a stop
     # or a full disk meanwhile left a cut PNG where the earlier plot was.
     return write_bytes(out, image.getvalue())
+
+
+def figure(plt: Any, runs: dict[str, dict[str, Any]], title: str = "") -> Any:
+    """``plot``'s figure, drawn with ``plt`` (matplotlib.pyplot). A run in which no
+    episode finished (too few ticks for one) has no curve: the panels say so, where
+    they were left empty."""
+    fig, (by_steps, by_time) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+    styles = {"pipeline": ("tab:blue", "-"), "sync": ("tab:orange", "--")}
+    none: list[str] = []  # the runs in which no episode finished
+    for name, run in runs.items():
+        color, dash = styles.get(name, (None, "-"))
+        label = {"pipeline": "pipeline", "sync": "synchronous sampling"}.get(name, name)
+        c = curve(run["episodes"], run["config"]["num_envs"])
+        by_steps.plot(c["env_steps"], c["mean_return"], dash, color=color, marker=".",
+                      label=label)
+        by_time.plot(c["wall_s"], c["mean_return"], dash, color=color, marker=".",
+                     label=f"{label} ({run['loop_s']:.0f} s for {run['updates']} updates)")
+        if not c["env_steps"]:
+            none.append(label)
+    by_steps.set_xlabel("environment steps")
+    window = next(iter(runs.values()))["config"]["num_envs"]
+    by_steps.set_ylabel(f"episode return (mean of the last {window})")
+    by_time.set_xlabel("wall-clock seconds since the first tick")
+    for ax in (by_steps, by_time):
+        ax.grid(alpha=0.3)
+        ax.legend(loc="best", fontsize=8)
+        if none:
+            ax.text(0.5, 0.5, f"no episode finished ({', '.join(none)}): more ticks, or "
+                    "a task with shorter episodes", transform=ax.transAxes,
+                    ha="center", va="center", fontsize=9, wrap=True)
+    if title:
+        fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    return fig
