@@ -11,6 +11,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 import torch
@@ -559,5 +560,115 @@ def test_a_packer_stopped_inside_its_put_of_a_pack_done_message_is_silent() -> N
         link.handle.done._counters[1] -= 1
         assert link.handle.done.put([0] * link.handle.done.width, timeout=1.0)
         assert link.liveness(True, 5.0) is None
+    finally:
+        link.stop(1.0)
+
+
+def _fresh_link(kind: str) -> links.ChannelLink:
+    """A thread link, its packer silent 10 s (so the look's verdict rests on the record
+    counted and not released), or an external link whose collector (this process)
+    beats now."""
+    rb = ReplayBuffer(64, 3, 2)
+    if kind == "thread":
+        link: links.ChannelLink = links.ThreadCollector(rb, 2, 4)  # not started
+        link.handle.packer_state[1] = time.monotonic_ns() - 10 * S
+    else:
+        link = ExternalCollector(rb, 2, 4, attach_timeout=10.0)
+        link.handle.packer_state[0] = os.getpid()
+        link.handle.packer_state[1] = time.monotonic_ns()
+    return link
+
+
+@pytest.mark.parametrize("record", ["ring", "local"])
+@pytest.mark.parametrize("kind", ["thread", "external"])
+def test_a_record_counted_and_not_released_at_one_look_counts_not_for_a_later_one(
+        kind: str, record: str) -> None:
+    """A look finds a pack-done record counted and not released (the transfer worker's
+    get between its acquire and its count, a put between its count and its release;
+    a record of the learner's own pack, posted locally, taken by the worker); the
+    message is taken, the slot fills, and the wait ends with no look after it. A
+    later wait, past the timeout, finds a later record so for a moment: that is a
+    fresh state, not one that persisted since the first look. The stretch counted
+    from the first, and a live external collector was judged dead ('counted in the
+    done channel and not posted'; seen end to end with a Python thread beside the
+    learner's, helper-83), a thread packer silent then by its heartbeat. A record
+    that stays so is still judged."""
+    link = _fresh_link(kind)
+    done = link.handle.done
+
+    def half_taken() -> None:  # a record counted, its item not released (or taken)
+        if record == "ring":
+            done._counters[1] += 1  # counted by a put, not released yet
+        else:
+            done.post_local([0] * done.width)
+            assert done._items.acquire(timeout=1.0)  # the worker's, before its count
+
+    def taken() -> None:  # released and taken: the wait ends, no look sees it
+        if record == "ring":
+            done._counters[0] += 1
+        else:
+            done._local.popleft()
+    try:
+        half_taken()
+        assert done.unreleased == 1
+        assert link.liveness(True, 0.05) is None
+        taken()
+        time.sleep(0.2)  # the learner trains: 4 times the timeout
+        if kind == "external":
+            link.handle.packer_state[1] = time.monotonic_ns()  # it beats all along
+        half_taken()  # a later record, for a moment
+        assert link.liveness(True, 0.05) is None, "an earlier record's stretch counted"
+        deadline = time.monotonic() + 5.0  # 100 times the timeout
+        gone = None
+        while gone is None and time.monotonic() < deadline:
+            time.sleep(0.06)
+            if kind == "external":
+                link.handle.packer_state[1] = time.monotonic_ns()
+            gone = link.liveness(True, 0.05)
+        assert gone is not None, "a record that stays counted and not released"
+    finally:
+        link.stop(1.0)
+
+
+def test_a_claim_lock_taken_at_one_look_counts_not_for_a_later_claim() -> None:
+    """After a restart, a look finds the claim lock taken (the collector attached now
+    is inside a claim, descheduled for a moment); a later look, past the timeout,
+    finds it taken by a later claim. That is no lock held since the first look: it
+    was judged 'stayed taken' (helper-83). A lock that stays taken is still judged."""
+    link = _fresh_link("external")
+    handle = link.handle
+    handle.packer_state[7] = os.getpid() + 10**6  # a predecessor, gone
+
+    def held_at_a_look(then: Any) -> Any:
+        taken, free = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            with handle.claim_lock:
+                taken.set()
+                free.wait(MARGIN_S)
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert taken.wait(MARGIN_S)
+        try:
+            return then()
+        finally:
+            free.set()
+            holder.join(MARGIN_S)
+    try:
+        assert held_at_a_look(lambda: link.liveness(True, 0.05)) is None
+        assert handle.claim(0, 1, 64, 1.0) == 0  # the collector's next claim
+        time.sleep(0.2)  # no look meanwhile: 4 times the timeout
+        handle.packer_state[1] = time.monotonic_ns()
+        assert held_at_a_look(lambda: link.liveness(True, 0.05)) is None, (
+            "an earlier claim's hold counted")
+
+        def judged() -> Any:
+            deadline, gone = time.monotonic() + 5.0, None
+            while gone is None and time.monotonic() < deadline:
+                time.sleep(0.06)
+                gone = link.liveness(True, 0.05)
+            return gone
+        gone = held_at_a_look(judged)
+        assert gone is not None and "claim lock has stayed taken" in gone.reason, gone
     finally:
         link.stop(1.0)

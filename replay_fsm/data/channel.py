@@ -61,8 +61,10 @@ class Channel:
         self._bytes = memoryview(self._buf_np).cast("B")
         self._counters = memoryview(self._idx_np).cast("B").cast("q")
         self._record = struct.Struct(f"{self.width + 1}q")  # a row and its text length
-        # post_local's records, for this process's consumer only (never pickled).
+        # post_local's records, for this process's consumer only (never pickled), and
+        # how many it ever posted.
         self._local: deque[tuple[list[int], str | None]] = deque()
+        self._local_posted = 0
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -100,6 +102,14 @@ class Channel:
         """Records ever taken off the ring: record number ``k`` was taken iff
         ``k < taken``."""
         return self._counters[0]
+
+    @property
+    def position(self) -> tuple[int, int, int, int]:
+        """Where the channel stands: records ever put into the ring and ever taken off
+        it, and in this process ``post_local``'s records ever posted and waiting now.
+        Any put, post or get moves it; a producer stopped inside its put, none."""
+        return (self._counters[1], self._counters[0], self._local_posted,
+                len(self._local))
 
     @property
     def unreleased(self) -> int | None:
@@ -179,6 +189,7 @@ class Channel:
         record, _ = self._pack(values, text)  # refused as put refuses it
         *row, _ = self._record.unpack(record)  # read back as the ring's records are
         self._local.append((row, text))
+        self._local_posted += 1
         self._items.release()
 
     def get(self, timeout: float | None = None) -> tuple[list[int], str | None] | None:
@@ -221,7 +232,8 @@ class Channel:
 
 # What each process builds for itself (views over the shared tensors, the record's
 # Struct, post_local's queue): never pickled, rebuilt where a channel is unpickled.
-VIEWS = ("_buf_np", "_text_np", "_idx_np", "_bytes", "_counters", "_record", "_local")
+VIEWS = ("_buf_np", "_text_np", "_idx_np", "_bytes", "_counters", "_record", "_local",
+         "_local_posted")
 
 
 def semaphore_name(sem: Any) -> str:

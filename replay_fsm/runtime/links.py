@@ -205,8 +205,9 @@ class ChannelLink(CollectorLink):
         # request channel), to tell which requests a packer process that is gone read.
         self._sent: dict[int, tuple[int, int, int]] = {}
         # When liveness first found, at its looks in a row, a state that is a fault
-        # only once it persists: ``_held_s``.
-        self._since: dict[str, int] = {}
+        # only once it persists, and which one it found (``_held_s``): the key of the
+        # state, and monotonic ns.
+        self._since: dict[str, tuple[object, int]] = {}
 
     @property
     def handle(self) -> PackerHandle:
@@ -289,8 +290,10 @@ class ChannelLink(CollectorLink):
             # or hung inside its put left it, and no get takes it (helper-79); its
             # silence counts then. But a live put, and the transfer worker's get
             # between its acquire and its count, show it for microseconds (a few ms
-            # under the GIL): only once it has persisted for the timeout (helper-82).
-            if self._held_s("unreleased") <= timeout:
+            # under the GIL): only once it has persisted for the timeout (helper-82),
+            # at one position of the channel (helper-83: one seen at the last look of
+            # a wait counted for another, of a later record, seen by a later wait).
+            if self._held_s("unreleased", done.position) <= timeout:
                 return None
         else:
             self._since.pop("unreleased", None)
@@ -307,11 +310,18 @@ class ChannelLink(CollectorLink):
                             "serving: hung inside a pack?)")
         return None
 
-    def _held_s(self, what: str) -> float:
-        """Seconds since liveness first found ``what`` so, at its looks in a row (the
-        first records now; ``self._since.pop(what)`` when a look finds it no more)."""
+    def _held_s(self, what: str, state: object) -> float:
+        """Seconds since liveness first found ``what`` so, in ``state``, at its looks in
+        a row (the first records now; ``self._since.pop(what)`` when a look finds it no
+        more). A look that finds it in another ``state`` starts afresh: looks are not
+        close in time (the next wait may come long after the last), and a stretch the
+        learner saw begin, and whose end no look saw, must not count for a fresh one
+        found later (a transient put or get of a later record: helper-83)."""
         now = time.monotonic_ns()
-        return (now - self._since.setdefault(what, now)) / 1e9
+        seen = self._since.get(what)
+        if seen is None or seen[0] != state:
+            seen = self._since[what] = (state, now)
+        return (now - seen[1]) / 1e9
 
     def _attach_overdue(self) -> float | None:
         """Seconds since the first request, once past ``attach_timeout`` with no packer
@@ -471,8 +481,10 @@ class ExternalCollector(ChannelLink):
                                                    f"gone")
         if unreleased:
             # A live collector inside its put shows this for microseconds; a process
-            # attached before it, killed inside its put, for good.
-            held = self._held_s("unreleased")
+            # attached before it, killed inside its put, for good (at one position
+            # once no later message comes: each later put carries the record before
+            # it through, one behind, and moves the position).
+            held = self._held_s("unreleased", done.position)
             if held > timeout:
                 return Gone(
                     f"a pack-done message has been counted in the done channel and not "
@@ -523,7 +535,10 @@ class ExternalCollector(ChannelLink):
             handle.claim_lock.release()
             self._since.pop("claim lock", None)
         else:
-            held = self._held_s("claim lock")
+            # Keyed by the claim cells and the requests read: a holder stopped or dead
+            # inside its claim moves neither; a live collector's next claim is another.
+            held = self._held_s("claim lock", (handle.claims.numpy().tobytes(),
+                                               handle.requests.taken))
             if held > timeout:
                 return Gone(
                     f"the claim lock has stayed taken for {held:.1f} s since a collector "
