@@ -16,6 +16,7 @@ import torch
 
 from replay_fsm import PackerError, Pipeline, PipelineFailed, ReplayBuffer
 from replay_fsm.data.packer import Packer
+from replay_fsm.data.sampling import expected_batch
 from replay_fsm.errors import (
     IllegalTransition,
     PipelineClosed,
@@ -674,4 +675,24 @@ def test_close_leaves_a_worker_stuck_in_a_submit_behind_and_says_so(
     finally:
         release.set()
         pipe.close()
+
+
+@pytest.mark.parametrize("collector", ["thread", "external"])
+def test_sampling_the_second_pending_tick_is_refused_before_any_wait(collector: str
+                                                                     ) -> None:
+    """INV-ORDER, INV-STICKY: sampling a tick younger than the oldest pending one is
+    an illegal call, refused with nothing changed. It waited for that tick first, and
+    a wait that failed (its rows never came: DataStalled; a busy external collector:
+    CollectorDied) failed the whole run for the learner's mistake (helper-84)."""
+    rb = buffer()
+    with Pipeline(rb, sample_count=N, collector=collector, stall_timeout=1.0,
+                  liveness_timeout=MARGIN_S, attach_timeout=MARGIN_S) as pipe:
+        pipe.start_prepare(0, N)
+        pipe.start_prepare(1, N, min_snapshot_ptr=rb.ptr + 1)  # its rows never come
+        before = (pipe.states, pipe.pending, pipe.hot)
+        with pytest.raises(IllegalTransition, match="acquired in request order; next is 0"):
+            pipe.sample_large_batch(1, N)
+        assert (pipe.states, pipe.pending, pipe.hot) == before  # nothing changed
+        assert torch.equal(pipe.sample_large_batch(0, N)["obs"],
+                           expected_batch(rb.storage, rb.size, N, 0)[:, rb.layout.obs])
 

@@ -963,6 +963,15 @@ class Pipeline:
                     return dict(self._views[hot])
                 raise ProtocolError(f"tick {self._core.hot_tick} is still hot; call "
                                     f"after_tick() before sampling tick {tick}")
+            if self._core.slot_of(tick) is not None and self._core.oldest_tick != tick:
+                # A tick younger than the oldest pending one can never be acquired
+                # first: the core's refusal now, before any wait for it (a wait could
+                # fail the run, DataStalled or CollectorDied, for an illegal call that
+                # must change nothing: INV-STICKY) and before the hooks touch the
+                # backend or the checker.
+                refused = self._core.refusal(Step(Event.ACQUIRE, tick))
+                if refused is not None:
+                    raise refused
             slot = self._wait_locked(tick, None)  # raises if the tick was never requested
             if slot is None:  # without a deadline: an observer failed the run on its span
                 self._raise_if_unusable()
