@@ -3,6 +3,7 @@ bad inputs, and clean shutdown (INV-DATA, INV-LIVE, INV-STICKY, INV-CLOSE)."""
 
 from __future__ import annotations
 
+import multiprocessing as mp
 import os
 import threading
 
@@ -661,6 +662,18 @@ def test_a_watched_process_that_exits_is_named() -> None:
         with pytest.raises(CollectorDied) as info:
             pipe.wait_until_ready(0, 8)
         assert str(info.value) == "tick 0: the collector process (pid 4242) exited with code -9"
+
+
+def test_a_watched_process_never_started_is_named_so() -> None:
+    """A collector process watched and never started (its start() forgotten) was
+    named "the collector process (pid None) exited with code None" (helper-84)."""
+    process = mp.get_context("spawn").Process(target=print)  # never started
+    with Pipeline(buffer(), sample_count=8, learner_packs=False) as pipe:
+        pipe.watch(process)
+        with pytest.raises(CollectorDied, match=r"never started \(no pid\): call its "
+                           r"start\(\)"):
+            for _ in pipe.ticks(0, 100_000):  # the first wait for a batch judges it
+                pass
 
 
 class FailLink(ThreadCollector):

@@ -64,6 +64,10 @@ class Gone:
 
 def _exited(process: Any, what: str) -> Gone:
     """A watched process that exited, in the one wording of every command."""
+    if process.pid is None and process.exitcode is None:
+        # A multiprocessing.Process watched and never started: it did not exit.
+        return Gone(f"{what} was never started (no pid): call its start() before the "
+                    f"learner waits for a batch")
     return Gone(f"{what} (pid {process.pid}) exited with code {process.exitcode}")
 
 
