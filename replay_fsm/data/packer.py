@@ -376,7 +376,10 @@ class Packer:
         claim lock it died holding. Not seen: a process killed in the few bytecodes
         between taking a request's item off the channel and counting it taken; the
         learner waits on for that request unless it packs it itself (``watch`` the
-        process).
+        process). The restart must attach before the learner's next wait or poll:
+        one that finds the attached collector dead and none attached in its place
+        fails the run (``CollectorDied``: "the collector process (pid P) is gone"),
+        watched or not.
 
         Raises:
             ValueError: ``handle`` is the pipeline's of another replay buffer, or its
