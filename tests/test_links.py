@@ -672,3 +672,39 @@ def test_a_claim_lock_taken_at_one_look_counts_not_for_a_later_claim() -> None:
         assert gone is not None and "claim lock has stayed taken" in gone.reason, gone
     finally:
         link.stop(1.0)
+
+
+def test_a_record_half_posted_by_a_dead_predecessor_is_judged_once_no_later_one_comes(
+        ) -> None:
+    """The collector attached now puts later messages, and each carries the dead
+    one's half-posted record through, one behind: the channel's position moves at
+    every put, and no verdict comes while they flow (the run goes on, one behind, as
+    the README says); the first stretch of the timeout with no later message is
+    judged (helper-85)."""
+    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    live = subprocess.Popen(["sleep", "60"])
+    timeout = 0.1
+    try:
+        handle, done = link.handle, link.handle.done
+        handle.packer_state[0] = live.pid
+        handle.packer_state[7] = live.pid + 10**6  # its predecessor, gone
+        done._counters[1] += 1  # the predecessor died inside its put
+        start = time.monotonic()
+        while time.monotonic() - start < 10 * timeout:  # later messages flow
+            assert done.put([0] * done.width, timeout=1.0)
+            assert done.get(timeout=1.0) is not None  # the worker's, one behind
+            assert done.unreleased == 1
+            handle.packer_state[1] = time.monotonic_ns()
+            assert link.liveness(True, timeout) is None, "judged while messages flow"
+            time.sleep(timeout / 4)
+        deadline, gone = time.monotonic() + 50 * timeout, None
+        while gone is None and time.monotonic() < deadline:
+            time.sleep(timeout / 4)
+            handle.packer_state[1] = time.monotonic_ns()
+            gone = link.liveness(True, timeout)
+        assert gone is not None and "counted in the done channel and not posted" in (
+            gone.reason), gone
+    finally:
+        live.kill()
+        live.wait()
+        link.stop(1.0)

@@ -61,11 +61,14 @@ def serve(handle: PackerHandle, rb: ReplayBuffer, attached: Any) -> None:
         packer.service(timeout=0.01)
 
 
-def restart(pipe: Pipeline, rb: ReplayBuffer, first: Any) -> Any:
-    """Run ``first`` as the collector until it dies, then attach a new one; returns
-    the new one's process (alive, attached)."""
+def restart(pipe: Pipeline, rb: ReplayBuffer, first: Any, *, watch: bool = False
+            ) -> Any:
+    """Run ``first`` as the collector until it dies (``watch``: the pipeline watches
+    it), then attach a new one; returns the new one's process (alive, attached)."""
     ctx = mp.get_context("spawn")
     dead = ctx.Process(target=first, args=(pipe.packer_handle(), rb))
+    if watch:
+        pipe.watch(dead)
     dead.start()
     dead.join(MARGIN_S)
     assert dead.exitcode == 9, dead.exitcode
@@ -252,3 +255,35 @@ def test_a_pack_done_the_dead_collector_never_posted_fails_the_run_not_hangs_it(
     posted: the wait ends in CollectorDied after liveness_timeout."""
     assert "its pack-done message has not come" in collector_died_after(
         fail_and_die_before_posting if failed else die_before_posting, learner_packs)
+
+
+def attach_and_die(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach and die having read nothing (nothing of it is left to anybody)."""
+    Packer.attach(handle, rb)
+    os._exit(9)
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_watched_collector_fails_the_run_at_its_death_though_a_restart_attached(
+        watched: bool) -> None:
+    """A restart attached before the learner's next wait: the run goes on, unless the
+    dead process was watch()ed, whose death fails the run whatever attached since
+    (``Pipeline.watch``: fail fast). The README and ``Packer.attach`` said a death
+    fails the run only with none attached in its place, "watched or not", and that
+    watch() only names the process in that error (146fd63; helper-85)."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    new = restart(pipe, rb, attach_and_die, watch=watched)  # before the next wait
+    dead = pipe.packer_handle().predecessor[1]
+    try:
+        pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr + 1)  # waits for its rows
+        if watched:
+            with pytest.raises(CollectorDied, match=f"the collector process "
+                               f"\\(pid {dead}\\) exited with code 9"):
+                pipe.wait_until_ready(0, N, timeout=2.0)
+        else:
+            assert not pipe.wait_until_ready(0, N, timeout=2.0)  # no verdict
+            rb.add_packed(torch.randn(1, rb.width))
+            assert pipe.wait_until_ready(0, N, timeout=MARGIN_S)
+    finally:
+        stop(pipe, new)

@@ -378,8 +378,9 @@ class Packer:
         learner waits on for that request unless it packs it itself (``watch`` the
         process). The restart must attach before the learner's next wait or poll:
         one that finds the attached collector dead and none attached in its place
-        fails the run (``CollectorDied``: "the collector process (pid P) is gone"),
-        watched or not.
+        fails the run (``CollectorDied``: "the collector process (pid P) is gone").
+        A process the learner ``watch``es is not restarted: its death fails the run
+        whatever attached since ("... exited with code C").
 
         Raises:
             ValueError: ``handle`` is the pipeline's of another replay buffer, or its
