@@ -56,7 +56,9 @@ def run(config: DemoConfig | None = None,
 
     Raises:
         CollectorDied, PipelineFailed: the collector or the pipeline failed.
-        ValueError: ``interrupt_at`` with a signal this process has no handler for.
+        ValueError: ``interrupt_at`` with a signal this process has no handler for,
+            or ``config.out`` is empty ("": ``"."`` names the current folder).
+        NotADirectoryError: ``config.out`` is a file.
     """
     config = DemoConfig() if config is None else config
     if (config.interrupt_at is not None and config.rank is None

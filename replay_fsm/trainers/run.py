@@ -494,5 +494,10 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
 def write(result: dict[str, Any], out: str | Path) -> Path:
     """Write ``result`` as JSON to ``output_path(out)``; returns that path. Whole or
     not at all (``replay_fsm.files``): a run stopped while it writes leaves the file
-    there before."""
+    there before.
+
+    Raises:
+        ValueError: ``out`` is empty (``"."`` names the current folder), as
+            ``output_path`` says, with its other errors.
+    """
     return write_text(output_path(out), json.dumps(result, indent=2) + "\n")
