@@ -434,6 +434,20 @@ def test_a_dead_external_collector_is_gone_even_behind_a_pack_done_it_half_poste
             f"the collector process (pid {pid}) is gone"), gone
 
 
+def judged_within(link: links.ChannelLink, timeout: float, *, beat: bool = False
+                  ) -> links.Gone | None:
+    """The first verdict of ``link``'s looks (``liveness(True, timeout)``), one
+    every 1.2 timeouts, within 100 timeouts; None if none came. ``beat``: the
+    collector beats before each look (alive, serving)."""
+    deadline, gone = time.monotonic() + 100 * timeout, None
+    while gone is None and time.monotonic() < deadline:
+        time.sleep(1.2 * timeout)
+        if beat:
+            link.handle.packer_state[1] = time.monotonic_ns()
+        gone = link.liveness(True, timeout)
+    return gone
+
+
 @contextlib.contextmanager
 def attached_and_dead() -> Iterator[tuple[ExternalCollector, int]]:
     """An external link whose attached collector's pid names an exited process."""
@@ -470,21 +484,25 @@ def test_a_pack_done_message_half_posted_by_a_dead_predecessor_fails_the_run(
     takes that record until a later put's item, and the learner waiting for its tick
     waited for ever while the backlog of one said 'a message waits for the worker'
     (helper-75). Judged gone once it has stayed for the timeout."""
+    with half_posted_by_a_dead_predecessor() as link:
+        assert link.liveness(True, 0.05) is None  # a put under way, as far as it knows
+        gone = judged_within(link, 0.05)
+        assert gone is not None and "counted in the done channel and not posted" in (
+            gone.reason), gone
+
+
+@contextlib.contextmanager
+def half_posted_by_a_dead_predecessor() -> Iterator[ExternalCollector]:
+    """An external link whose attached collector lives, and the one before it, gone,
+    was killed inside its put of a pack-done message (counted, never released)."""
     link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
     live = subprocess.Popen(["sleep", "60"])
     try:
         link.handle.packer_state[0] = live.pid
-        link.handle.packer_state[7] = live.pid + 1  # the predecessor, gone
+        link.handle.packer_state[7] = live.pid + 10**6  # the predecessor, gone
         link.handle.done._counters[1] += 1  # counted, its item never released
         assert link.handle.done.backlog == 1
-        assert link.liveness(True, 0.05) is None  # a put under way, as far as it knows
-        deadline = time.monotonic() + 5.0  # 100 times the timeout
-        gone = None
-        while gone is None and time.monotonic() < deadline:
-            time.sleep(0.06)
-            gone = link.liveness(True, 0.05)
-        assert gone is not None and "counted in the done channel and not posted" in (
-            gone.reason), gone
+        yield link
     finally:
         live.kill()
         live.wait()
@@ -545,11 +563,7 @@ def test_a_packer_stopped_inside_its_put_of_a_pack_done_message_is_silent() -> N
         link.handle.done._counters[1] += 1  # counted, its item never released
         assert link.handle.done.backlog == 1
         assert link.liveness(True, 0.05) is None  # a put or get under way, so far
-        deadline = time.monotonic() + 5.0  # 100 times the timeout
-        gone = None
-        while gone is None and time.monotonic() < deadline:
-            time.sleep(0.06)
-            gone = link.liveness(True, 0.05)
+        gone = judged_within(link, 0.05)
         assert gone is not None and "no heartbeat from the packer thread" in gone.reason
         # Released since: the next look finds it no more, and starts afresh.
         link.handle.done._counters[1] -= 1
@@ -618,13 +632,7 @@ def test_a_record_counted_and_not_released_at_one_look_counts_not_for_a_later_on
             link.handle.packer_state[1] = time.monotonic_ns()  # it beats all along
         half_taken()  # a later record, for a moment
         assert link.liveness(True, 0.05) is None, "an earlier record's stretch counted"
-        deadline = time.monotonic() + 5.0  # 100 times the timeout
-        gone = None
-        while gone is None and time.monotonic() < deadline:
-            time.sleep(0.06)
-            if kind == "external":
-                link.handle.packer_state[1] = time.monotonic_ns()
-            gone = link.liveness(True, 0.05)
+        gone = judged_within(link, 0.05, beat=kind == "external")
         assert gone is not None, "a record that stays counted and not released"
     finally:
         link.stop(1.0)
@@ -662,13 +670,7 @@ def test_a_claim_lock_taken_at_one_look_counts_not_for_a_later_claim() -> None:
         assert held_at_a_look(lambda: link.liveness(True, 0.05)) is None, (
             "an earlier claim's hold counted")
 
-        def judged() -> Any:
-            deadline, gone = time.monotonic() + 5.0, None
-            while gone is None and time.monotonic() < deadline:
-                time.sleep(0.06)
-                gone = link.liveness(True, 0.05)
-            return gone
-        gone = held_at_a_look(judged)
+        gone = held_at_a_look(lambda: judged_within(link, 0.05))
         assert gone is not None and "claim lock has stayed taken" in gone.reason, gone
     finally:
         link.stop(1.0)
@@ -681,14 +683,9 @@ def test_a_record_half_posted_by_a_dead_predecessor_is_judged_once_no_later_one_
     every put, and no verdict comes while they flow (the run goes on, one behind, as
     the README says); the first stretch of the timeout with no later message is
     judged (helper-85)."""
-    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
-    live = subprocess.Popen(["sleep", "60"])
     timeout = 0.1
-    try:
+    with half_posted_by_a_dead_predecessor() as link:
         handle, done = link.handle, link.handle.done
-        handle.packer_state[0] = live.pid
-        handle.packer_state[7] = live.pid + 10**6  # its predecessor, gone
-        done._counters[1] += 1  # the predecessor died inside its put
         start = time.monotonic()
         while time.monotonic() - start < 10 * timeout:  # later messages flow
             assert done.put([0] * done.width, timeout=1.0)
@@ -697,14 +694,6 @@ def test_a_record_half_posted_by_a_dead_predecessor_is_judged_once_no_later_one_
             handle.packer_state[1] = time.monotonic_ns()
             assert link.liveness(True, timeout) is None, "judged while messages flow"
             time.sleep(timeout / 4)
-        deadline, gone = time.monotonic() + 50 * timeout, None
-        while gone is None and time.monotonic() < deadline:
-            time.sleep(timeout / 4)
-            handle.packer_state[1] = time.monotonic_ns()
-            gone = link.liveness(True, timeout)
+        gone = judged_within(link, timeout, beat=True)
         assert gone is not None and "counted in the done channel and not posted" in (
             gone.reason), gone
-    finally:
-        live.kill()
-        live.wait()
-        link.stop(1.0)
