@@ -185,9 +185,11 @@ def test_a_collector_thread_that_died_ends_the_wait_after_stall_timeout() -> Non
 
 def test_the_silence_counts_from_the_request_not_from_the_wait(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """On the link's clock: a learner that trained longer than stall_timeout after its
-    request raises at the first look of its wait, the clock standing still (counted
-    from the wait's start, the wait would run out its timeout and return False)."""
+    """On the link's clock: the silence counts from the request, over the learner's
+    training step and every wait after it (counted from each wait's start, a learner
+    whose waits are shorter than stall_timeout would never learn of it). The step, a
+    stretch no look saw, counts for half of stall_timeout (the whole job stopped with
+    Ctrl-Z is no stall: ``looks.LookClock``); the looks after it judge."""
     clock = LinkClock(monkeypatch)
     rb = filled("seed-style")
     collector = Collector(rb, "thread", crash_after=1, how="caught")
@@ -197,8 +199,12 @@ def test_the_silence_counts_from_the_request_not_from_the_wait(
         pipe.start_prepare(1, N)  # the collector takes it and dies
         pipe.after_tick()
         clock.ns += int(0.8e9)  # the learner's training step
+        assert not pipe.wait_until_ready(1, N, timeout=0)  # 0.25 s of it counted
+        clock.ns += int(0.2e9)
+        assert not pipe.wait_until_ready(1, N, timeout=0)  # 0.45 s
+        clock.ns += int(0.1e9)
         with pytest.raises(CollectorDied, match="stall_timeout"):
-            pipe.wait_until_ready(1, N, timeout=MARGIN_S)
+            pipe.wait_until_ready(1, N, timeout=0)  # 0.55 s
     finally:
         pipe.close()
         collector.finish()

@@ -394,12 +394,26 @@ def test_a_request_silent_past_stall_timeout_is_reported_to_the_nanosecond(
         monkeypatch: pytest.MonkeyPatch) -> None:
     t = Link(monkeypatch)  # stall_timeout 2 s
     t.send(1, 0, ptr=30)  # the buffer's ptr stays 30: no row added
+    # Looks at most half the bound apart: each stretch between them counts in full.
+    assert t.after(10**9) is None
     assert t.after(2 * 10**9) is None
     assert t.after(2 * 10**9 + 1) is not None
-    gone = t.after(10**17)
+    gone = t.after(10**17)  # a stretch no look saw counts for half the bound
     assert gone == Gone("no ready dict on collector_pack_ready_queue and no row added to "
-                        "the replay buffer for 100000000.0 s (stall_timeout): is a collector "
+                        "the replay buffer for 3.0 s (stall_timeout): is a collector "
                         "still serving collector_pack_request_queue?")
+
+
+def test_a_stretch_no_look_saw_counts_for_half_of_stall_timeout_at_most(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The whole job stopped (Ctrl-Z) and resumed (fg): the collector, stopped too,
+    had no time to answer when the learner looked. The first look after it is no sign
+    of a stall; the looks after it are."""
+    t = Link(monkeypatch)  # stall_timeout 2 s
+    t.send(1, 0, ptr=30)
+    assert t.after(10**9) is None
+    assert t.after(3600 * 10**9) is None  # an hour stopped: 1 s of it counted
+    assert t.after(3600 * 10**9 + 1) is not None
 
 
 def test_rows_added_to_the_buffer_count_as_progress(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -407,6 +421,7 @@ def test_rows_added_to_the_buffer_count_as_progress(monkeypatch: pytest.MonkeyPa
     t.send(1, 0, ptr=30)
     t.view.ptr = 35
     assert t.after(1 * 10**9) is None  # progress seen at 1 s
+    assert t.after(2 * 10**9) is None
     assert t.after(3 * 10**9) is None  # 2 s since
     assert t.after(3 * 10**9 + 1) is not None
 

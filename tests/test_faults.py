@@ -175,6 +175,53 @@ def test_a_killed_external_collector_makes_the_waiting_learner_raise() -> None:
         proc.join(MARGIN_S)
 
 
+STOPPED_JOB = """
+import os, sys, torch
+from replay_fsm import Pipeline, ReplayBuffer
+
+if __name__ == "__main__":
+    rb = ReplayBuffer(200_000, 64, 6)
+    rb.add_packed(torch.randn(100_000, rb.width))
+    # Data-bound (no step between batches): the learner is in a wait most of the time.
+    with Pipeline(rb, sample_count=32_768, liveness_timeout=0.5,
+                  collector=sys.argv[1]) as pipe:
+        print("ready", flush=True)
+        for tick, batch in pipe.ticks(0, 10**9):
+            if os.path.exists(sys.argv[2]):
+                break
+    print("done", tick, flush=True)
+"""
+
+
+@pytest.mark.parametrize("collector", ["thread", "process"])
+def test_a_job_stopped_and_resumed_goes_on(collector: str, tmp_path: Path) -> None:
+    """Ctrl-Z and fg, ten times: the whole job (learner and packer) stopped for 1.2 s,
+    more than twice its liveness_timeout of 0.5 s. At the learner's first look after a
+    resume the packer, resumed at the same instant, had not beaten yet, and the job
+    failed in CollectorDied ("no heartbeat from the packer ... for 1.2 s"; 2 runs of 2
+    per collector failed before the looks' clock). A stretch no look saw counts for
+    half the bound now: the job goes on."""
+    finished = tmp_path / "finished"
+    proc = subprocess.Popen([sys.executable, "-c", STOPPED_JOB, collector, str(finished)],
+                            cwd=ROOT, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == "ready\n"
+        for _ in range(10):
+            time.sleep(0.3)  # it runs
+            os.killpg(proc.pid, signal.SIGSTOP)  # what a terminal's Ctrl-Z does
+            time.sleep(1.2)
+            os.killpg(proc.pid, signal.SIGCONT)  # fg
+        finished.touch()
+        out, err = proc.communicate(timeout=MARGIN_S)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 0 and out.startswith("done "), err
+    assert "Traceback" not in err, err
+
+
 def test_the_learner_exits_after_close_when_a_collector_died_mid_put() -> None:
     """A seed collector killed while its queue's feeder held the write lock: close()'s
     wake-up None can never be sent, and the learner's exit must not wait for it (it

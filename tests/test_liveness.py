@@ -62,30 +62,58 @@ def test_a_learner_that_polls_learns_of_a_copy_that_never_completes(poll: str) -
             pipe.batch_ready(0, 8)
 
 
+class SetClock:
+    """Looks of ``Pipeline._judge_locked`` at set instants, in seconds from the
+    clock's making: its clock counts a stretch between two looks in full up to half
+    the bound (``looks.LookClock``), so these looks come at most that far apart."""
+
+    def __init__(self, pipe: Pipeline) -> None:
+        self.pipe, self.base = pipe, time.monotonic_ns()
+
+    def judge(self, tick: int, slot: int, at_s: float, ns: int = 0) -> None:
+        with self.pipe._lock:
+            self.pipe._judge_locked(tick, slot, SlotState.SUBMITTED,
+                                    self.base + int(at_s * 1e9) + ns, None)
+
+
 def test_a_copy_is_late_from_when_the_learner_first_found_it_pending() -> None:
     """Pipeline._judge_locked on a set clock: the copy's bound counts from the first
     look that found it SUBMITTED (the bound inclusive), not from a wait's start, and
     anew for the slot's next request."""
-    s = 10**9
     rb = buffer()
     with Pipeline(rb, sample_count=8, backend="manual", liveness_timeout=1.0) as pipe:
         backend = pipe.backend
         pipe.start_prepare(0, 8)
         assert backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
-        with pipe._lock:
-            pipe._judge_locked(0, 0, SlotState.SUBMITTED, 5 * s, None)  # first seen
-            pipe._judge_locked(0, 0, SlotState.SUBMITTED, 6 * s, None)  # exactly the bound
+        clock = SetClock(pipe)
+        for at_s in (5, 5.5, 6):  # first seen at 5 s; at 6 s exactly the bound
+            clock.judge(0, 0, at_s)
         backend.complete(0)  # type: ignore[attr-defined]
         pipe.sample_large_batch(0, 8)
         pipe.after_tick()
         pipe.start_prepare(1, 8)
         pipe.start_prepare(2, 8)  # slot 0 again: its copy's count starts anew
         assert pipe.slot_of(2) == 0 and backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
-        with pipe._lock:
-            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 50 * s, None)
-            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 51 * s, None)
-            with pytest.raises(TransferFailed, match="slot 0 did not complete within 1 s"):
-                pipe._judge_locked(2, 0, SlotState.SUBMITTED, 51 * s + 1, None)
+        for at_s in (50, 50.5, 51):
+            clock.judge(2, 0, at_s)
+        with pytest.raises(TransferFailed, match="slot 0 did not complete within 1 s"):
+            clock.judge(2, 0, 51, ns=1)
+
+
+def test_a_stretch_no_look_saw_counts_for_half_the_bound_at_most() -> None:
+    """The whole job stopped (Ctrl-Z) and resumed (fg), or a learner that polls
+    seldom: the first look after the stretch is no sign of a copy that does not
+    complete, the looks after it are. (Before, the first look after the learner's
+    process was stopped longer than liveness_timeout judged a copy late that the copy
+    engine, stopped too, had had no time to complete.)"""
+    with Pipeline(buffer(), sample_count=8, backend="manual", liveness_timeout=1.0) as pipe:
+        pipe.start_prepare(0, 8)
+        assert pipe.backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
+        clock = SetClock(pipe)
+        for at_s in (5, 3605, 3605.5):  # an hour with no look: half a second counted
+            clock.judge(0, 0, at_s)
+        with pytest.raises(TransferFailed, match="slot 0 did not complete within 1 s"):
+            clock.judge(0, 0, 3605.5, ns=1)
 
 
 def test_a_copy_late_for_the_learners_own_reads_is_said_to_be_theirs() -> None:
@@ -94,7 +122,6 @@ def test_a_copy_late_for_the_learners_own_reads_is_said_to_be_theirs() -> None:
     (INV-DEVICE-WAR). Past liveness_timeout it still fails the wait (no hang on a
     learner's device work that never ends), but says whose time it was: before, a
     learner step longer than liveness_timeout was blamed on the copy (set clock)."""
-    s = 10**9
     with Pipeline(buffer(), sample_count=8, backend="manual",
                   backend_options={"hold_reads": True}, liveness_timeout=1.0) as pipe:
         backend = pipe.backend
@@ -107,11 +134,11 @@ def test_a_copy_late_for_the_learners_own_reads_is_said_to_be_theirs() -> None:
         pipe.start_prepare(2, 8)  # slot 0 again: its copy waits for tick 0's reads
         assert pipe.slot_of(2) == 0 and backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
         assert backend.copy_held(0)
-        with pipe._lock:
-            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 5 * s, None)
-            pipe._judge_locked(2, 0, SlotState.SUBMITTED, 6 * s, None)  # exactly the bound
-            with pytest.raises(TransferFailed) as info:
-                pipe._judge_locked(2, 0, SlotState.SUBMITTED, 6 * s + 1, None)
+        clock = SetClock(pipe)
+        for at_s in (5, 5.5, 6):  # at 6 s exactly the bound
+            clock.judge(2, 0, at_s)
+        with pytest.raises(TransferFailed) as info:
+            clock.judge(2, 0, 6, ns=1)
         assert str(info.value).startswith(
             "tick 2: the copy into slot 0 has waited 1.0 s (liveness_timeout 1 s) for the "
             "learner's own device work: the reads of the slot's last batch")
@@ -120,11 +147,12 @@ def test_a_copy_late_for_the_learners_own_reads_is_said_to_be_theirs() -> None:
         pipe.start_prepare(0, 8)
         assert pipe.backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]
         assert not pipe.backend.copy_held(0)
-        with pipe._lock:
-            pipe._judge_locked(0, 0, SlotState.SUBMITTED, 5 * s, None)
-            with pytest.raises(TransferFailed, match="^tick 0: the copy into slot 0 did "
-                                                     "not complete within 1 s"):
-                pipe._judge_locked(0, 0, SlotState.SUBMITTED, 6 * s + 1, None)
+        clock = SetClock(pipe)
+        for at_s in (5, 5.5, 6):
+            clock.judge(0, 0, at_s)
+        with pytest.raises(TransferFailed, match="^tick 0: the copy into slot 0 did "
+                                                 "not complete within 1 s"):
+            clock.judge(0, 0, 6, ns=1)
 
 
 def test_a_learner_step_longer_than_the_liveness_timeout_is_named_as_such() -> None:
@@ -323,7 +351,7 @@ def test_the_count_runs_over_every_wait_from_the_rows_seen_or_the_request() -> N
         assert pipe._owed(slot, True, 8 * s + 1)  # a later wait: from 7 s still
         pipe.start_prepare(1, 8)  # its rows are there: counted from the request
         since = pipe._owed_ns[pipe.slot_of(1)]  # type: ignore[index]
-        assert since is not None and since <= time.monotonic_ns()
+        assert since is not None and since <= pipe._looks.look()  # the looks' clock
     with Pipeline(rb, sample_count=8, collector="thread") as pipe:
         assert pipe._owed(0, False, 0)
 

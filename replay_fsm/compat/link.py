@@ -33,6 +33,7 @@ from typing import Any
 
 from ..data.channel import ChannelClosed
 from ..runtime.links import CollectorLink, Gone
+from ..runtime.looks import LookClock
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, SeedReady, SeedRequest
 from .buffer import ReplayBufferView
@@ -150,6 +151,10 @@ class SeedQueueLink(CollectorLink):
         self.sample_count = sample_count  # as the caller gave it: the seed sent it so
         self._buffer = buffer
         self._stall_ns = None if stall_timeout is None else int(stall_timeout * 1e9)
+        # The stall's clock: a stretch no look saw (a long step, the whole job stopped
+        # and resumed) counts for at most half of stall_timeout.
+        self._looks = LookClock(float("inf") if stall_timeout is None
+                                else stall_timeout / 2)
         self._on_request = on_request
         self._tick_ids: dict[int, int] = {}
         self._outstanding: _Outstanding | None = None
@@ -180,7 +185,7 @@ class SeedQueueLink(CollectorLink):
             learner_hot_gpu_slot=(request.slot + 1) % RING_DEPTH,
             target_gpu_slot=request.slot).to_dict()
         self._on_request(message)
-        now = time.monotonic_ns()
+        now = self._looks.at(time.monotonic_ns())  # this module's clock (tests set it)
         self._saw_rows(snapshot[0], now)
         self._outstanding = _Outstanding(request.tick, request.slot, request.generation,
                                          tick_id, now)
@@ -223,7 +228,7 @@ class SeedQueueLink(CollectorLink):
             self._rows_seen, self._progress_ns = rows, now
 
     def _stalled(self) -> Gone | None:
-        now = time.monotonic_ns()
+        now = self._looks.look(real_ns=time.monotonic_ns())
         self._saw_rows(self._buffer.ptr, now)
         out = self._outstanding
         if out is None or self._stall_ns is None:

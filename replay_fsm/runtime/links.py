@@ -32,6 +32,7 @@ from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
 from ..signals import join_started, start_ignoring
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
+from .looks import LookClock
 
 WAIT_SLICE_S = 0.05
 # How long an external collector found dead by its pid may take to be reaped, for its
@@ -210,8 +211,11 @@ class ChannelLink(CollectorLink):
         self._sent: dict[int, tuple[int, int, int]] = {}
         # When liveness first found, at its looks in a row, a state that is a fault
         # only once it persists, and which one it found (``_held_s``): the key of the
-        # state, and monotonic ns.
+        # state, and the looks' clock's ns.
         self._since: dict[str, tuple[object, int]] = {}
+        # Every stretch a verdict here needs is measured on it: one that no look saw
+        # counts for at most half the bound (``looks.LookClock``).
+        self._looks = LookClock()
 
     @property
     def handle(self) -> PackerHandle:
@@ -285,6 +289,10 @@ class ChannelLink(CollectorLink):
         except ChannelClosed:
             return 0  # closed meanwhile: the pipeline raises PipelineClosed
 
+    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+        self._looks.look(timeout / 2)  # the stretches below count from here on
+        return super().liveness(waiting, timeout)
+
     def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
         if self._handle is None:
             return None
@@ -308,23 +316,29 @@ class ChannelLink(CollectorLink):
                 return None
         beat = self._handle.heartbeat_ns
         if waiting and beat:
-            silent = (time.monotonic_ns() - beat) / 1e9
+            # From the beat, as the looks saw time pass: a beat long before the first
+            # look that finds it counts from half the bound before that look (the whole
+            # job stopped and resumed: the packer had no time to beat yet).
+            silent = self._held_s("beat", beat, since_ns=beat)
             if silent > timeout:
                 return Gone(f"no heartbeat from {who} for {silent:.1f} s (alive but not "
                             "serving: hung inside a pack?)")
         return None
 
-    def _held_s(self, what: str, state: object) -> float:
-        """Seconds since liveness first found ``what`` so, in ``state``, at its looks in
-        a row (the first records now; ``self._since.pop(what)`` when a look finds it no
-        more). A look that finds it in another ``state`` starts afresh: looks are not
-        close in time (the next wait may come long after the last), and a stretch the
-        learner saw begin, and whose end no look saw, must not count for a fresh one
-        found later (a transient put or get of a later record: helper-83)."""
-        now = time.monotonic_ns()
+    def _held_s(self, what: str, state: object, since_ns: int | None = None) -> float:
+        """Seconds, on the looks' clock, since liveness first found ``what`` so, in
+        ``state``, at its looks in a row (the first records now, or ``since_ns``, a
+        monotonic instant the state is known to date from; ``self._since.pop(what)``
+        when a look finds it no more). A look that finds it in another ``state``
+        starts afresh: looks are not close in time (the next wait may come long after
+        the last), and a stretch the learner saw begin, and whose end no look saw, must
+        not count for a fresh one found later (a transient put or get of a later
+        record: helper-83)."""
+        now = self._looks.look()
         seen = self._since.get(what)
         if seen is None or seen[0] != state:
-            seen = self._since[what] = (state, now)
+            start = now if since_ns is None else self._looks.at(since_ns)
+            seen = self._since[what] = (state, start)
         return (now - seen[1]) / 1e9
 
     def _attach_overdue(self) -> float | None:
@@ -333,7 +347,7 @@ class ChannelLink(CollectorLink):
         since = self._first_request_ns
         if since is None or self._handle is None or self._handle.packer_pid:
             return None
-        waited = (time.monotonic_ns() - since) / 1e9
+        waited = self._held_s("unattached", None, since_ns=since)
         return waited if waited > self.attach_timeout else None
 
     def stop(self, timeout: float) -> list[str]:
@@ -552,7 +566,7 @@ class ExternalCollector(ChannelLink):
             return None
         if not read_before:
             return None
-        now, lost = time.monotonic_ns(), {}
+        now, lost = self._looks.look(), {}
         for slot, (generation, tick, number) in list(self._sent.items()):
             if number >= read_before:
                 continue

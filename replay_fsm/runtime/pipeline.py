@@ -44,6 +44,7 @@ from ..wire import CopyOrder, PackDone, PackRequest, TransitionRecord
 from .checked import Checker
 from .links import WAIT_SLICE_S, ChannelLink, CollectorLink, make_link
 from .liveness import RowWatch, Watchdog
+from .looks import LookClock
 from .observers import Observer, Statistics, StatisticsObserver
 from .tracer import Tracer
 from .worker import TransferWorker
@@ -256,13 +257,18 @@ class Pipeline:
         # tick it holds, and when its copy began.
         self._requests: list[PackRequest | None] = [None] * self.ring_depth
         self._rows_needed = [0] * self.ring_depth
-        # Since when (ns) the learner has seen the rows of the slot's request there: for a
-        # link whose collector does not beat while rows come, its silence counts from
-        # then (never earlier than the request); None while they are missing.
+        # The clock of the verdicts' stretches below, the watchdog's and RowWatch's: a
+        # stretch that no look saw (a long step, the whole job stopped and resumed)
+        # counts for at most half the shorter bound (``looks.LookClock``).
+        self._looks = LookClock(min(self.liveness_timeout,
+                                    self.stall_timeout or self.liveness_timeout) / 2)
+        # Since when (the looks' ns) the learner has seen the rows of the slot's request
+        # there: for a link whose collector does not beat while rows come, its silence
+        # counts from then (never earlier than the request); None while they are missing.
         self._owed_ns: list[int | None] = [None] * self.ring_depth
-        # Since when (ns) the learner has seen the slot's copy pending (SUBMITTED), in a
-        # wait or a poll: the copy's bound counts from then, over every wait and poll;
-        # None until the learner first finds it pending.
+        # Since when (the looks' ns) the learner has seen the slot's copy pending
+        # (SUBMITTED), in a wait or a poll: the copy's bound counts from then, over every
+        # wait and poll; None until the learner first finds it pending.
         self._late_ns: list[int | None] = [None] * self.ring_depth
         self._packs: list[PackDone | None] = [None] * self.ring_depth
         self._copy_submit_ns = [0] * self.ring_depth
@@ -381,7 +387,7 @@ class Pipeline:
             request = self._core.request(
                 tick_id, ptr if min_snapshot_ptr is None else min_snapshot_ptr)
             self._rows_needed[request.slot] = request.min_snapshot_ptr
-            self._owed_ns[request.slot] = (time.monotonic_ns()
+            self._owed_ns[request.slot] = (self._looks.at(time.monotonic_ns())
                                            if ptr >= request.min_snapshot_ptr else None)
             self._late_ns[request.slot] = None
             if self.learner_packs:
@@ -861,7 +867,9 @@ class Pipeline:
                       rows: RowWatch | None) -> None:
         """Raise (failing the pipeline) when the watchdog, or ``rows`` for a tick that
         waits for its rows, says the wait for ``tick`` in ``slot`` cannot end. A copy
-        is late from when the learner first found it pending, in a wait or a poll."""
+        is late from when the learner first found it pending, in a wait or a poll.
+        ``now``: monotonic ns of this look."""
+        now = self._looks.look(real_ns=now)  # every clock below runs on the looks'
         stalled, owed, waited_s = None, True, 0.0
         if state is SlotState.SUBMITTED:
             waited_s = _seen_for(self._late_ns, slot, now)
@@ -916,7 +924,7 @@ class Pipeline:
                 raise_deferred(within_step=True)
             if self._closed:  # another thread's close waits for this pack to end
                 raise PipelineClosed("the pipeline was closed while the learner packed")
-            now = time.monotonic_ns()
+            now = self._looks.look()
             # Owed as a wait judges it: an external collector's silence counts only
             # liveness_timeout after the learner saw the rows (they are there: the
             # take began only then). Without the lock: its clock's first sighting is
