@@ -406,12 +406,16 @@ class _Alive:
         return True
 
 
-@pytest.mark.parametrize("rows_per_step, fails", [(1, False), (0, True)])
+@pytest.mark.parametrize("rows_per_step, fails, stopped", [
+    (1, False, False), (0, True, False), (0, True, True)])
 def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
-        rows_per_step: int, fails: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+        rows_per_step: int, fails: bool, stopped: bool, monkeypatch: pytest.MonkeyPatch
+        ) -> None:
     """On a set clock (each poll 0.4 s): a warm-up longer than the bound, its rows
     coming all along, is waited for (it raised CollectorDied at 1 s); a collector that
-    adds no row for the bound is reported, with what it has written."""
+    adds no row for the bound is reported, with what it has written. ``stopped``: the
+    whole job stopped an hour (Ctrl-Z) at the first poll; that stretch counts for half
+    the bound (it failed at the first poll after it), the polls after it judge."""
     from replay_fsm import CollectorDied
     from replay_fsm.trainers import collector
 
@@ -420,11 +424,11 @@ def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
     class Clock:
         now = 0.0
 
-        def monotonic(self) -> float:
-            return self.now
+        def monotonic_ns(self) -> int:
+            return round(self.now * 1e9)
 
         def sleep(self, seconds: float) -> None:
-            self.now += 0.4
+            self.now += 3600 if stopped and self.now == 0 else 0.4
             rb.ptr += rows_per_step
 
     clock = Clock()
@@ -434,7 +438,8 @@ def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
                                                 r"while the learner waited for 30 rows "
                                                 r"\(it has written 10\)$"):
             collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
-        assert clock.now == pytest.approx(1.2)  # the first poll past the bound
+        # the first poll past the bound (0.5 s of the hour counted, then 0.4 s each)
+        assert clock.now == pytest.approx(3600.8 if stopped else 1.2)
     else:
         collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
         assert rb.ptr == 30 and clock.now == pytest.approx(8.0)

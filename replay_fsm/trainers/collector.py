@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
+from replay_fsm.runtime.looks import LookClock
 from replay_fsm.signals import STOP_SIGNALS, end_worker, ignore, start_ignoring
 
 from .sac import Actor
@@ -285,18 +286,21 @@ def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
     pipeline's wait for rows does.
 
     Raises:
-        CollectorDied: the collector exited, or added no row for ``timeout`` s.
+        CollectorDied: the collector exited, or added no row for ``timeout`` s (as its
+            looks saw time pass: the whole job stopped with Ctrl-Z and resumed counts
+            for half of it, ``runtime.looks.LookClock``).
     """
-    seen, deadline = rb.ptr, time.monotonic() + timeout
+    looks = LookClock(timeout / 2)
+    seen, since = rb.ptr, looks.look(real_ns=time.monotonic_ns())
     while seen < ptr:
         if not worker.is_alive():  # worded as the pipeline's watch words it
             kind = "thread" if isinstance(worker, ThreadProcess) else "process"
             raise CollectorDied(f"the SAC collector {kind} (pid {worker.pid}) exited with "
                                 f"code {worker.exitcode} while the learner waited for "
                                 f"{ptr} rows")
-        if time.monotonic() > deadline:
+        if looks.look(real_ns=time.monotonic_ns()) - since > timeout * 1e9:
             raise CollectorDied(f"the SAC collector added no row for {timeout:g} s while "
                                 f"the learner waited for {ptr} rows (it has written {seen})")
         time.sleep(0.0005)  # rows usually exist already; this runs only on a stall
         if rb.ptr != seen:
-            seen, deadline = rb.ptr, time.monotonic() + timeout
+            seen, since = rb.ptr, looks.look(real_ns=time.monotonic_ns())
