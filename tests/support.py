@@ -35,13 +35,14 @@ class Exited:
 
 
 class SlotsOnlyLink(CollectorLink):
-    """A link with ``rows`` x ``width`` host slots (two) and nothing more: it has no
-    packer handle, and nothing is sent to or received from it."""
+    """A link with ``count`` host slots of ``rows`` x ``width`` (two by default) and
+    nothing more: it has no packer handle, and nothing is sent to or received from it."""
 
-    def __init__(self, rows: int, width: int, kind: str = "custom") -> None:
+    def __init__(self, rows: int, width: int, kind: str = "custom", *, count: int = 2
+                 ) -> None:
         super().__init__()
         self.kind = kind  # type: ignore[misc]
-        self.host_slots = [torch.zeros(rows, width) for _ in range(2)]
+        self.host_slots = [torch.zeros(rows, width) for _ in range(count)]
 
     def send(self, request: object, **kwargs: object) -> None:
         raise AssertionError("not used here")

@@ -84,6 +84,34 @@ def test_each_missing_queue_or_the_slots_alone_gets_the_seeds_value_error(missin
                                             device="cpu", sample_count=N, **given)
 
 
+@pytest.mark.parametrize("slots", [torch.zeros(N, WIDTH), torch.zeros(2 * N * WIDTH)])
+def test_one_tensor_of_rows_as_the_slots_is_refused_by_name(slots: torch.Tensor) -> None:
+    """One [n, width] tensor where the seed takes a list of two: iterated as slots, its
+    rows were named one shape each (helper-84: 64 shapes in one message)."""
+    with pytest.raises(ValueError) as info:
+        CPUPinnedDoubleBufferReplayPipeline(
+            SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
+            collector_pack_request_queue=queue.Queue(),
+            collector_pack_ready_queue=queue.Queue(), collector_pack_shared_slots=slots)
+    assert str(info.value) == (
+        f"collector_pack_shared_slots: one tensor of shape {tuple(slots.shape)}; the "
+        "collector packs into 2 slots of (sample_count, width): a list of 2 such tensors, "
+        "or one of shape (2, sample_count, width)")
+
+
+def test_one_tensor_of_two_slots_is_taken_as_the_slots() -> None:
+    slots = torch.zeros(2, N, WIDTH).share_memory_()
+    pipe = CPUPinnedDoubleBufferReplayPipeline(
+        SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
+        collector_pack_request_queue=queue.Queue(), collector_pack_ready_queue=queue.Queue(),
+        collector_pack_shared_slots=slots)
+    try:
+        assert [s.data_ptr() for s in pipe.pipeline.host_slots] == [
+            slots[0].data_ptr(), slots[1].data_ptr()]
+    finally:
+        pipe.close()
+
+
 # -- errors in the seed's numbering -------------------------------------------------
 
 def test_a_failure_names_the_seeds_tick_id_and_is_raised_again_as_the_same_error() -> None:

@@ -171,6 +171,14 @@ def test_host_slots_of_the_wrong_shape_are_refused_by_name() -> None:
     assert set(threading.enumerate()) <= threads  # nothing was started
 
 
+def test_many_host_slots_of_one_shape_are_named_once_with_their_count() -> None:
+    """One tensor of rows iterated as slots: its 64 rows were named one shape each."""
+    with pytest.raises(ValueError) as info:
+        Pipeline(buffer(), sample_count=N, backend="manual",
+                 collector=SlotsOnlyLink(N, WIDTH, count=64))
+    assert str(info.value) == "host slots have shapes 64 of (8, 11), expected 2 of (8, 11)"
+
+
 @pytest.mark.parametrize("trace", [False, True])
 def test_the_backend_is_told_whether_tracing_is_on(trace: bool) -> None:
     """Kills xǁPipelineǁ__init__ mutant 169 (``backend.trace(None)``)."""

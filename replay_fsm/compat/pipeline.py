@@ -110,6 +110,13 @@ class CPUPinnedDoubleBufferReplayPipeline:
                 or collector_pack_shared_slots is None):
             raise ValueError("collector_thread pack executor requires collector pack IPC "
                              "queues and slots")
+        if (isinstance(collector_pack_shared_slots, torch.Tensor)
+                and collector_pack_shared_slots.dim() != 3):
+            raise ValueError(
+                f"collector_pack_shared_slots: one tensor of shape "
+                f"{tuple(collector_pack_shared_slots.shape)}; the collector packs into "
+                f"{RING_DEPTH} slots of (sample_count, width): a list of {RING_DEPTH} such "
+                f"tensors, or one of shape ({RING_DEPTH}, sample_count, width)")
         self._collector_pack_request_queue = collector_pack_request_queue
         self._collector_pack_ready_queue = collector_pack_ready_queue
         self._collector_pack_shared_slots = collector_pack_shared_slots

@@ -88,6 +88,14 @@ def _seen_for(first_seen: list[int | None], slot: int, now: int) -> float:
     return (now - since) / 1e9
 
 
+def _shapes_text(shapes: list[tuple[int, ...]]) -> str:
+    """``shapes`` as an error names them: more than four of one shape (one tensor of rows
+    iterated as slots) once, with their count."""
+    if len(shapes) > 4 and len(set(shapes)) == 1:
+        return f"{len(shapes)} of {shapes[0]}"
+    return str(shapes)
+
+
 class Pipeline:
     """Packs and copies tick t+1.. while the learner trains on tick t.
 
@@ -239,8 +247,8 @@ class Pipeline:
         shapes = [tuple(s.shape) for s in host_slots]
         expected = (self.sample_count, replay_buffer.width)
         if shapes != [expected] * self.ring_depth:
-            raise ValueError(f"host slots have shapes {shapes}, expected {self.ring_depth} "
-                             f"of {expected}")
+            raise ValueError(f"host slots have shapes {_shapes_text(shapes)}, expected "
+                             f"{self.ring_depth} of {expected}")
         # The rows' dtype (a source without ``storage``: one dtype for every slot).
         dtype = getattr(replay_buffer, "storage", host_slots[0]).dtype
         if any(s.dtype != dtype for s in host_slots):
