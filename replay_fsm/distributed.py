@@ -452,7 +452,9 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"RANK {rank} is not in [0, WORLD_SIZE {world})")
         rank_seed(config.batch_seed, rank)
         local_device(local_rank, config.device)
-    except (TypeError, ValueError) as exc:  # DemoConfig's, env_int's, local_device's
+        from .demo.runner import output_folder
+        output_folder(config.out)  # an --out that is a file raises on, for torchrun
+    except (TypeError, ValueError) as exc:  # DemoConfig's, env_int's, local_device's...
         ap.error(str(exc))
     summary = rank_main(config)
     # Another rank's stop signal (this rank's own exits in rank_main): Ctrl-C's code,

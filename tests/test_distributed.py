@@ -105,7 +105,8 @@ def temp_folder_of_its_own(tmp_path_factory: pytest.TempPathFactory,
 def test_a_torchrun_rank_that_fails_records_its_error_for_torchrun(tmp_path: Path) -> None:
     """torchrun's report of a failed rank read "error_file: <N/A>": the module's main
     was not wrapped in torch's ``record``, which writes the error where torchrun
-    reads it (TORCHELASTIC_ERROR_FILE). A one-rank world, failing as it builds."""
+    reads it (TORCHELASTIC_ERROR_FILE). A one-rank world, failing as it starts (its
+    --out a file: before the rendezvous now, as it should, and still recorded)."""
     import socket
 
     (tmp_path / "a-file").write_text("")
@@ -146,6 +147,7 @@ def test_a_rank_started_without_torchrun_says_so(
     ({}, ["--ring-depth", "1"], "ring_depth must be"),
     ({}, ["--peer-timeout", "1e10"], "peer_timeout must be at most"),
     ({}, ["--learner-threads", "-1"], "--learner-threads must be >= 0"),
+    ({}, ["--out", ""], "--out '' names no folder; write --out . for the current folder"),
 ] + ([] if torch.cuda.is_available() else [
     ({}, ["--device", "cuda"], "device 'cuda' is not available on this machine")]))
 def test_a_rank_with_wrong_input_says_so_in_one_line_before_its_rendezvous(
