@@ -76,12 +76,17 @@ class SetClock:
                                     self.base + int(at_s * 1e9) + ns, None)
 
 
-def test_a_copy_is_late_from_when_the_learner_first_found_it_pending() -> None:
+@pytest.mark.parametrize("stall_timeout", [60.0, 0.02])
+def test_a_copy_is_late_from_when_the_learner_first_found_it_pending(
+        stall_timeout: float) -> None:
     """Pipeline._judge_locked on a set clock: the copy's bound counts from the first
     look that found it SUBMITTED (the bound inclusive), not from a wait's start, and
-    anew for the slot's next request."""
+    anew for the slot's next request. Its clock is not stall_timeout's: a short one
+    (0.02 s) made each stretch count 0.01 s, and the copy was judged late five times
+    later than liveness_timeout in a wait (helper-86)."""
     rb = buffer()
-    with Pipeline(rb, sample_count=8, backend="manual", liveness_timeout=1.0) as pipe:
+    with Pipeline(rb, sample_count=8, backend="manual", liveness_timeout=1.0,
+                  stall_timeout=stall_timeout) as pipe:
         backend = pipe.backend
         pipe.start_prepare(0, 8)
         assert backend.wait_submitted(0, timeout=MARGIN_S)  # type: ignore[attr-defined]

@@ -265,11 +265,13 @@ class Pipeline:
         # tick it holds, and when its copy began.
         self._requests: list[PackRequest | None] = [None] * self.ring_depth
         self._rows_needed = [0] * self.ring_depth
-        # The clock of the verdicts' stretches below, the watchdog's and RowWatch's: a
-        # stretch that no look saw (a long step, the whole job stopped and resumed)
-        # counts for at most half the shorter bound (``looks.LookClock``).
-        self._looks = LookClock(min(self.liveness_timeout,
-                                    self.stall_timeout or self.liveness_timeout) / 2)
+        # The clocks of the verdicts' stretches: a stretch that no look saw (a long
+        # step, the whole job stopped and resumed) counts for at most half the bound
+        # (``looks.LookClock``): liveness_timeout for those below and the watchdog's,
+        # stall_timeout for RowWatch's (each its own: a stall_timeout shorter than a
+        # wait's slice would slow the other down, helper-86).
+        self._looks = LookClock(self.liveness_timeout / 2)
+        self._row_looks = LookClock((self.stall_timeout or self.liveness_timeout) / 2)
         # Since when (the looks' ns) the learner has seen the rows of the slot's request
         # there: for a link whose collector does not beat while rows come, its silence
         # counts from then (never earlier than the request); None while they are missing.
@@ -877,6 +879,7 @@ class Pipeline:
         waits for its rows, says the wait for ``tick`` in ``slot`` cannot end. A copy
         is late from when the learner first found it pending, in a wait or a poll.
         ``now``: monotonic ns of this look."""
+        rows_now = self._row_looks.look(real_ns=now)
         now = self._looks.look(real_ns=now)  # every clock below runs on the looks'
         stalled, owed, waited_s = None, True, 0.0
         if state is SlotState.SUBMITTED:
@@ -884,7 +887,7 @@ class Pipeline:
         elif state is SlotState.REQUESTED:
             ptr, needed = self.replay_buffer.ptr, self._rows_needed[slot]
             if rows is not None:
-                stalled = rows.verdict(tick, needed, ptr, now)
+                stalled = rows.verdict(tick, needed, ptr, rows_now)
             owed = self._owed(slot, ptr >= needed, now)
         failure = self._watchdog.verdict(tick, slot, state, waited_s, owed, now)
         failure = failure or stalled  # the collector's first: rows stop when it dies
