@@ -11,9 +11,12 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 from unittest import mock
 
@@ -45,6 +48,8 @@ from .support import MARGIN_S, Exited, SlotsOnlyLink, finishes_within
 
 N = 16
 
+
+ROOT = Path(__file__).resolve().parent.parent
 
 def buffer(rows: int = 300) -> ReplayBuffer:
     rb = ReplayBuffer(512, 5, 3, critic_dim=2, region_rows=32)
@@ -790,6 +795,57 @@ def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_time
         assert ok and got[0].startswith("the pipeline failed: tick 0: the learner's "
                                         "gather of it has waited "), got
         assert " s (liveness_timeout 0.5 s) for rows an add is writing" in got[0]
+
+
+def gather_through_a_stop() -> str:
+    """What ``sample_large_batch`` of tick 0 ends in when this process is stopped 2 s
+    (liveness_timeout 1 s) while the learner's own gather reads again rows an add is
+    writing, the add ending 0.1 s after the resume (run in a process of its own: it
+    stops itself)."""
+    rb = buffer()
+    with chunks_of(4):
+        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=1.0)
+    with pipe:
+        packer = Packer.attach(pipe.packer_handle(), rb)  # attached, never serving
+        stop = threading.Event()
+
+        def beat() -> None:  # as a collector's service calls beat, with no request
+            while not stop.wait(0.01):
+                packer.handle.packer_state[1] = time.monotonic_ns()
+        beating = threading.Thread(target=beat, daemon=True)
+        beating.start()
+        try:
+            with add_in_progress(rb):
+                pipe.start_prepare(0, N)
+                ok: list[Any] = []
+                learner = threading.Thread(
+                    target=lambda: ok.append(collector_died(pipe, 0)), daemon=True)
+                learner.start()
+                # What a terminal's Ctrl-Z, 2 s, then fg, do to this process.
+                subprocess.run(["sh", "-c", f"sleep 0.1; kill -STOP {os.getpid()}; "
+                                            f"sleep 2; kill -CONT {os.getpid()}"],
+                               check=True)
+                time.sleep(0.1)  # the writer ends its add
+            learner.join(MARGIN_S)
+        finally:
+            stop.set()
+            beating.join(MARGIN_S)
+        return ok[0] if ok else "still waiting"
+
+
+@pytest.mark.slow
+def test_a_learners_gather_held_up_by_an_add_while_the_job_is_stopped_goes_on() -> None:
+    """Ctrl-Z and fg while the learner's own gather reads again rows an add is
+    writing (``gather_through_a_stop``). The gather's patience counted on the
+    monotonic clock, and the run failed in CollectorDied ("the learner's gather of it
+    has waited 2.1 s", 2 of 2 runs, helper-86) at the first retry after the resume; as
+    every other bound, it counts a stretch no look saw for at most half of it now, and
+    the batch comes."""
+    done = subprocess.run(
+        [sys.executable, "-c", "from tests.test_learner_packs import gather_through_a_stop;"
+                               " print(gather_through_a_stop())"],
+        cwd=ROOT, capture_output=True, text=True, timeout=MARGIN_S)
+    assert done.stdout.strip() == "returned a batch", done.stdout + done.stderr
 
 
 def reference_rows(rb: ReplayBuffer, done: PackDone) -> torch.Tensor:

@@ -1,5 +1,5 @@
-"""The looks' clock (``runtime/looks.LookClock``) that every liveness verdict's stretch
-runs on: a stretch between two looks counts in full up to the cap, and for the cap
+"""The looks' clock (``replay_fsm/looks.LookClock``) that every liveness verdict's
+stretch runs on: a stretch between two looks counts in full up to the cap, and for the cap
 beyond it; an instant is placed on it no further than the cap from the last look."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from replay_fsm.runtime.looks import LookClock
+from replay_fsm.looks import LookClock
 
 S = 1_000_000_000
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..data.channel import ChannelClosed
+from ..looks import LookClock
 from ..runtime.links import CollectorLink, Gone
-from ..runtime.looks import LookClock
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, SeedReady, SeedRequest
 from .buffer import ReplayBufferView

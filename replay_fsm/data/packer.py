@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from ..errors import CollectorDied, ProtocolError
+from ..looks import LookClock
 from ..signals import ignore
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
 from . import owner
@@ -610,8 +611,18 @@ class Packer:
             error = traceback.format_exc()
         out, bounds = handle.host_slots[request.slot], handle.chunk_bounds
         stopped: list[BaseException] = []  # what ended a gather waiting on a writer
+        # The learner's patience with a writer counts on the looks' clock, as every
+        # liveness bound: each call of ``retrying`` is a look, and a stretch no call saw
+        # (the whole job stopped with Ctrl-Z and resumed) counts for at most half of it.
+        looks = LookClock(self.writer_patience_s / 2)
+        held: list[int] = []  # the looks' ns the chunk's gather began to wait, per chunk
 
         def retrying(waited_s: float) -> None:
+            if local:
+                now = looks.look()
+                if not held:
+                    held.append(now - int(min(waited_s, self.writer_patience_s / 2) * 1e9))
+                waited_s = (now - held[0]) / 1e9
             try:
                 self._writer_wait(request.tick, waited_s, local, give_up)
             except BaseException as exc:
@@ -620,6 +631,7 @@ class Packer:
 
         while error is None and chunk != NO_CHUNK:
             lo, hi = bounds[chunk], bounds[chunk + 1]
+            held.clear()
             try:
                 if self._gather_retries:
                     rb.gather(indices[lo:hi], out=out[lo:hi], retrying=retrying)
@@ -694,7 +706,10 @@ class Packer:
         the request never completes. The packer waits while its learner lives. The
         learner asks ``give_up`` at every retry, and stops when the packer process
         died (it holds the lock for good) or after HOLD_PATIENCE_S."""
-        deadline = time.monotonic() + HOLD_PATIENCE_S
+        # On the looks' clock (each retry a look): a job stopped and resumed meanwhile
+        # counts for at most half of HOLD_PATIENCE_S.
+        looks = LookClock(HOLD_PATIENCE_S / 2)
+        since = looks.look()
         while True:
             got = self.handle.advance(request.slot, request.generation, LEARNER_CHECK_S,
                                       by_packer=not learner)
@@ -713,7 +728,7 @@ class Packer:
             if pid not in (0, os.getpid()) and not process_alive(pid):
                 raise RuntimeError(f"the packer process (pid {pid}) died holding the "
                                    "claim lock")
-            if time.monotonic() > deadline:
+            if looks.look() - since > HOLD_PATIENCE_S * 1e9:
                 raise RuntimeError(f"the claim lock stayed taken for {HOLD_PATIENCE_S:.0f}"
                                    " s: its holder (the packer) is stopped or hung")
 

@@ -29,10 +29,10 @@ from typing import Any, ClassVar
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
+from ..looks import LookClock
 from ..signals import join_started, start_ignoring
 from ..transfer.base import HostSlots
 from ..wire import PackDone, PackRequest, decode, encode
-from .looks import LookClock
 
 WAIT_SLICE_S = 0.05
 # How long an external collector found dead by its pid may take to be reaped, for its

@@ -36,6 +36,7 @@ from ..errors import (
     ReplayFSMError,
     TransferFailed,
 )
+from ..looks import LookClock
 from ..signals import DEFERRED, WAIT_STOPS, raise_deferred, raise_wait_stop, step
 from ..spec import AVAILABLE, Actor, Event, SlotState
 from ..transfer import build_backend
@@ -44,7 +45,6 @@ from ..wire import CopyOrder, PackDone, PackRequest, TransitionRecord
 from .checked import Checker
 from .links import WAIT_SLICE_S, ChannelLink, CollectorLink, make_link
 from .liveness import RowWatch, Watchdog
-from .looks import LookClock
 from .observers import Observer, Statistics, StatisticsObserver
 from .tracer import Tracer
 from .worker import TransferWorker

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
-from replay_fsm.runtime.looks import LookClock
+from replay_fsm.looks import LookClock
 from replay_fsm.signals import STOP_SIGNALS, end_worker, ignore, start_ignoring
 
 from .sac import Actor
@@ -288,7 +288,7 @@ def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
     Raises:
         CollectorDied: the collector exited, or added no row for ``timeout`` s (as its
             looks saw time pass: the whole job stopped with Ctrl-Z and resumed counts
-            for half of it, ``runtime.looks.LookClock``).
+            for half of it, ``replay_fsm.looks.LookClock``).
     """
     looks = LookClock(timeout / 2)
     seen, since = rb.ptr, looks.look(real_ns=time.monotonic_ns())
