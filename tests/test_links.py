@@ -89,6 +89,25 @@ def test_the_attach_deadline_counts_from_the_first_request(
     assert link.liveness(waiting=False, timeout=5.0) == gone
 
 
+def test_the_attach_deadline_counts_a_stretch_no_look_saw_for_half_of_it(
+        link: ExternalCollector, clock: Clock) -> None:
+    """attach_timeout 1 s under liveness_timeout 5 s: the deadline counted on the
+    link's clock, whose cap is half of liveness_timeout, so one stop of 3 s after the
+    first look judged the collector absent on its own (helper-87). Its own clock caps
+    a stretch at half of attach_timeout."""
+    link.attach_timeout = 1.0
+    send(link)
+    assert link.liveness(waiting=True, timeout=5.0) is None
+    clock.advance(3)  # the whole job stopped
+    assert link.liveness(waiting=True, timeout=5.0) is None  # 0.5 s of it counted
+    assert looked_over(link, clock, 0.5, step=0.5) is None  # 1 s: at the bound
+    clock.advance(ns=1)
+    gone = link.liveness(waiting=True, timeout=5.0)
+    assert gone is not None and gone.reason == (
+        "no collector called Packer.attach(pipe.packer_handle(), rb) within 1 s of the "
+        "first request")
+
+
 def test_an_attached_collector_is_judged_by_its_process_and_heartbeat(
         link: ExternalCollector, clock: Clock) -> None:
     send(link)
@@ -98,8 +117,8 @@ def test_an_attached_collector_is_judged_by_its_process_and_heartbeat(
     assert looked_over(link, clock, 60, waiting=False) is None
     gone = looked_over(link, clock, 10)
     assert gone is not None and gone.reason == (
-        f"no heartbeat from the collector (pid {os.getpid()}) for 7.5 s (alive but not "
-        "serving: hung inside a pack?)")  # 2.5 s of the 60 not looked for, 5 s looked
+        f"no heartbeat from the collector (pid {os.getpid()}) for 62.5 s (alive but not "
+        "serving: hung inside a pack?)")  # every look saw it silent: 60 s, then 2.5 s
     state[1] = clock.ns - 4 * S  # beat 4 s ago, bound 5 s
     assert link.liveness(waiting=True, timeout=5.0) is None
 
@@ -360,6 +379,21 @@ def test_a_state_that_must_not_last_is_judged_by_looks_not_by_one_stretch(
         "a pack-done message has been counted in the done channel and not posted for "
         "5.0 s")
     link.handle.done._counters[1] -= 1
+
+
+def test_an_external_collectors_silence_counts_over_the_looks_before_it_was_owed(
+        link: ExternalCollector, clock: Clock) -> None:
+    """The looks that saw an external collector silent before its rows were owed
+    (``waiting`` False) count toward its silence once they are: its verdict comes at
+    the first owed look past the bound, as on the monotonic clock (only the looks
+    that judged it counted, and a pipeline waiting all along judged a collector
+    silent since its attach at 1.5 times liveness_timeout, naming 1.0 s of it)."""
+    state = link.handle.packer_state
+    state[0], state[1] = os.getpid(), clock.ns  # attached in this process, never serving
+    assert looked_over(link, clock, 5, step=0.05, waiting=False) is None
+    gone = looked_over(link, clock, 0.05, step=0.05)  # owed now: silent 5.05 s
+    assert gone is not None and gone.reason.startswith(
+        f"no heartbeat from the collector (pid {os.getpid()}) for 5.0 s")
 
 
 def test_an_unknown_collector_kind_is_named() -> None:

@@ -193,6 +193,11 @@ class ChannelLink(CollectorLink):
         # Until a packer attaches, a request may wait at most this long from the first.
         self.attach_timeout = attach_timeout
         self._first_request_ns: int | None = None
+        # The attach deadline's clock, its cap half of attach_timeout (the link's, half
+        # of liveness_timeout, would let one stretch no look saw judge a shorter
+        # attach_timeout on its own: helper-87), and the first request on it.
+        self._attach_looks = LookClock()
+        self._attach_from: int | None = None
         self._handle: PackerHandle | None = PackerHandle.create(
             ring_depth, sample_count, replay_buffer.width,
             getattr(replay_buffer, "buffer_id", 0))
@@ -315,12 +320,14 @@ class ChannelLink(CollectorLink):
                 # silence is no sign.
                 return None
         beat = self._handle.heartbeat_ns
-        if waiting and beat:
+        if beat:
             # From the beat, as the looks saw time pass: a beat long before the first
             # look that finds it counts from half the bound before that look (the whole
-            # job stopped and resumed: the packer had no time to beat yet).
+            # job stopped and resumed: the packer had no time to beat yet). Every look
+            # counts, not only those that judge it (``waiting``): an external
+            # collector's looks before its rows were owed saw its silence too.
             silent = self._held_s("beat", beat, since_ns=beat)
-            if silent > timeout:
+            if waiting and silent > timeout:
                 return Gone(f"no heartbeat from {who} for {silent:.1f} s (alive but not "
                             "serving: hung inside a pack?)")
         return None
@@ -347,7 +354,10 @@ class ChannelLink(CollectorLink):
         since = self._first_request_ns
         if since is None or self._handle is None or self._handle.packer_pid:
             return None
-        waited = self._held_s("unattached", None, since_ns=since)
+        now = self._attach_looks.look(self.attach_timeout / 2)
+        if self._attach_from is None:
+            self._attach_from = self._attach_looks.at(since)
+        waited = (now - self._attach_from) / 1e9
         return waited if waited > self.attach_timeout else None
 
     def stop(self, timeout: float) -> list[str]:
@@ -519,7 +529,7 @@ class ExternalCollector(ChannelLink):
             # Never attached: not silence, absence (rows still missing or not).
             if self._attach_overdue() is not None:
                 return Gone(f"no collector called Packer.attach(pipe.packer_handle(), "
-                            f"rb) within {self.attach_timeout:.0f} s of the first "
+                            f"rb) within {self.attach_timeout:g} s of the first "
                             "request")
             return None
         return self._stranded(pid, timeout) or self._silence(
