@@ -54,6 +54,16 @@ def test_a_cap_that_is_not_positive_seconds_is_refused(cap: float) -> None:
         clock.look(cap_s=cap)
 
 
+@pytest.mark.parametrize("cap", [1e-10, 1.5e-9])
+def test_a_cap_under_a_nanosecond_still_lets_the_clock_run(cap: float) -> None:
+    """A bound is any positive seconds (``as_seconds``): one under 2 ns made a cap of
+    0 ns, the clock stood still, and no verdict on it ever came (a copy that never
+    completes, liveness_timeout=1e-9, waited for ever)."""
+    clock = LookClock(cap)
+    clock.look(real_ns=10 * S)
+    assert clock.look(real_ns=11 * S) >= 1
+
+
 @given(st.integers(1, 10**10), st.lists(st.integers(0, 10**10), max_size=30))
 def test_the_clock_is_the_sum_of_the_capped_stretches(cap_ns: int, gaps: list[int]
                                                       ) -> None:
