@@ -47,9 +47,8 @@ from .drive import packed, reference, run_ticks
 from .support import MARGIN_S, Exited, SlotsOnlyLink, finishes_within
 
 N = 16
-
-
 ROOT = Path(__file__).resolve().parent.parent
+
 
 def buffer(rows: int = 300) -> ReplayBuffer:
     rb = ReplayBuffer(512, 5, 3, critic_dim=2, region_rows=32)

@@ -288,8 +288,9 @@ def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
     Raises:
         CollectorDied: the collector exited, or added no row for ``timeout`` s (as its
             looks saw time pass: the whole job stopped with Ctrl-Z and resumed counts
-            for half of it, ``replay_fsm.looks.LookClock``).
+            for at most half of it, ``replay_fsm.looks.LookClock``).
     """
+    # Each look with this module's clock (``time.monotonic_ns``, which tests set).
     looks = LookClock(timeout / 2)
     seen, since = rb.ptr, looks.look(real_ns=time.monotonic_ns())
     while seen < ptr:
