@@ -767,14 +767,16 @@ def test_a_writer_stopped_inside_its_add_ends_the_learners_wait_in_collector_die
         assert pipe.forced == []
 
 
-def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_timeout(
-        ) -> None:
-    """The learner claimed every chunk (the packer, attached and beating, has none):
-    only the learner waits on the add, and the watchdog sees nothing wrong. Its
-    gather ends after the pipeline's liveness_timeout."""
+@contextlib.contextmanager
+def beating_but_never_serving(liveness_timeout: float
+                              ) -> Iterator[tuple[ReplayBuffer, Pipeline]]:
+    """A pipeline over ``buffer()``, its requests in chunks of four rows, and an
+    external collector attached in this process that beats, as its service calls
+    would, and never serves: the learner claims every chunk."""
     rb = buffer()
     with chunks_of(4):
-        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=0.5)
+        pipe = Pipeline(rb, sample_count=N, collector="external",
+                        liveness_timeout=liveness_timeout)
     with pipe:
         packer = Packer.attach(pipe.packer_handle(), rb)  # attached, never serving
         stop = threading.Event()
@@ -785,12 +787,21 @@ def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_time
         beating = threading.Thread(target=beat, daemon=True)
         beating.start()
         try:
-            with add_in_progress(rb):
-                pipe.start_prepare(0, N)
-                ok, got = finishes_within(lambda: collector_died(pipe, 0))
+            yield rb, pipe
         finally:
             stop.set()
             beating.join(MARGIN_S)
+
+
+def test_a_learners_pack_held_up_while_the_packer_idles_ends_after_liveness_timeout(
+        ) -> None:
+    """The learner claimed every chunk (the packer, attached and beating, has none):
+    only the learner waits on the add, and the watchdog sees nothing wrong. Its
+    gather ends after the pipeline's liveness_timeout."""
+    with beating_but_never_serving(0.5) as (rb, pipe):
+        with add_in_progress(rb):
+            pipe.start_prepare(0, N)
+            ok, got = finishes_within(lambda: collector_died(pipe, 0))
         assert ok and got[0].startswith("the pipeline failed: tick 0: the learner's "
                                         "gather of it has waited "), got
         assert " s (liveness_timeout 0.5 s) for rows an add is writing" in got[0]
@@ -801,34 +812,18 @@ def gather_through_a_stop() -> str:
     (liveness_timeout 1 s) while the learner's own gather reads again rows an add is
     writing, the add ending 0.1 s after the resume (run in a process of its own: it
     stops itself)."""
-    rb = buffer()
-    with chunks_of(4):
-        pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=1.0)
-    with pipe:
-        packer = Packer.attach(pipe.packer_handle(), rb)  # attached, never serving
-        stop = threading.Event()
-
-        def beat() -> None:  # as a collector's service calls beat, with no request
-            while not stop.wait(0.01):
-                packer.handle.packer_state[1] = time.monotonic_ns()
-        beating = threading.Thread(target=beat, daemon=True)
-        beating.start()
-        try:
-            with add_in_progress(rb):
-                pipe.start_prepare(0, N)
-                ok: list[Any] = []
-                learner = threading.Thread(
-                    target=lambda: ok.append(collector_died(pipe, 0)), daemon=True)
-                learner.start()
-                # What a terminal's Ctrl-Z, 2 s, then fg, do to this process.
-                subprocess.run(["sh", "-c", f"sleep 0.1; kill -STOP {os.getpid()}; "
-                                            f"sleep 2; kill -CONT {os.getpid()}"],
-                               check=True)
-                time.sleep(0.1)  # the writer ends its add
-            learner.join(MARGIN_S)
-        finally:
-            stop.set()
-            beating.join(MARGIN_S)
+    with beating_but_never_serving(1.0) as (rb, pipe):
+        with add_in_progress(rb):
+            pipe.start_prepare(0, N)
+            ok: list[Any] = []
+            learner = threading.Thread(
+                target=lambda: ok.append(collector_died(pipe, 0)), daemon=True)
+            learner.start()
+            # What a terminal's Ctrl-Z, 2 s, then fg, do to this process.
+            subprocess.run(["sh", "-c", f"sleep 0.1; kill -STOP {os.getpid()}; "
+                                        f"sleep 2; kill -CONT {os.getpid()}"], check=True)
+            time.sleep(0.1)  # the writer ends its add
+        learner.join(MARGIN_S)
         return ok[0] if ok else "still waiting"
 
 
