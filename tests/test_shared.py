@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -414,3 +415,70 @@ ReplayBuffer(1000, 4, 2)
         proc.kill()
         proc.wait(timeout=60)
     assert not [n for n in os.listdir(shared.SHM) if f"_{pid}_" in n]
+
+
+def test_a_process_killed_the_moment_it_opens_a_shared_object_leaves_no_name() -> None:
+    """The object was a named file in /dev/shm, unlinked by a second call; a process
+    SIGKILLed between the two (CI's runs left such empty files twice) left its name
+    there for good. Now no name ever points to it: a process that kills itself the
+    moment the object's file is open leaves nothing in /dev/shm."""
+    import torch.multiprocessing
+
+    if (torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+            or not os.path.isdir(shared.SHM)):
+        pytest.skip("needs /dev/shm and torch's file_descriptor sharing strategy")
+    code = f"""
+import os, signal, sys
+from replay_fsm import ReplayBuffer
+
+real_open = os.open
+
+def open_and_die(path, *args, **kwargs):
+    fd = real_open(path, *args, **kwargs)
+    if os.fspath(path).startswith({shared.SHM!r}):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return fd
+
+os.open = open_and_die
+print(os.getpid(), flush=True)
+ReplayBuffer(1000, 4, 2)
+"""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr  # it did open one
+    pid = int(proc.stdout)
+    left = [n for n in os.listdir(shared.SHM) if f"_{pid}_" in n]
+    for name in left:  # not this test's to keep
+        os.unlink(os.path.join(shared.SHM, name))
+    assert not left
+
+
+@pytest.mark.parametrize("kernel", ["no O_TMPFILE", "O_TMPFILE refused"])
+def test_without_o_tmpfile_a_named_file_unlinked_at_once_serves(
+        kernel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A kernel or file system without O_TMPFILE gets the named file, unlinked at
+    once: the buffer is made, shared and leaves no name."""
+    import errno
+
+    import torch.multiprocessing
+
+    if (torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
+            or not os.path.isdir(shared.SHM)):
+        pytest.skip("needs /dev/shm and torch's file_descriptor sharing strategy")
+    opened: list[str] = []
+    real_open = os.open
+
+    def open_(path: str, flags: int, *args: int) -> int:
+        if flags & getattr(os, "O_TMPFILE", 0) == getattr(os, "O_TMPFILE", -1):
+            raise OSError(errno.EOPNOTSUPP, os.strerror(errno.EOPNOTSUPP))
+        opened.append(os.fspath(path))
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_)
+    if kernel == "no O_TMPFILE":
+        monkeypatch.delattr(os, "O_TMPFILE", raising=False)
+    tensor = shared.shared_zeros(1000, 4, what="the buffer")
+    tensor += 1
+    assert tensor.is_shared() and float(tensor.sum()) == 4000
+    assert [os.path.dirname(p) for p in opened] == [shared.SHM]
+    assert not os.path.exists(opened[0])

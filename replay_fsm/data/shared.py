@@ -74,23 +74,19 @@ def _zeros_in_shm(shape: tuple[int, ...], dtype: torch.dtype, nbytes: int
 def _new_storage(nbytes: int) -> torch.UntypedStorage:
     """A shared storage of ``nbytes``, its pages reserved. Under torch's default
     sharing strategy (``file_descriptor``, which passes the object's descriptor to
-    other processes and never its name) the object is made and unlinked here before
-    its pages are reserved: torch's own ``_new_shared`` unlinks it only once it is
-    reserved and mapped, and a process killed in between (SIGKILL, the OOM killer;
-    reserving a buffer of GBs takes seconds) left the whole of it in /dev/shm for
-    good. Elsewhere (``file_system``: children open the object by name), torch's."""
+    other processes and never its name) the object is made here with no name
+    (``_unnamed_file``) before its pages are reserved: torch's own ``_new_shared``
+    unlinks it only once it is reserved and mapped, and a process killed in between
+    (SIGKILL, the OOM killer; reserving a buffer of GBs takes seconds) left the whole
+    of it in /dev/shm for good. Elsewhere (``file_system``: children open the object
+    by name), torch's."""
     import torch.multiprocessing
 
     if (torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
             or not hasattr(torch.UntypedStorage, "_new_shared_fd_cpu")
             or not hasattr(os, "posix_fallocate") or not os.path.isdir(SHM)):
         return torch.UntypedStorage._new_shared(nbytes)
-    path = os.path.join(SHM, f"replay_fsm_{os.getpid()}_{secrets.token_hex(8)}")
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-    finally:  # from here on nothing of it outlives this process, a Ctrl-C's too
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(path)
+    fd = _unnamed_file()
     try:
         try:
             os.posix_fallocate(fd, 0, nbytes)  # reserved now: no SIGBUS at a write
@@ -103,6 +99,26 @@ def _new_storage(nbytes: int) -> torch.UntypedStorage:
         return torch.UntypedStorage._new_shared_fd_cpu(fd, nbytes)  # maps a dup of fd
     finally:
         os.close(fd)
+
+
+def _unnamed_file() -> int:
+    """A new file in /dev/shm that no name ever points to, open for reading and
+    writing: O_TMPFILE, so a process killed at any instant leaves nothing there.
+    Where the kernel or the file system has no O_TMPFILE, a named file unlinked at
+    once; a process killed between the two calls (a collector SIGKILLed as it made
+    its slots) leaves an empty file there for good."""
+    if hasattr(os, "O_TMPFILE"):
+        try:
+            return os.open(SHM, os.O_TMPFILE | os.O_RDWR, 0o600)
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+                raise  # not a missing O_TMPFILE (too many open files, say)
+    path = os.path.join(SHM, f"replay_fsm_{os.getpid()}_{secrets.token_hex(8)}")
+    try:
+        return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    finally:  # from here on nothing of it outlives this process, a Ctrl-C's too
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
 
 
 def _remove_left_over(message: str) -> None:
