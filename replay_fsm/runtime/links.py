@@ -195,9 +195,8 @@ class ChannelLink(CollectorLink):
         self._first_request_ns: int | None = None
         # The attach deadline's clock, its cap half of attach_timeout (the link's, half
         # of liveness_timeout, would let one stretch no look saw judge a shorter
-        # attach_timeout on its own: helper-87), and the first request on it.
+        # attach_timeout on its own: helper-87).
         self._attach_looks = LookClock()
-        self._attach_from: int | None = None
         self._handle: PackerHandle | None = PackerHandle.create(
             ring_depth, sample_count, replay_buffer.width,
             getattr(replay_buffer, "buffer_id", 0))
@@ -332,19 +331,22 @@ class ChannelLink(CollectorLink):
                             "serving: hung inside a pack?)")
         return None
 
-    def _held_s(self, what: str, state: object, since_ns: int | None = None) -> float:
-        """Seconds, on the looks' clock, since liveness first found ``what`` so, in
-        ``state``, at its looks in a row (the first records now, or ``since_ns``, a
-        monotonic instant the state is known to date from; ``self._since.pop(what)``
-        when a look finds it no more). A look that finds it in another ``state``
-        starts afresh: looks are not close in time (the next wait may come long after
-        the last), and a stretch the learner saw begin, and whose end no look saw, must
-        not count for a fresh one found later (a transient put or get of a later
-        record: helper-83)."""
-        now = self._looks.look()
+    def _held_s(self, what: str, state: object, since_ns: int | None = None,
+                looks: LookClock | None = None, cap_s: float | None = None) -> float:
+        """Seconds, on the looks' clock (``looks``, its cap from now on ``cap_s``; by
+        default the link's, which ``liveness`` advances), since liveness first found
+        ``what`` so, in ``state``, at its looks in a row (the first records now, or
+        ``since_ns``, a monotonic instant the state is known to date from;
+        ``self._since.pop(what)`` when a look finds it no more). A look that finds it
+        in another ``state`` starts afresh: looks are not close in time (the next wait
+        may come long after the last), and a stretch the learner saw begin, and whose
+        end no look saw, must not count for a fresh one found later (a transient put
+        or get of a later record: helper-83)."""
+        looks = self._looks if looks is None else looks
+        now = looks.look(cap_s)
         seen = self._since.get(what)
         if seen is None or seen[0] != state:
-            start = now if since_ns is None else self._looks.at(since_ns)
+            start = now if since_ns is None else looks.at(since_ns)
             seen = self._since[what] = (state, start)
         return (now - seen[1]) / 1e9
 
@@ -354,10 +356,8 @@ class ChannelLink(CollectorLink):
         since = self._first_request_ns
         if since is None or self._handle is None or self._handle.packer_pid:
             return None
-        now = self._attach_looks.look(self.attach_timeout / 2)
-        if self._attach_from is None:
-            self._attach_from = self._attach_looks.at(since)
-        waited = (now - self._attach_from) / 1e9
+        waited = self._held_s("attach", since, since_ns=since, looks=self._attach_looks,
+                              cap_s=self.attach_timeout / 2)
         return waited if waited > self.attach_timeout else None
 
     def stop(self, timeout: float) -> list[str]:
