@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import threading
 import time
 from typing import Any
 
@@ -16,6 +17,43 @@ from replay_fsm.data.packer import Packer, PackerHandle
 def constant_rows(rb: ReplayBuffer, first_id: int, n: int) -> torch.Tensor:
     ids = torch.arange(first_id, first_id + n, dtype=torch.float32)
     return ids[:, None].expand(n, rb.width).contiguous()
+
+
+class Lapping(ReplayBuffer):
+    """A writer that laps every read of a gather: each copy of rows out of the storage
+    is followed by an add of the whole ring (on the gather's own thread, where a
+    collector adding the whole ring back to back re-enters its next add within
+    microseconds of the last), unless the gather asks the adds to yield then, as
+    another thread's add would (``_yield_to_lapped_gather``: its own thread's add
+    never waits for its own ask)."""
+
+    laps = 0
+
+    def _lap(self) -> None:
+        if not self._asked_mv[0]:
+            self.laps += 1
+            self.add_packed(constant_rows(self, 1000 * self.laps, self.capacity))
+
+    def _copy_out(self, indices: torch.Tensor, out: torch.Tensor) -> None:
+        super()._copy_out(indices, out)
+        self._lap()
+
+    def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
+        data = super()._rows_at(rows)
+        self._lap()
+        return data
+
+
+def add_whole_rings(rb: ReplayBuffer, stop: Any, going: Any) -> None:
+    """Writer: adds of the whole ring, back to back, until ``stop`` is set, ``going``
+    set after the first; each row's columns carry its id, which is its ring position
+    plus 1 modulo the capacity (ids cycle under 2**24: exact in float32)."""
+    cap, first = rb.capacity, rb.ptr % rb.capacity + 1
+    cycle = cap * max(1, (1 << 24) // cap - 1)
+    while not stop.is_set():
+        rb.add_packed(constant_rows(rb, first, cap))
+        first = (first - 1 + cap) % cycle + 1
+        going.set()
 
 
 def write_ids(rb: ReplayBuffer, batches: int, batch: int, first_id: int = 1) -> None:
@@ -300,6 +338,34 @@ class StallingBuffer(ReplayBuffer):
         go.wait()
         super()._copy_in(start + half, rows[half:])
 
+
+
+class AskThenStall(ReplayBuffer):
+    """A gather of rows of region 0 that sees it written whole during its copy and
+    again during its first retry round (its number moves by 2 each time: lapped), so
+    that its second round asks the adds to yield; that round then sets ``stall`` (an
+    event, once set) and stalls for good: a reader killed while its ask stands."""
+
+    stall: Any = None
+    rounds = 0
+
+    def _copy_out(self, indices: torch.Tensor, out: torch.Tensor) -> None:
+        super()._copy_out(indices, out)
+        self._seq[0] += 2
+
+    def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
+        self.rounds += 1
+        if self.rounds == 1:
+            self._seq[0] += 2
+        elif self.stall is not None:
+            self.stall.set()
+            threading.Event().wait()  # until killed
+        return super()._rows_at(rows)
+
+
+def gather_rows(rb: ReplayBuffer, n: int) -> None:
+    """Reader: a gather of rows 0..n-1."""
+    rb.gather(torch.arange(n), torch.empty(n, rb.width))
 
 
 def report_blocked(answers: Any) -> None:

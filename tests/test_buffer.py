@@ -14,7 +14,8 @@ from hypothesis import strategies as st
 
 from replay_fsm.data.buffer import ReplayBuffer
 
-from .collectors import constant_rows, write_ids
+from .collectors import add_whole_rings, constant_rows, write_ids
+from .support import MARGIN_S, finishes_within
 
 
 def fields(n: int, o: int, a: int, c: int, seed: int) -> dict[str, np.ndarray]:
@@ -464,6 +465,38 @@ def test_inv_row_gathers_never_see_a_torn_row(writer: str) -> None:
         gathers += 1
     w.join(60)
     assert rb.ptr == start_ptr + batches * batch
+
+
+@pytest.mark.parametrize("writer", ["thread", "process"])
+def test_gathers_of_the_whole_ring_while_it_is_rewritten_back_to_back_end_whole(
+        writer: str) -> None:
+    """INV-ROW and the gather's liveness against a writer whose every add rewrites the
+    whole ring, back to back (the lapped gather, tests/test_seqlock.py): each gather
+    of every row returns whole rows, of one add or two, and none waits for the
+    writer to stop (a bound, not a timing: MARGIN_S for all of them)."""
+    rb = ReplayBuffer(4096, 120, 16, region_rows=64)
+    rb.add_packed(constant_rows(rb, 1, 4096))
+    ctx = mp.get_context("spawn")
+    stop, going = ctx.Event(), ctx.Event()
+    w = (threading.Thread(target=add_whole_rings, args=(rb, stop, going), daemon=True)
+         if writer == "thread" else
+         ctx.Process(target=add_whole_rings, args=(rb, stop, going), daemon=True))
+    w.start()
+    out = torch.empty(4096, rb.width)
+    indices = torch.randperm(4096, generator=torch.Generator().manual_seed(0))
+
+    def gathers() -> int:
+        assert going.wait(MARGIN_S), "the writer never added"
+        for _ in range(10):
+            _assert_untorn(rb.gather(indices, out))
+            assert ((out[:, 0] - 1) % 4096 == indices).all()  # each row its own slot's
+        return rb.ptr
+    try:
+        ok, got = finishes_within(gathers)
+    finally:
+        stop.set()
+        w.join(MARGIN_S)
+    assert ok and got[0] > 4096, got
 
 
 @pytest.mark.parametrize("critic", [0, 2])

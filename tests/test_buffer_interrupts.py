@@ -23,6 +23,7 @@ import torch
 from replay_fsm.data.buffer import ReplayBuffer
 from replay_fsm.errors import ProtocolError
 
+from .collectors import Lapping, constant_rows
 from .support import adds_are_paused, interrupted_at
 
 CAPACITY, REGION, FILLED, ADDED = 64, 8, 50, 20  # the add wraps: two region writes
@@ -155,3 +156,42 @@ def test_a_signal_handler_inside_an_add_cannot_save_or_pause_it_half_done(
     rb.add_packed(torch.ones(8, rb.width))
     assert len(refused) == 1 and rb.ptr == 20 and lock_is_free(rb)
     assert not (rb._seq & 1).any()
+
+
+def test_a_ctrl_c_anywhere_in_a_lapped_gather_leaves_no_ask_behind() -> None:
+    """A gather lapped by adds of the whole ring (``Lapping``) asks the adds to yield
+    before its next round. A Ctrl-C at any point of it leaves the lock free (a reader
+    never takes it), no region odd, the rows the gather returned whole, and the ask
+    cleared or this thread's own (stamped in one statement with the thread's record
+    of it): this thread's adds never wait for it, and another's only until it is
+    LAPPED_HOLD_S old (``test_an_add_never_waits_for_its_own_ask...``,
+    tests/test_seqlock.py)."""
+    indices = torch.tensor([15, 0, 5, 9, 4])
+
+    def gather(rb: Lapping, out: torch.Tensor) -> None:
+        rb.gather(indices, out)
+
+    def fresh() -> tuple[Lapping, torch.Tensor]:
+        rb = Lapping(16, 2, 1, region_rows=4)
+        rb.add_packed(constant_rows(rb, 1, 16))
+        return rb, torch.full((len(indices), rb.width), -1.0)
+
+    rb, out = fresh()
+    total, interrupt = interrupted_at(None, lambda: gather(rb, out))
+    assert interrupt is None and rb.laps == 2 and total > 20 and not rb._asked_mv[0]
+    left = []
+    for k in range(1, total + 1):
+        rb, out = fresh()
+        interrupt = interrupted_at(k, lambda: gather(rb, out))[1]  # noqa: B023
+        assert lock_is_free(rb), k
+        assert not rb._owner.held and not (rb._seq & 1).any(), k
+        asked = rb._asked_mv[0]
+        assert asked in (0, getattr(rb._per_thread, "asking", None)), (k, asked)
+        left += [k] if asked else []
+        if interrupt is None:
+            assert torch.equal(out, rb.storage[indices]), k
+        del interrupt
+        rb.add_packed(constant_rows(rb, 100, 3))  # and the next add goes through
+    # Only the points between the gather's end and the clear (2 of 195: the clear's
+    # start and its read of the thread's record).
+    assert 0 < len(left) <= 4 and left == list(range(left[0], left[-1] + 1)), left

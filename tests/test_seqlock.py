@@ -15,7 +15,11 @@ does, and the reader's next move depends only on what it has read, so the state 
 a step is (writer steps taken, reader's reads so far) and a schedule that reaches a
 state already explored stops there; and after a retry round found a region still
 being written, the reader yields (``time.sleep(0)`` in production) and the writer
-moves first, since another round before that would read the same values again.
+moves first, since another round before that would read the same values again. A
+lapped round (the add wrote a region whole and again while a round read it: one add
+of two pieces sharing a region does) makes each later round ask the adds to yield
+first, a stop of its own; the one add, begun already, goes on (an add looks for an
+ask before it takes the lock: the tests after ``test_the_harness_fails_...``).
 
 Each run checks that the gather returned whole rows (each the row before or after the
 add), that the buffer ends as a numpy model of the ring says, and that the gather
@@ -53,11 +57,25 @@ named; ``marks`` is ``test_regions_marked_while_copying`` and ``..._for_any_writ
     ``_changed_since``'s fast path: ``every`` for ``into an empty buffer`` only, where
     every sequence number is 0 or 1 (found by mutmut: a buffer written before has
     counts of 2 and 3, which hid it).
+14. never ask the adds to yield (a lapped round asks nothing):
+    ``test_a_gather_lapped_by_adds_of_the_whole_ring_has_them_yield_for_a_round``
+    (641 laps, never ending) and ``every`` for ``wider than the ring`` (no run asked).
+15. ask in a thread holding the lock (its pause):
+    ``test_a_gather_inside_its_threads_pause_never_asks_the_adds_to_yield``.
+16. an add that ignores the ask (no ``_yield_to_lapped_gather``):
+    ``test_an_add_waits_while_another_threads_lapped_gather_asks``.
+17. an add that waits for its own thread's ask, or for a stamp however old or in the
+    future: ``test_an_add_never_waits_for_its_own_ask_nor_an_old_or_future_one``.
+18. an add that waits as long as asks come (no deadline of its own):
+    ``test_an_add_waits_lapped_hold_s_at_most_while_a_reader_asks_again_and_again``.
+19. ``_stop_asking`` that clears nothing: the ask left after
+    ``test_a_gather_lapped_by_...`` and in ``every`` for ``wider than the ring``.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
@@ -66,9 +84,11 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
+from replay_fsm.data import buffer
 from replay_fsm.data.buffer import GatherScratch, ReplayBuffer
 
-from .collectors import constant_rows
+from .collectors import Lapping, constant_rows
+from .support import MARGIN_S, finishes_within
 
 STEP_TIMEOUT = 10.0  # a bound on each wait for a thread, not a timing assumption
 MAX_STEPS = 120  # far above any correct run (about 30 steps); a spinning reader hits it
@@ -144,6 +164,7 @@ class SteppedBuffer(ReplayBuffer):
     local: threading.local
     rows_read: list[list[int]]
     reads: list[tuple[str, bytes | None]]
+    asks: int  # the lapped rounds' asks that the adds yield
 
     def _stop(self, point: str, read: torch.Tensor | None = None) -> None:
         actor = getattr(self.local, "actor", None)
@@ -192,6 +213,11 @@ class SteppedBuffer(ReplayBuffer):
         seq = super()._seq_at(regions)
         self._stop("seq", seq)
         return seq
+
+    def _ask_adds_to_yield(self) -> None:
+        super()._ask_adds_to_yield()
+        self.asks += 1
+        self._stop("ask")
 
     def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
         self.rows_read.append(rows.tolist())
@@ -255,6 +281,7 @@ class Run:
     writer_error: BaseException | None = None
     reader_error: BaseException | None = None
     rows_read: list[list[int]] = field(default_factory=list)
+    asks: int = 0
 
 
 def run_schedule(sc: Scenario, prefix: Sequence[str], cls: type[SteppedBuffer],
@@ -263,7 +290,7 @@ def run_schedule(sc: Scenario, prefix: Sequence[str], cls: type[SteppedBuffer],
     first wherever both can move, recording the other choice at each such step; stop
     past the prefix at a state in ``explored``, and add the states reached to it."""
     rb = cls(sc.capacity, 1, 1, region_rows=sc.region_rows)
-    rb.local, rb.rows_read, rb.reads = threading.local(), [], []
+    rb.local, rb.rows_read, rb.reads, rb.asks = threading.local(), [], [], 0
     filled = sc.laps * sc.capacity + sc.start
     if filled:
         rb.add_packed(constant_rows(rb, int(OLD_ID) - filled + 1, filled))
@@ -302,7 +329,7 @@ def run_schedule(sc: Scenario, prefix: Sequence[str], cls: type[SteppedBuffer],
         for actor in actors.values():
             actor.abandon()
     return Run(schedule, decisions, complete, trace, out, rb, old, actors["w"].error,
-               actors["r"].error, rb.rows_read)
+               actors["r"].error, rb.rows_read, rb.asks)
 
 
 def every_interleaving(sc: Scenario,
@@ -378,13 +405,19 @@ def check_run(sc: Scenario, run: Run) -> None:
 def test_every_interleaving_is_torn_row_free(sc: Scenario) -> None:
     """INV-ROW: one add and one gather, in every order of their seqlock steps."""
     runs = retried = 0
+    asked = 0
     for run in every_interleaving(sc):
         check_run(sc, run)
         runs += 1
         retried += bool(run.rows_read)
+        asked += bool(run.asks)
+        assert not run.rb._asked_mv[0], "the ask outlived the gather"
     # The exploration reached the interesting states: gathers that had to retry,
     # and, with the writer stopped mid-row, gathers that overlapped a torn row.
     assert retried and runs > retried, (runs, retried)
+    # One add that writes a region twice (two pieces) laps a round that spans both:
+    # the next round asks the adds to yield, and is checked as any.
+    assert bool(asked) == (sc.name == "wider than the ring"), (sc.name, asked)
 
 
 def test_the_harness_fails_a_broken_seqlock() -> None:
@@ -401,6 +434,170 @@ def test_the_harness_fails_a_broken_seqlock() -> None:
     torn = sum(any(len(set(row.tolist())) > 1 for row in run.out)
                for run in every_interleaving(sc, NeverRetries))
     assert torn > 0
+
+
+class Starved(Exception):
+    pass
+
+
+def test_a_gather_lapped_by_adds_of_the_whole_ring_has_them_yield_for_a_round() -> None:
+    """Adds of the whole ring, back to back, mark every region at each add: a gather's
+    round of reads lands only in the gap between two adds, and a round longer than
+    that gap never did. The learner's own pack (learner_packs) spun in its gather
+    until its patience ran out and failed the run in CollectorDied ("its writer is
+    stopped or hung inside it") while the collector was adding. Helper-88 measured, a
+    writer adding 16384 rows of 517 floats back to back and a gather of 16384 rows,
+    21 of 21 gathers still reading after 3 s (process writer); 1 of 2 takes of 32768
+    rows in CollectorDied after 5 s of liveness_timeout (thread writer). Once a round
+    is lapped the next ones ask the adds to yield (``Lapping``'s add yields as
+    another thread's does): here the second round lands, and the ask is cleared."""
+    rb = Lapping(64, 1, 1, region_rows=8)
+    rb.add_packed(constant_rows(rb, 1, 64))
+    indices = torch.tensor([63, 0, 9, 9, 31, 40, 7])
+    out = torch.empty(len(indices), rb.width)
+    calls: list[float] = []
+
+    def retrying(waited_s: float) -> None:
+        calls.append(waited_s)
+        if len(calls) == 10:  # 640 rounds or more
+            raise Starved(f"{rb.laps} laps")
+    rb.gather(indices, out, retrying=retrying)
+    assert rb.laps == 2 and not calls  # the first copy's and the first round's laps
+    assert torch.equal(out, rb.storage[indices])  # the last add's rows, whole
+    assert torch.equal(out[:, 0], 2000.0 + indices)
+    assert not bool((rb._seq & 1).any()) and not rb._write_lock._semlock._count()
+    assert not rb._asked_mv[0]
+
+
+class LappedInPause(ReplayBuffer):
+    """Its first retry round sees region 0 written whole meanwhile (its number moves by
+    2: lapped), as no live add can while the gathering thread holds the lock."""
+
+    asks = rounds = 0
+
+    def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
+        self.rounds += 1
+        if self.rounds == 1:
+            self._seq[0] += 2
+        return super()._rows_at(rows)
+
+    def _ask_adds_to_yield(self) -> None:
+        self.asks += 1
+        super()._ask_adds_to_yield()
+
+
+def test_a_gather_inside_its_threads_pause_never_asks_the_adds_to_yield() -> None:
+    """A gather in a thread that holds the write lock (its adds_paused() block) never
+    asks the adds to yield: none can run meanwhile. It retries rows a writer stopped
+    inside its add marks, and ends when that region is even again; the pause is
+    still held."""
+    rb = LappedInPause(64, 1, 1, region_rows=8)
+    rb.add_packed(constant_rows(rb, 1, 64))
+    out = torch.empty(3, rb.width)
+    calls: list[float] = []
+
+    def retrying(waited_s: float) -> None:
+        calls.append(waited_s)
+        rb._seq[0] += 1  # the stopped writer's region is even again
+    with rb.adds_paused():
+        rb._seq[0] += 1  # as a writer stopped inside its add
+        rb.gather(torch.tensor([0, 1, 20]), out, retrying=retrying)
+        assert rb._write_lock._semlock._count() == 1  # the pause's, still held
+    assert len(calls) == 1 and rb.asks == 0 and not rb._write_lock._semlock._count()
+    assert torch.equal(out, rb.storage[torch.tensor([0, 1, 20])])
+
+
+class EnteringYield(ReplayBuffer):
+    """Sets ``entered`` as its add begins to wait for a lapped gather's ask."""
+
+    entered: threading.Event
+
+    def _yield_to_lapped_gather(self) -> None:
+        self.entered.set()
+        super()._yield_to_lapped_gather()
+
+
+def ask_from_another_thread(rb: ReplayBuffer) -> None:
+    """Stamp the ask as a lapped gather of another thread does (and let it end)."""
+    asker = threading.Thread(target=rb._ask_adds_to_yield)
+    asker.start()
+    asker.join()
+
+
+def test_an_add_waits_while_another_threads_lapped_gather_asks(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An add finding another thread's ask (a lapped gather's round) waits for it to be
+    cleared, holding nothing: a pause, and a gather, go on meanwhile. Its bound
+    widened to 10 minutes, the wait ends with the ask only (no timing)."""
+    monkeypatch.setattr(buffer, "LAPPED_HOLD_NS", 600 * 10**9)
+    rb = EnteringYield(64, 1, 1, region_rows=8)
+    rb.entered = threading.Event()
+    rb.add_packed(constant_rows(rb, 1, 64))
+    ask_from_another_thread(rb)
+    writer = threading.Thread(
+        target=lambda: rb.add_packed(constant_rows(rb, 100, 8)), daemon=True)
+    writer.start()
+    assert rb.entered.wait(MARGIN_S)
+    assert rb.ptr == 64 and writer.is_alive()  # waiting in the loop: only a clear ends it
+    with rb.adds_paused():  # the lock is free: the add holds nothing while it waits
+        out = torch.empty(3, rb.width)
+        rb.gather(torch.tensor([0, 9, 63]), out)
+        assert torch.equal(out[:, 0], torch.tensor([1.0, 10.0, 64.0]))
+    rb._asked_mv[0] = 0  # the gather ended
+    writer.join(MARGIN_S)
+    assert not writer.is_alive() and rb.ptr == 72
+
+
+@pytest.mark.parametrize("ask", ["own", "old", "future"])
+def test_an_add_never_waits_for_its_own_ask_nor_an_old_or_future_one(
+        monkeypatch: pytest.MonkeyPatch, ask: str) -> None:
+    """Never waited for, the bound widened to 10 minutes: the ask of the add's own
+    thread (an add from a signal handler that interrupted a lapped gather: the gather
+    cannot go on until the add ends); a stamp older than the bound (its reader died
+    before it cleared it: SIGKILL, a Ctrl-C between its test and its clear); a stamp
+    in the future (another time namespace's clock: no bound on it could be told)."""
+    monkeypatch.setattr(buffer, "LAPPED_HOLD_NS", 600 * 10**9)
+    rb = EnteringYield(64, 1, 1, region_rows=8)
+    rb.entered = threading.Event()
+
+    def add() -> int:
+        now = time.monotonic_ns()
+        if ask == "own":
+            rb._ask_adds_to_yield()
+        else:
+            rb._asked_mv[0] = (now + (1 if ask == "future" else -1) * 1200 * 10**9) | 1
+        rb.add_packed(constant_rows(rb, 1, 8))
+        return rb.ptr
+    finished, got = finishes_within(add)
+    assert finished and got == [8] and rb.entered.is_set()
+
+
+def test_an_add_waits_lapped_hold_s_at_most_while_a_reader_asks_again_and_again() -> None:
+    """A reader asking anew without end (each round of a gather that stays lapped asks
+    again; several readers take turns) cannot hold the writer off: each add waits
+    LAPPED_HOLD_S at most on its own clock, and goes on (a liveness bound, MARGIN_S
+    for all of them)."""
+    rb = EnteringYield(64, 1, 1, region_rows=8)
+    rb.entered = threading.Event()
+    stop = threading.Event()
+
+    def ask() -> None:
+        while not stop.is_set():
+            rb._ask_adds_to_yield()
+            time.sleep(0)
+    asker = threading.Thread(target=ask, daemon=True)
+    asker.start()
+
+    def adds() -> int:
+        for k in range(5):
+            rb.add_packed(constant_rows(rb, 1 + 8 * k, 8))
+        return rb.ptr
+    try:
+        finished, got = finishes_within(adds)
+    finally:
+        stop.set()
+        asker.join(MARGIN_S)
+    assert finished and got == [40] and rb.entered.is_set()
 
 
 class MarkRecorder(ReplayBuffer):

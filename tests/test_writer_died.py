@@ -26,10 +26,17 @@ import torch
 
 from replay_fsm import Pipeline
 from replay_fsm.data import owner
-from replay_fsm.data.buffer import ReplayBuffer
+from replay_fsm.data.buffer import WRITER_CHECK_RETRIES, ReplayBuffer
 from replay_fsm.errors import PipelineFailed, WriterDied
 
-from .collectors import StallingBuffer, add_rows, constant_rows, hold_pause
+from .collectors import (
+    AskThenStall,
+    StallingBuffer,
+    add_rows,
+    constant_rows,
+    gather_rows,
+    hold_pause,
+)
 from .support import MARGIN_S, finishes_within
 
 CAPACITY, REGION = 64, 8
@@ -125,6 +132,58 @@ def test_a_gather_of_the_half_written_rows_raises_and_of_others_returns_them(
     assert "a gather of 8 of them" in str(exc)
     rows = rb.gather(WHOLE_ROWS, torch.empty(len(WHOLE_ROWS), rb.width))
     assert (rows == WHOLE_ROWS[:, None].float()).all()
+
+
+class LappedThenKilled(StallingBuffer):
+    """Its gathers' first retry round sees region 0 written whole meanwhile (its number
+    moves by 2): lapped, as by a writer adding back to back before it was killed."""
+
+    rounds = 0
+
+    def _rows_at(self, rows: torch.Tensor) -> torch.Tensor:
+        self.rounds += 1
+        if self.rounds == 1:
+            self._seq[0] += 2
+        return super()._rows_at(rows)
+
+
+def test_a_lapped_gather_of_the_half_written_rows_raises_and_stops_asking() -> None:
+    """A lapped gather of rows a dead writer left half written asks the adds to yield
+    at each round, in vain (none can begin: the dead holds the lock), and raises
+    WriterDied as any gather does, after WRITER_CHECK_RETRIES rounds: its ask cleared
+    on the way out, and the lock, which it never took, still the dead writer's."""
+    rb = filled(LappedThenKilled)
+    process, _ = stalled_writer(rb, 1000)
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    kind, exc = outcome(lambda: rb.gather(ODD_ROWS, torch.empty(8, rb.width)))
+    assert kind == "raised" and isinstance(exc, WriterDied), (kind, exc)
+    assert "a gather of 8 of them" in str(exc) and rb.rounds == WRITER_CHECK_RETRIES
+    assert not rb._asked_mv[0] and rb._owner.held
+
+
+def test_a_reader_killed_while_it_asks_the_adds_to_yield_holds_none_off() -> None:
+    """A reader process killed (SIGKILL, the OOM killer) in a lapped gather, its ask
+    standing: adds wait for it LAPPED_HOLD_S at most, and ignore it once it is that
+    old. A reader holding the write lock for its round (a fix tried first) left it
+    held by a dead process, and every later add waited in the semaphore for ever
+    (nothing records a reader as the holder)."""
+    ctx = mp.get_context("spawn")
+    rb = AskThenStall(CAPACITY, 2, 1, region_rows=REGION)
+    rb.add_packed(constant_rows(rb, 0, CAPACITY))
+    rb.stall = ctx.Event()
+    process = ctx.Process(target=gather_rows, args=(rb, 4), daemon=True)
+    process.start()
+    assert rb.stall.wait(MARGIN_S), "the reader never asked"
+    assert rb._asked_mv[0]
+    assert process.pid is not None
+    os.kill(process.pid, signal.SIGKILL)
+    process.join()
+    finished, got = finishes_within(
+        lambda: [rb.add_packed(constant_rows(rb, 100, 8)) for _ in range(3)])
+    assert finished and rb.ptr == CAPACITY + 24 and rb._asked_mv[0]  # stale, ignored
+    assert not rb._owner.held and not (rb._seq & 1).any()
 
 
 @pytest.mark.parametrize("collector", ["thread", "process"])

@@ -5,14 +5,25 @@ region it writes odd, writes, and makes it even again; ``gather`` reads the
 sequence numbers, gathers, reads them again and re-gathers only the rows of
 regions that changed or were being written. ``add`` never waits for a pack and a
 pack never waits for an ``add``; only concurrent writers serialise (one lock held
-around the row copy). The ordering argument relies on stores and loads not being
-reordered across the separate torch calls (true on x86-64's TSO; the release and
-acquire points are library calls on other architectures too).
+around the row copy). One exception keeps a gather live: a gather lapped by the adds
+(a retry round during which an add ended on its rows and another began, as adds of
+the whole ring back to back do, which leave no gap for a round to land in but the
+microseconds between two adds) asks the adds to yield. It stamps a word in shared
+memory with the time (``time.monotonic_ns``) before each later round, and clears it
+when it ends; an add about to take the lock finds the stamp and waits, holding
+nothing, until it is cleared or ``LAPPED_HOLD_S`` old, ``LAPPED_HOLD_S`` at most
+whatever the stamps. The reader never holds the write lock: a reader killed (SIGKILL)
+leaves a stamp that adds ignore once it is that old. The ordering argument relies on
+stores and loads not being reordered across the separate torch calls (true on
+x86-64's TSO; the release and acquire points are library calls on other
+architectures too); the stamp is a hint, never part of it (rows are checked as in any
+round).
 
-Each step of the writer (``_begin_region_write``, ``_copy_in``, ``_end_region_write``)
-and of the reader (``_seq_snapshot``, ``_copy_out``, ``_changed_since``, ``_seq_at``,
-``_rows_at``, ``_yield_to_writer``) is a method of its own, so a test subclass can stop
-either side between any two steps and choose the interleaving
+Each step of the writer (``_yield_to_lapped_gather``, ``_begin_region_write``,
+``_copy_in``, ``_end_region_write``) and of the reader (``_seq_snapshot``,
+``_copy_out``, ``_changed_since``, ``_ask_adds_to_yield``, ``_seq_at``, ``_rows_at``,
+``_yield_to_writer``, ``_stop_asking``) is a method of its own, so a test subclass
+can stop either side between any two steps and choose the interleaving
 (``tests/test_seqlock.py``). Production pays a few Python calls per add and gather.
 """
 
@@ -48,6 +59,12 @@ Array = Any  # torch.Tensor or np.ndarray
 WRITER_CHECK_RETRIES = 1024
 # A gather's ``retrying`` hook is called this often while it reads rows again.
 RETRY_CALL_EVERY = 64
+# A gather lapped by the adds (see the module's docstring) asks them to yield: an add
+# finding an ask younger than this waits, holding nothing, for it to be cleared, this
+# long at most (on its own clock, whatever the asks: the writer goes on). A reader
+# killed leaves its stamp, which adds ignore once it is this old.
+LAPPED_HOLD_S = 0.1
+LAPPED_HOLD_NS = int(LAPPED_HOLD_S * 1e9)
 # A pause (and so a save) or adopt_rows finding an add in progress asks this often
 # whether its process is alive, until it is done, before waiting for the lock (a wait
 # for the semaphore itself could not be told that its holder died).
@@ -176,6 +193,10 @@ class ReplayBuffer:
         # after the rows they cover. An add cut short (an exception, a Ctrl-C) may have
         # written rows it never counts: the third counts those adds, for save.
         self._counters = torch.zeros(3, dtype=torch.int64).share_memory_()
+        # A lapped gather's ask that the adds yield: the time.monotonic_ns (odd) of its
+        # latest round, 0 while none asks (gather, _yield_to_lapped_gather). A hint:
+        # any reader may overwrite or clear it, and an add waits LAPPED_HOLD_S at most.
+        self._asked = torch.zeros(1, dtype=torch.int64).share_memory_()
         self._views()
         self.region_rows = region_rows or max(64, -(-capacity // 1024))
         n_regions = -(-capacity // self.region_rows)
@@ -327,6 +348,8 @@ class ReplayBuffer:
         # A numpy view of the shared counters: reading one costs nanoseconds instead of
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
+        # The ask (__init__) as a memoryview: an add reads it in tens of nanoseconds.
+        self._asked_mv = memoryview(self._asked.numpy()).cast("B").cast("q")
         self._per_thread = threading.local()  # gather's scratch, one per thread
         self._adding = False  # a thread of this process is inside add, the lock taken
         # When (time.monotonic_ns) each add of this process now in progress began
@@ -351,6 +374,7 @@ class ReplayBuffer:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
+        state.pop("_asked_mv")  # the same (a memoryview does not pickle)
         state.pop("_per_thread")  # each process makes its own
         state.pop("_adding")
         state.pop("_add_waits")
@@ -490,6 +514,8 @@ class ReplayBuffer:
             self._refuse_non_finite(rows)
         self._refuse_inside_pause("add()")
         self._refuse_if_writer_died("add()")
+        if self._asked_mv[0]:  # a lapped gather asks the adds to yield (gather)
+            self._yield_to_lapped_gather()
         n, cap = rows.shape[0], self.capacity
         # This process's identity (/proc reads at its first add, and after a fork) is
         # read before the lock: a kill between taking the lock and writing the holder
@@ -558,7 +584,26 @@ class ReplayBuffer:
         return ((lo < base + (start + first) * row_bytes and base + start * row_bytes < hi)
                 or (first < n and lo < base + (n - first) * row_bytes))
 
-    # The writer's steps; the caller holds _write_lock.
+    # The writer's steps: the first before it takes _write_lock, the others holding it.
+    def _yield_to_lapped_gather(self) -> None:
+        """Wait, holding nothing, while a lapped gather asks the adds to yield (see
+        ``gather``): until its ask is cleared or ``LAPPED_HOLD_S`` old, and
+        ``LAPPED_HOLD_S`` at most on this add's own clock whatever the asks (readers
+        asking anew round after round; a stamp of another time namespace, whose
+        clock is offset: seen in the future or long past, it is not waited for). An
+        ask of this thread's own gather (an add from a signal handler that
+        interrupted it) is never waited for: that gather cannot go on meanwhile. A
+        Ctrl-C here leaves nothing held."""
+        asked, own = self._asked_mv, getattr(self._per_thread, "asking", 0)
+        now = time.monotonic_ns()
+        deadline = now + LAPPED_HOLD_NS
+        while now < deadline:
+            stamp = asked[0]
+            if not stamp or stamp == own or not 0 <= now - stamp < LAPPED_HOLD_NS:
+                return
+            time.sleep(ADD_POLL_S)
+            now = time.monotonic_ns()
+
     def _write_region(self, start: int, rows: torch.Tensor) -> None:
         stop = start + rows.shape[0]
         r0, r1 = start // self.region_rows, (stop - 1) // self.region_rows + 1
@@ -580,12 +625,18 @@ class ReplayBuffer:
         """``out[:] = storage[indices]`` with no torn row (INV-ROW).
 
         Rows of regions that an ``add`` wrote during the copy are read again, one
-        region-stable row at a time, until none is being written. A gather that meets
-        no add allocates nothing after the calling thread's first: its check goes
-        into that thread's ``GatherScratch``. While it reads again, ``retrying`` (if
-        given) is called every ``RETRY_CALL_EVERY`` retries with the seconds since
-        the first: what it raises ends the gather, ``out`` then partly written (a
-        writer stopped inside its add is otherwise waited for as long as it lives).
+        region-stable row at a time, until none is being written. Once a round of
+        them was lapped (an add ended on its rows and another began: adds of the
+        whole ring back to back leave no gap a round can land in), the gather asks
+        the adds to yield before each later round, and stops asking when it ends: an
+        add about to begin waits, holding no lock, until the ask is cleared or
+        ``LAPPED_HOLD_S`` old (see the module's docstring; the rows are checked all
+        the same). A gather that meets no add allocates nothing after the calling
+        thread's first: its check goes into that thread's ``GatherScratch``. While
+        it reads again, ``retrying`` (if given) is called every ``RETRY_CALL_EVERY``
+        retries with the seconds since the first: what it raises ends the gather,
+        ``out`` then partly written (a writer stopped inside its add is otherwise
+        waited for as long as it lives).
 
         Raises:
             TypeError: ``indices`` or ``out`` is not a tensor.
@@ -617,21 +668,41 @@ class ReplayBuffer:
             return out
         todo = changed[indices // self.region_rows].nonzero().squeeze(1)
         retries, first = 0, time.monotonic()
-        while todo.numel():
-            rows = indices[todo]
-            regions = rows // self.region_rows
-            seq1 = self._seq_at(regions)
-            data = self._rows_at(rows)
-            stable = (seq1 == self._seq_at(regions)) & ((seq1 & 1) == 0)
-            out[todo[stable]] = data[stable]
-            todo = todo[~stable]
-            if todo.numel():
-                retries += 1
-                if not retries % WRITER_CHECK_RETRIES:
-                    self._refuse_if_writer_died(f"a gather of {todo.numel()} of them")
-                if retrying is not None and not retries % RETRY_CALL_EVERY:
-                    retrying(time.monotonic() - first)
-                self._yield_to_writer()
+        # Lapped: a round saw a region of its rows written whole and written again (its
+        # number moved by 2 or more): an add ended on them and the next began before
+        # the round was done. Adds of the whole ring back to back leave a round no
+        # gap to land in but the few microseconds between two adds, and rounds longer
+        # than that never did (the gather spun for as long as the adds went on). From
+        # then on each round asks the adds to yield, anew (another reader's end may
+        # have cleared the word, and an ask older than LAPPED_HOLD_S is ignored). Not
+        # in a thread holding the write lock (its pause: no add runs).
+        lapped = False
+        try:
+            while todo.numel():
+                if lapped:
+                    self._ask_adds_to_yield()
+                rows = indices[todo]
+                regions = rows // self.region_rows
+                seq1 = self._seq_at(regions)
+                data = self._rows_at(rows)
+                seq2 = self._seq_at(regions)
+                stable = (seq1 == seq2) & ((seq1 & 1) == 0)
+                out[todo[stable]] = data[stable]
+                todo = todo[~stable]
+                if todo.numel():
+                    retries += 1
+                    if not lapped and bool((seq2 - seq1 >= 2).any()):
+                        lapped = not self._write_lock._semlock._is_mine()
+                    if not retries % WRITER_CHECK_RETRIES:
+                        self._refuse_if_writer_died(f"a gather of {todo.numel()} of them")
+                    if retrying is not None and not retries % RETRY_CALL_EVERY:
+                        retrying(time.monotonic() - first)
+                    self._yield_to_writer()
+        finally:
+            if lapped:
+                # A Ctrl-C before the clear (or a kill) leaves the stamp: adds ignore it
+                # once LAPPED_HOLD_S old, and this thread's own at once.
+                self._stop_asking()
         return out
 
     # The reader's steps.
@@ -650,6 +721,21 @@ class ReplayBuffer:
         if torch.equal(before, self._seq) and not int(scratch.odd_count):
             return None
         return (before != self._seq) | (scratch.odd == 1)  # odd: being written then
+
+    def _ask_adds_to_yield(self) -> None:
+        """Stamp the ask (``__init__``) with now: the adds yield to this gather's next
+        round. The thread's own stamp is kept first, so that its adds never wait for
+        it (``_yield_to_lapped_gather``) and its ``_stop_asking`` clears it."""
+        stamp = time.monotonic_ns() | 1  # never 0: "none asks"
+        self._per_thread.asking = stamp
+        self._asked_mv[0] = stamp
+
+    def _stop_asking(self) -> None:
+        """Clear the ask if it is still this thread's: another reader's, stamped since,
+        stays. (Stamped between the test and the clear, it is lost until that reader's
+        next round asks again: a round more.)"""
+        if self._asked_mv[0] == getattr(self._per_thread, "asking", 0):
+            self._asked_mv[0] = 0
 
     def _seq_at(self, regions: torch.Tensor) -> torch.Tensor:
         return self._seq[regions]
