@@ -57,6 +57,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 import zlib
 from collections.abc import Callable
 from pathlib import Path
@@ -1699,6 +1700,26 @@ def test_a_folder_that_cannot_be_synced_after_the_rename_says_the_file_is_in_pla
     monkeypatch.undo()
     assert info.value.errno == code and info.value.filename == str(path)
     assert_state(ReplayBuffer.load(path), 5, 8)
+
+
+def test_the_checksum_thread_keeps_no_chunk_once_its_result_is_taken() -> None:
+    """The checksum thread held each chunk's view until its next job came, the last
+    one until close's None: once the caller dropped a loaded buffer, that view was the
+    last reference to its storage, freed on the daemon thread as the interpreter
+    finalized, which then ended the thread inside torch's C++ dealloc (std::terminate,
+    exit code 134: 5 of 12 runs of a script that loaded a checkpoint, deleted the
+    buffer, ran gc.collect() and exited; helper-89)."""
+    rows = np.arange(1 << 16, dtype=np.uint8)
+    alive = weakref.ref(rows)
+    checksummer = checkpoint._Checksummer()
+    try:
+        checksummer.submit(rows.data.cast("B"))
+        assert checksummer.result() == zlib.crc32(rows.tobytes())
+        del rows
+        gc.collect()
+        assert alive() is None, "the checksum thread still holds the chunk"
+    finally:
+        checksummer.close()
 
 
 def test_an_interrupt_before_the_first_write_leaves_no_temporary_file(

@@ -152,9 +152,19 @@ class _Checksummer:
     def _run(self) -> None:
         while (data := self._jobs.get()) is not None:
             try:
-                self._results.put(zlib.crc32(data))
+                crc: int | BaseException = zlib.crc32(data)
             except BaseException as exc:  # noqa: BLE001 - raised by result, not lost
-                self._results.put(exc)
+                crc = exc
+            # Let go of the chunk before its result is posted: once the caller has the
+            # result, this thread holds nothing of the caller's rows. Held until the
+            # next job, the view of a loaded (or saved) buffer's storage was the last
+            # reference to its tensor once the caller dropped the buffer, and was freed
+            # here when close's None came; with the interpreter finalizing by then,
+            # this daemon thread, retaking the GIL inside torch's dealloc, was ended
+            # in C++ code: "terminate called without an active exception", exit
+            # code 134 (a script that loaded a checkpoint, dropped it and exited).
+            del data
+            self._results.put(crc)
 
     def submit(self, data: Any) -> None:
         if self._thread is None:
