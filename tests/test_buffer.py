@@ -566,6 +566,30 @@ def test_gather_of_what_is_not_a_tensor_is_a_type_error() -> None:
         rb.gather(torch.tensor([0, 3]), np.empty((2, rb.width), np.float32))  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize("indices, error, message", [
+    (torch.tensor([0.0, 3.0]), TypeError,
+     "indices must hold row numbers as torch.int64 (or torch.int32), got torch.float32"),
+    (torch.tensor([True, False]), TypeError,
+     "indices must hold row numbers as torch.int64 (or torch.int32), got torch.bool"),
+    (torch.tensor([[0, 3]]), ValueError, "indices must be one-dimensional, got shape (1, 2)"),
+    (torch.tensor(3), ValueError, "indices must be one-dimensional, got shape ()"),
+])
+def test_gather_refuses_indices_that_are_not_a_vector_of_row_numbers(
+        indices: torch.Tensor, error: type[Exception], message: str) -> None:
+    """torch's own words were a RuntimeError ("index_select(): Expected dtype int32 or
+    int64 for index") or an IndexError ("Index is supposed to be a vector"; "tuple
+    index out of range" for a 0-d tensor), none naming the argument (helper-89)."""
+    rb = ReplayBuffer(8, 3, 2)
+    rb.add_packed(constant_rows(rb, 1, 4))
+    out = torch.full((2, rb.width), -1.0)
+    with pytest.raises(error) as info:
+        rb.gather(indices, out)
+    assert str(info.value) == message
+    assert bool((out == -1).all())
+    assert torch.equal(rb.gather(torch.tensor([0, 3], dtype=torch.int32), out),
+                       rb.storage[[0, 3]])
+
+
 def test_a_buffer_pickled_outside_a_spawn_is_refused_before_its_rows_are_copied() -> None:
     """pickle.dumps (a queue, a pool) copied the whole storage before the write lock
     refused it (27 s and 6.1 GiB for a 2 GiB buffer; helper-68); copy.copy still

@@ -65,6 +65,8 @@ RETRY_CALL_EVERY = 64
 # killed leaves its stamp, which adds ignore once it is this old.
 LAPPED_HOLD_S = 0.1
 LAPPED_HOLD_NS = int(LAPPED_HOLD_S * 1e9)
+# The row numbers gather takes (torch's index_select takes these two).
+_INDEX_DTYPES = (torch.int64, torch.int32)
 # A pause (and so a save) or adopt_rows finding an add in progress asks this often
 # whether its process is alive, until it is done, before waiting for the lock (a wait
 # for the semaphore itself could not be told that its holder died).
@@ -639,15 +641,17 @@ class ReplayBuffer:
         waited for as long as it lives).
 
         Raises:
-            TypeError: ``indices`` or ``out`` is not a tensor.
-            ValueError: ``out`` is not float32 [len(indices), width] (torch would resize
-                it).
+            TypeError: ``indices`` or ``out`` is not a tensor, or ``indices`` holds
+                other than int64 or int32.
+            ValueError: ``indices`` is not one-dimensional, or ``out`` is not float32
+                [len(indices), width] (torch would resize it).
             IndexError: an index outside the storage (torch's message).
             WriterDied: rows to gather are being written by a process that died
                 inside its add (checked every ``WRITER_CHECK_RETRIES`` retries).
         """
         try:
-            fits = (out.shape == (indices.shape[0], self.layout.width)
+            fits = (indices.dim() == 1 and indices.dtype in _INDEX_DTYPES
+                    and out.shape == (indices.shape[0], self.layout.width)
                     and out.dtype == torch.float32)
         except AttributeError:
             fits = False
@@ -655,6 +659,14 @@ class ReplayBuffer:
             if not (isinstance(indices, torch.Tensor) and isinstance(out, torch.Tensor)):
                 raise TypeError(f"indices and out must be tensors, got "
                                 f"{type(indices).__name__} and {type(out).__name__}")
+            # Before torch sees them: its words ("index_select(): Expected dtype int32
+            # or int64 for index", a RuntimeError) name neither the argument nor the fix.
+            if indices.dtype not in _INDEX_DTYPES:
+                raise TypeError(f"indices must hold row numbers as torch.int64 (or "
+                                f"torch.int32), got {indices.dtype}")
+            if indices.dim() != 1:
+                raise ValueError(f"indices must be one-dimensional, got shape "
+                                 f"{tuple(indices.shape)}")
             raise ValueError(f"out: got {out.dtype} of shape {tuple(out.shape)}, expected "
                              f"torch.float32 of ({indices.shape[0]}, {self.layout.width}) "
                              f"for {indices.shape[0]} indices")
