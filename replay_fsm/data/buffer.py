@@ -49,7 +49,7 @@ from . import checkpoint
 from .channel import semaphore_name, unlink_semaphore
 from .layout import Layout
 from .owner import Owner, me
-from .shared import shared_zeros
+from .shared import shared_zeros, small_shared_zeros
 
 Array = Any  # torch.Tensor or np.ndarray
 
@@ -194,16 +194,16 @@ class ReplayBuffer:
         # Invariant: _counters = [ptr, size, adds cut short]; ptr and size written only
         # after the rows they cover. An add cut short (an exception, a Ctrl-C) may have
         # written rows it never counts: the third counts those adds, for save.
-        self._counters = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self._counters = small_shared_zeros(3, dtype=torch.int64)
         # A lapped gather's ask that the adds yield: the time.monotonic_ns (odd) of its
         # latest round, 0 while none asks (gather, _yield_to_lapped_gather). A hint:
         # any reader may overwrite or clear it, and an add waits LAPPED_HOLD_S at most.
-        self._asked = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._asked = small_shared_zeros(1, dtype=torch.int64)
         self._views()
         self.region_rows = region_rows or max(64, -(-capacity // 1024))
         n_regions = -(-capacity // self.region_rows)
         # Invariant: _seq[r] is odd exactly while some add writes rows of region r.
-        self._seq = torch.zeros(n_regions, dtype=torch.int64).share_memory_()
+        self._seq = small_shared_zeros(n_regions, dtype=torch.int64)
         # A recursive lock: a thread's adds_paused() blocks nest, counted by the lock.
         # Entered through its C semaphore (_semlock), whose enter and exit leave no
         # point between taking the lock and the block, or between the block and

@@ -23,6 +23,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
+from .shared import small_shared_zeros
+
 PROC = "/proc"  # where processes are looked up (a test points it at a fake tree)
 PID_BITS = 22  # pids are below 2**22, the kernel's PID_MAX_LIMIT
 PID_MASK = (1 << PID_BITS) - 1
@@ -96,7 +98,7 @@ class Owner:
     """
 
     def __init__(self) -> None:
-        self.words = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self.words = small_shared_zeros(3, dtype=torch.int64)  # no name in /dev/shm
         self.view()
 
     def view(self) -> None:
