@@ -70,6 +70,8 @@ named; ``marks`` is ``test_regions_marked_while_copying`` and ``..._for_any_writ
     ``test_an_add_waits_lapped_hold_s_at_most_while_a_reader_asks_again_and_again``.
 19. ``_stop_asking`` that clears nothing: the ask left after
     ``test_a_gather_lapped_by_...`` and in ``every`` for ``wider than the ring``.
+20. ``_stop_asking`` that clears another reader's ask too:
+    ``test_a_gather_that_stops_asking_leaves_another_readers_ask_standing``.
 """
 
 from __future__ import annotations
@@ -598,6 +600,24 @@ def test_an_add_waits_lapped_hold_s_at_most_while_a_reader_asks_again_and_again(
         stop.set()
         asker.join(MARGIN_S)
     assert finished and got == [40] and rb.entered.is_set()
+
+
+def test_a_gather_that_stops_asking_leaves_another_readers_ask_standing() -> None:
+    """A lapped gather ending clears the ask only if it is still its own: another
+    reader's, stamped since (its gather still lapped), stays, and an add of a third
+    thread waits for it. (An unconditional clear survived every other test;
+    helper-92.)"""
+    rb = ReplayBuffer(64, 1, 1, region_rows=8)
+    rb._ask_adds_to_yield()  # this thread's gather, lapped
+    mine = rb._asked_mv[0]
+    ask_from_another_thread(rb)  # another reader's, later
+    theirs = rb._asked_mv[0]
+    assert theirs and theirs != mine
+    rb._stop_asking()  # this thread's gather ends
+    assert rb._asked_mv[0] == theirs
+    rb._asked_mv[0] = mine
+    rb._stop_asking()
+    assert not rb._asked_mv[0]
 
 
 class MarkRecorder(ReplayBuffer):
