@@ -490,7 +490,8 @@ def test_a_buffer_asks_torch_for_no_named_shared_object() -> None:
     torch_<pid>_... file for good (strace's inject=ftruncate:signal=KILL into
     ReplayBuffer(1000, 4, 2): 3 of 3, from the buffer's counters; helper-92). Every
     object of a buffer (its rows, counters, ask, sequence numbers and holder record)
-    is made with no name: torch's named sharing is never asked for."""
+    is made with no name, and so is every object of a pipeline's handle and of the
+    SAC trainer's: torch's named sharing is never asked for."""
     import torch.multiprocessing
 
     if (torch.multiprocessing.get_sharing_strategy() != "file_descriptor"
@@ -509,6 +510,13 @@ rb = ReplayBuffer(1000, 4, 2)
 rb.add_packed(torch.ones(3, rb.width))
 assert rb.ptr == 3 and all(t.is_shared() for t in (rb.storage, rb._counters, rb._asked,
                                                     rb._seq, rb._owner.words))
+# And every object of a pipeline's handle (its state, claims, channels and host
+# slots) and of the SAC trainer's shared objects.
+from replay_fsm import PackerHandle
+from replay_fsm.trainers import shared
+handle = PackerHandle.create(2, 16, rb.width, rb.buffer_id)
+handle.close()
+shared.WeightRing(8, 2), shared.EpisodeLog(4), shared.StopFlag()
 print("ok")
 """
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -351,7 +351,7 @@ class ReplayBuffer:
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
         # The ask (__init__) as a memoryview: an add reads it in tens of nanoseconds.
-        self._asked_mv = memoryview(self._asked.numpy()).cast("B").cast("q")
+        self._asked_mv = self._asked.numpy().data.cast("B").cast("q")
         self._per_thread = threading.local()  # gather's scratch, one per thread
         self._adding = False  # a thread of this process is inside add, the lock taken
         # When (time.monotonic_ns) each add of this process now in progress began

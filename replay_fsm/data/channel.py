@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from ..signals import start_resource_tracker
+from .shared import small_shared_zeros
 
 
 class ChannelClosed(Exception):
@@ -42,11 +43,10 @@ class Channel:
         ctx = mp.get_context("spawn")
         start_resource_tracker()  # first: it must live through a hangup (SIGHUP)
         self.capacity, self.width, self.text_bytes = capacity, width, text_bytes
-        self._buf = torch.zeros(capacity, width + 1, dtype=torch.int64).share_memory_()
-        self._text = torch.zeros(capacity, max(text_bytes, 1),
-                                 dtype=torch.uint8).share_memory_()
+        self._buf = small_shared_zeros(capacity, width + 1, dtype=torch.int64)
+        self._text = small_shared_zeros(capacity, max(text_bytes, 1), dtype=torch.uint8)
         # [head, tail, closed]: head is the consumer's, tail the producer's.
-        self._idx = torch.zeros(3, dtype=torch.int64).share_memory_()
+        self._idx = small_shared_zeros(3, dtype=torch.int64)
         self._items = ctx.Semaphore(0)
         self._spaces = ctx.Semaphore(capacity)
         self._views()
@@ -58,8 +58,8 @@ class Channel:
         # The ring as bytes and the counters as int64 cells: records and counters
         # are read and written through these, a C call each (numpy's scalar and
         # slice access cost several times as much per message).
-        self._bytes = memoryview(self._buf_np).cast("B")
-        self._counters = memoryview(self._idx_np).cast("B").cast("q")
+        self._bytes = self._buf_np.data.cast("B")
+        self._counters = self._idx_np.data.cast("B").cast("q")
         self._record = struct.Struct(f"{self.width + 1}q")  # a row and its text length
         # post_local's records, for this process's consumer only (never pickled), and
         # how many it ever posted.

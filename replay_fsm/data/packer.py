@@ -38,7 +38,7 @@ from . import owner
 from .buffer import ReplayBuffer
 from .channel import Channel, ChannelClosed, semaphore_name, unlink_semaphore
 from .sampling import sample_indices
-from .shared import shared_zeros
+from .shared import shared_zeros, small_shared_zeros
 
 ERROR_TEXT_BYTES = 16384
 LEARNER_CHECK_S = 0.25  # how often a packer looks whether its learner still lives
@@ -133,7 +133,7 @@ class PackerHandle:
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int, buffer_id: int = 0
                ) -> PackerHandle:
-        state = torch.zeros(PREDECESSOR + 1, dtype=torch.int64).share_memory_()
+        state = small_shared_zeros(PREDECESSOR + 1, dtype=torch.int64)
         state[LEARNER] = os.getpid()
         return cls(
             # Twice the ring: besides one live request per slot, at most ring_depth
@@ -144,7 +144,7 @@ class PackerHandle:
                                      what=f"host slot {i} of {sample_count} rows")
                         for i in range(ring_depth)],
             packer_state=state,
-            claims=torch.zeros(ring_depth, PACKER_OWES + 1, dtype=torch.int64).share_memory_(),
+            claims=small_shared_zeros(ring_depth, PACKER_OWES + 1, dtype=torch.int64),
             claim_lock=mp.get_context("spawn").Lock(),
             chunks=chunk_count(sample_count),
             buffer_id=buffer_id,

@@ -56,12 +56,13 @@ def shared_zeros(*shape: int, what: str, dtype: torch.dtype = torch.float32
 
 
 def small_shared_zeros(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-    """``torch.zeros(*shape, dtype=dtype).share_memory_()`` for a few words (counters,
-    sequence numbers), made as the rows are (``_zeros_in_shm``): under torch's default
-    sharing strategy with no name in /dev/shm at any instant. torch's ``share_memory_``
-    makes a named object and unlinks it only once it is sized and mapped: a process
-    SIGKILLed in between (a collector killed as it made its buffer) left an empty
-    ``torch_<pid>_...`` file there for good. No room check: its bytes are a page."""
+    """``torch.zeros(*shape, dtype=dtype).share_memory_()`` for the small objects
+    (counters, sequence numbers, channels, a trainer's weights), made as the rows are
+    (``_zeros_in_shm``): under torch's default sharing strategy with no name in
+    /dev/shm at any instant. torch's ``share_memory_`` makes a named object and unlinks
+    it only once it is sized and mapped: a process SIGKILLed in between (a collector
+    killed as it made its buffer) left an empty ``torch_<pid>_...`` file there for
+    good. No room check (``shared_zeros``'s)."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
     return _zeros_in_shm(shape, dtype, nbytes)
 

@@ -11,6 +11,8 @@ import time
 
 import torch
 
+from ..data.shared import small_shared_zeros
+
 
 class WeightRing:
     """Versions of the actor's flat parameters, published by the learner.
@@ -26,9 +28,9 @@ class WeightRing:
         if numel < 1 or slots < 2:
             raise ValueError("numel must be >= 1 and slots >= 2")
         self.slots = slots
-        self._data = torch.zeros(slots, numel).share_memory_()
+        self._data = small_shared_zeros(slots, numel, dtype=torch.float32)
         # Invariant: _version[0] is the newest version whose slot is fully written.
-        self._version = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._version = small_shared_zeros(1, dtype=torch.int64)
         # A token per publish. Not an Event: its set() waits, under its condition's
         # lock, for every sleeper to wake, and a collector killed (SIGKILL, the OOM
         # killer) asleep in wait() never does: the learner's publish hung for ever.
@@ -85,10 +87,10 @@ class EpisodeLog:
     def __init__(self, capacity: int = 1 << 16) -> None:
         self.capacity = capacity
         # One row more than it holds: the collector writes the next episode there.
-        self._rows = torch.zeros(capacity + 1, 4, dtype=torch.float64).share_memory_()
+        self._rows = small_shared_zeros(capacity + 1, 4, dtype=torch.float64)
         # Invariant: episodes [0, _count[0]) are complete, episode i in row i % rows;
         # episode _count[0] may be being written over episode _count[0] - rows.
-        self._count = torch.zeros(1, dtype=torch.int64).share_memory_()
+        self._count = small_shared_zeros(1, dtype=torch.int64)
 
     def record(self, env_steps: int, returns: list[float], lengths: list[int]) -> None:
         """Append finished episodes (the collector's call), over the oldest when full."""
@@ -130,7 +132,7 @@ class StopFlag:
     learner's ``set`` then waited for it for ever."""
 
     def __init__(self) -> None:
-        self._flag = torch.zeros(1, dtype=torch.uint8).share_memory_()
+        self._flag = small_shared_zeros(1, dtype=torch.uint8)
 
     def set(self) -> None:
         self._flag[0] = 1
