@@ -473,7 +473,10 @@ def test_gathers_of_the_whole_ring_while_it_is_rewritten_back_to_back_end_whole(
     """INV-ROW and the gather's liveness against a writer whose every add rewrites the
     whole ring, back to back (the lapped gather, tests/test_seqlock.py): each gather
     of every row returns whole rows, of one add or two, and none waits for the
-    writer to stop (a bound, not a timing: MARGIN_S for all of them)."""
+    writer to stop (a bound, not a timing: MARGIN_S for all of them). At this size a
+    gather that never asks the adds to yield ends too (helper-92): the ask itself is
+    the Lapping test's (tests/test_seqlock.py); this one checks the rows it hands out
+    under a real writer, thread and process."""
     rb = ReplayBuffer(4096, 120, 16, region_rows=64)
     rb.add_packed(constant_rows(rb, 1, 4096))
     ctx = mp.get_context("spawn")
