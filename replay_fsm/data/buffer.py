@@ -739,8 +739,7 @@ class ReplayBuffer:
         round. The thread's own stamp is kept first, so that its adds never wait for
         it (``_yield_to_lapped_gather``) and its ``_stop_asking`` clears it."""
         stamp = time.monotonic_ns() | 1  # never 0: "none asks"
-        self._per_thread.asking = stamp
-        self._asked_mv[0] = stamp
+        self._per_thread.asking = self._asked_mv[0] = stamp  # in this order, one statement
 
     def _stop_asking(self) -> None:
         """Clear the ask if it is still this thread's: another reader's, stamped since,
