@@ -227,6 +227,24 @@ def test_the_exit_hook_waits_for_stuck_closes_once_not_once_per_pipeline(
     assert took < 2.5, took
 
 
+def test_the_exit_hook_ends_the_emulated_copy_engine() -> None:
+    """The exit hook stopped the link and the worker, not the emulated backend's copy
+    engine (a daemon thread): an order still queued (an exception raised out of the
+    learner's loop) was copied while the interpreter finalized, and the engine,
+    retaking the GIL inside ``Tensor.copy_``, was ended in C++ code: "terminate called
+    without an active exception", exit code 134, in 2 of 6 runs (helper-91). The
+    backend's ``stop_at_exit`` now ends it after the orders it has."""
+    pipe = Pipeline(buffer(), sample_count=N, backend="emulated")
+    try:
+        pipe.start_prepare(0, N)
+        engine = pipe.backend._engine  # type: ignore[attr-defined]
+        assert engine is not None and engine.is_alive()
+        pipe._stop_at_exit()
+        assert not engine.is_alive()
+    finally:
+        pipe.close()
+
+
 class Boom(RuntimeError):
     pass
 

@@ -712,11 +712,11 @@ class Pipeline:
                 raise_deferred()
 
     def _stop_at_exit(self, deadline: float | None = None) -> None:
-        """The interpreter's exit: stop the collector link and the transfer worker, each
-        bounded (STOP_TIMEOUT_S), not the backend, whose drain has no bound (a copy
-        that never completes, a hung device) and is moot as the process ends. A close
-        on another thread is waited for until ``deadline`` (time.monotonic; None:
-        STOP_TIMEOUT_S from now)."""
+        """The interpreter's exit: stop the collector link, the transfer worker and then
+        the backend's own threads (``stop_at_exit``), each bounded (STOP_TIMEOUT_S),
+        not the backend's drain, which has no bound (a copy that never completes, a hung
+        device) and is moot as the process ends. A close on another thread is waited
+        for until ``deadline`` (time.monotonic; None: STOP_TIMEOUT_S from now)."""
         if os.getpid() != self._pid or self._stopped:
             return
         # After a close running on another thread (a daemon's), not beside it; bounded
@@ -726,6 +726,9 @@ class Pipeline:
         try:
             if not self._stopped:
                 self._stop_sides()
+                # After the worker: nothing submits to the backend any more.
+                with self._closing_step():
+                    self.backend.stop_at_exit(STOP_TIMEOUT_S)
         finally:
             if got:
                 self._close_lock.release()

@@ -151,6 +151,15 @@ class TransferBackend(abc.ABC):
     def close(self) -> None:
         """Drain in-flight copies and free what setup took. Idempotent."""
 
+    def stop_at_exit(self, timeout: float) -> list[str]:
+        """The interpreter's exit, for a pipeline left open, once nothing submits any
+        more: end the backend's own threads within ``timeout``, not its drain (a copy
+        that never completes, a hung device); returns what was left running. A daemon
+        thread still inside a torch call while the interpreter finalizes aborts the
+        process ("terminate called without an active exception", exit code 134).
+        Default: nothing (no thread of its own)."""
+        return []
+
 
 def parse_device(device: str | torch.device) -> torch.device:
     """``device`` as a ``torch.device``.
