@@ -98,18 +98,21 @@ class EmulatedBackend(TransferBackend):
         running, it copied (``Tensor.copy_``) while the interpreter finalized, and the
         daemon thread, retaking the GIL inside torch, was ended in C++ code: exit code
         134 in 2 of 6 runs of a script whose uncaught exception left a copy queued."""
-        engine = self._engine
-        if engine is None:
+        if self._end_engine(timeout):
             return []
-        self._orders.put(None)
-        engine.join(timeout)
-        if engine.is_alive():
-            return [f"the emulated copy engine did not stop within {timeout:.0f} s; it "
-                    "is a daemon thread and is left behind"]
-        return []
+        return [f"the emulated copy engine did not stop within {timeout:.0f} s; it "
+                "is a daemon thread and is left behind"]
 
     def close(self) -> None:
-        if self._engine is not None:
-            self._orders.put(None)
-            self._engine.join()
-            self._engine = None
+        self._end_engine(None)
+        self._engine = None
+
+    def _end_engine(self, timeout: float | None) -> bool:
+        """Post the end after the orders queued and wait for the engine (``timeout``
+        seconds; None: until it ends): whether it ended (or never started)."""
+        engine = self._engine
+        if engine is None:
+            return True
+        self._orders.put(None)
+        engine.join(timeout)
+        return not engine.is_alive()
