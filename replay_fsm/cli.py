@@ -164,7 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     from . import __version__
     ap = argparse.ArgumentParser(prog="replay-fsm", description=__doc__)
     ap.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    sub = ap.add_subparsers(dest="command", required=True)
+    # Required, but checked below: argparse's own check names only the missing command
+    # and not an unknown argument given with it (``replay-fsm --bogus``).
+    sub = ap.add_subparsers(dest="command")
     commands: dict[str, argparse.ArgumentParser] = {}
 
     def command(name: str, help: str) -> argparse.ArgumentParser:
@@ -224,6 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     exp.set_defaults(fn=_explore)
 
     args, unknown = ap.parse_known_args(argv)
+    if args.command is None:
+        ap.error("the following arguments are required: command"
+                 + (f"; unrecognized arguments: {' '.join(unknown)}" if unknown else ""))
     if unknown:  # the usage of the parser they were given to: the command's, mostly
         given = sys.argv[1:] if argv is None else list(argv)
         before = given[:given.index(args.command)] if args.command in given else []

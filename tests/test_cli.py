@@ -407,6 +407,22 @@ def test_an_unknown_argument_before_the_command_gets_the_top_level_usage(
     assert err.splitlines()[-1] == "replay-fsm: error: unrecognized arguments: --bogus", err
 
 
+@pytest.mark.parametrize("argv,tail", [
+    ([], ""), (["--bogus"], "; unrecognized arguments: --bogus"),
+    (["--bogus", "-x"], "; unrecognized arguments: --bogus -x")])
+def test_no_command_is_refused_naming_what_else_was_given(
+        capsys: pytest.CaptureFixture[str], argv: list[str], tail: str) -> None:
+    """argparse's own check of a required command named only the command missing, not
+    an unknown argument given without one (``replay-fsm --bogus``)."""
+    with pytest.raises(SystemExit) as info:
+        main(argv)
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: replay-fsm [-h] [--version]"), err
+    assert err.splitlines()[-1] == ("replay-fsm: error: the following arguments are "
+                                    f"required: command{tail}"), err
+
+
 def test_an_out_ending_in_json_in_any_case_names_the_file(tmp_path: Path) -> None:
     from replay_fsm.trainers.run import output_path
 
