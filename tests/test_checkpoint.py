@@ -155,17 +155,86 @@ def test_load_checks_the_dimensions_asked_for(tmp_path: Path) -> None:
                                ("action_dim", 2, 1), ("critic_dim", 1, 0)]:
         with pytest.raises(CheckpointError) as info:
             ReplayBuffer.load(path, **{name: asked})
+        hint = RESIZE_HINT if name == "capacity" else ""
         assert str(info.value) == (f"{path}: does not match the buffer asked for: "
-                                   f"{name}={saved} in the file, {asked} asked for")
+                                   f"{name}={saved} in the file, {asked} asked for{hint}")
         assert isinstance(info.value, ValueError)
         # The parts, for a caller that reports them apart (kills
         # xǁCheckpointErrorǁ__init__ mutants 2 and 3).
         assert (info.value.path, info.value.problem) == (
             str(path), f"does not match the buffer asked for: {name}={saved} in the file, "
-            f"{asked} asked for")
+            f"{asked} asked for{hint}")
     with pytest.raises(CheckpointError, match="obs_dim=3 in the file, 1 asked for, "
                                               "critic_dim=1 in the file, 0 asked for"):
         ReplayBuffer.load(path, obs_dim=1, critic_dim=0)
+
+
+RESIZE_HINT = ("; to go on in a ring of another capacity, load it without capacity= and "
+               "call .resized(capacity) on the buffer (its newest rows, oldest first; ptr "
+               "restarts at their count)")
+
+
+@given(capacity=st.integers(1, 40), ptr=st.integers(0, 130), new=st.integers(1, 60),
+       copy_rows=st.sampled_from([1, 3, 64]), critic=st.sampled_from([0, 2]),
+       more=st.integers(0, 50))
+def test_resized_holds_the_newest_rows_oldest_first_and_goes_on_from_them(
+        capacity: int, ptr: int, new: int, copy_rows: int, critic: int, more: int) -> None:
+    rb = filled(capacity, ptr, 3, 2, critic, check_finite=True)
+    before = rb.storage.clone()
+    with pytest.MonkeyPatch.context() as mp_:
+        mp_.setattr(buffer_module, "RESIZE_COPY_BYTES", copy_rows * rb.width * 4)
+        grown = rb.resized(new)
+    kept = min(ptr, capacity, new)
+    assert (grown.capacity, grown.ptr, grown.size) == (new, kept, kept)
+    assert (grown.obs_dim, grown.action_dim, grown.critic_dim) == (3, 2, critic)
+    assert grown.check_finite and grown.storage.is_shared()
+    # Row j holds history row ptr - kept + j: the model of a buffer that saw only those.
+    expected = model(new, rb.width, kept) + (ptr - kept) * (model(new, rb.width, kept) > 0)
+    assert torch.equal(grown.storage, expected)
+    assert torch.equal(rb.storage, before) and rb.ptr == ptr  # the source is unchanged
+    # Adds go on after them, in the new ring: as adds to a buffer of that capacity.
+    grown.add_packed(ids(ptr, more, rb.width))
+    ring = ReplayBuffer(new, 3, 2, critic)
+    ring.add_packed(ids(ptr - kept, kept + more, rb.width))
+    assert torch.equal(grown.storage, ring.storage) and grown.ptr == kept + more
+
+
+def test_resized_holds_the_adds_off_while_it_copies_and_works_in_a_pause(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    rb = filled(8, 13)
+    paused: list[bool] = []
+    add_packed = ReplayBuffer.add_packed
+
+    def watched(self: ReplayBuffer, rows: Any) -> None:
+        paused.append(adds_are_paused(rb))
+        add_packed(self, rows)
+    monkeypatch.setattr(ReplayBuffer, "add_packed", watched)
+    monkeypatch.setattr(buffer_module, "RESIZE_COPY_BYTES", 2 * rb.width * 4)
+    assert rb.resized(6).storage[:, 0].tolist() == [8.0, 9.0, 10.0, 11.0, 12.0, 13.0]
+    # Copies of 1 (the ring's end), 2, 2 and 1 rows, each under the pause.
+    assert paused == [True] * 4 and not adds_are_paused(rb)
+    with rb.adds_paused():
+        small = rb.resized(4)  # the pause nests
+        assert adds_are_paused(rb)
+    assert small.storage[:, 0].tolist() == [10.0, 11.0, 12.0, 13.0]
+    assert not adds_are_paused(rb)
+
+
+def test_resized_refuses_a_capacity_as_the_constructor_does() -> None:
+    rb = filled(8, 3)
+    for bad, error in [(0, ValueError), (-1, ValueError), (2.0, TypeError),
+                       (True, TypeError), ("8", TypeError)]:
+        with pytest.raises(error, match="capacity"):
+            rb.resized(bad)  # type: ignore[arg-type]
+
+
+def test_a_checkpoint_goes_on_in_a_larger_ring_as_the_mismatch_says(tmp_path: Path) -> None:
+    path = tmp_path / "b.ckpt"
+    filled(10, 25).save(path)
+    with pytest.raises(CheckpointError, match=r"\.resized\(capacity\)"):
+        ReplayBuffer.load(path, capacity=40)
+    grown = ReplayBuffer.load(path).resized(40)
+    assert grown.storage[:12, 0].tolist() == [float(i) for i in range(16, 26)] + [0.0, 0.0]
 
 
 @pytest.mark.parametrize("name,value,low", [

@@ -153,6 +153,10 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+# resized() copies the rows this many bytes at a time (a ring's end cuts one short).
+RESIZE_COPY_BYTES = 16 << 20
+
+
 class ReplayBuffer:
     """A ring of ``capacity`` packed float32 rows in CPU shared memory.
 
@@ -820,3 +824,33 @@ class ReplayBuffer:
         """
         return checkpoint.load(path, cls, capacity=capacity, obs_dim=obs_dim,
                                action_dim=action_dim, critic_dim=critic_dim)
+
+    def resized(self, capacity: int) -> ReplayBuffer:
+        """A new buffer in shared memory, of ``capacity`` rows and this one's dims and
+        ``check_finite``, holding this one's newest ``min(size, capacity)`` rows in the
+        order they were added, the oldest at position 0: how a checkpoint goes on in a
+        ring of another size (``ReplayBuffer.load(path).resized(capacity)``). Its
+        ``ptr`` is the count of rows it holds, not this buffer's ``ptr``, so a batch
+        drawn from it with a given seed is not the one this buffer gives. Adds to this
+        buffer wait while the rows are copied (``adds_paused``; it may be called
+        inside such a block); until this one is dropped both are in memory.
+
+        Raises:
+            TypeError, ValueError: ``capacity`` is not an int >= 1 (as the constructor).
+            MemoryError: the new buffer does not fit (as the constructor).
+            ProtocolError: called on a thread inside an ``add`` (``adds_paused``).
+            WriterDied: a process died inside an add, holding the write lock.
+        """
+        new = type(self)(capacity, self.obs_dim, self.action_dim, self.critic_dim,
+                         check_finite=self.check_finite)
+        with self.adds_paused():
+            ptr = self.ptr
+            first = ptr - min(self.size, new.capacity)
+            step = max(1, RESIZE_COPY_BYTES // (self.width * 4))
+            start = first
+            while start < ptr:
+                lo = start % self.capacity
+                n = min(ptr - start, step, self.capacity - lo)  # up to the ring's end
+                new.add_packed(self.storage[lo:lo + n])
+                start += n
+        return new

@@ -605,7 +605,8 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
                  if v is not None and meta[k] != v]
         if wrong:
             raise CheckpointError(path, "does not match the buffer asked for: "
-                                        + ", ".join(wrong))
+                                  + ", ".join(wrong) + _RESIZE_HINT * any(
+                                      w.startswith("capacity=") for w in wrong))
         if meta["ptr"] > cls.MAX_PTR:
             raise CheckpointError(path, f"header says ptr={meta['ptr']}, more rows than "
                                         f"{cls.__name__} counts ({cls.MAX_PTR})")
@@ -633,6 +634,12 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
         _read_rows(path, f, rb, crcs, chunk_rows, size)
         rb.adopt_rows(ptr)  # counters last, as add does: the rows they cover are in place
     return rb
+
+
+# For a checkpoint asked for with another capacity: how its rows go on in that ring.
+_RESIZE_HINT = ("; to go on in a ring of another capacity, load it without capacity= "
+                "and call .resized(capacity) on the buffer (its newest rows, oldest "
+                "first; ptr restarts at their count)")
 
 
 def _open_regular(path: str) -> Any:
