@@ -9,7 +9,9 @@ A writer holds a lock on its temporary file (``flock``) while it writes. What a 
 killed outright left (SIGKILL, the OOM killer: no code of it runs) is removed by the
 next write of the same path (``remove_stale``): a temporary file no process holds,
 last written more than ``STALE_AFTER_S`` ago. A checkpoint's is as large as the
-buffer, and would otherwise keep that much of the disk that the next save needs."""
+buffer, and would otherwise keep that much of the disk that the next save needs; a
+checkpoint is written without a name where its folder allows (``create_unnamed``),
+and a save killed then leaves nothing."""
 
 from __future__ import annotations
 
@@ -35,6 +37,10 @@ NAME_BYTES_IN_TEMPORARY = 200
 # its writer may have made it and not taken its lock yet, or (a text file's) closed it
 # and not renamed it yet. A checkpoint's save keeps its lock through the rename.
 STALE_AFTER_S = 60.0
+# This process's open files (Linux): a file without a name is linked to one through it.
+PROC_FD = "/proc/self/fd"
+# What an open with O_TMPFILE raises where the kernel or the file system has none.
+NO_TMPFILE = frozenset({errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL})
 # When this process started, as near as it matters: every temporary file it makes, it
 # makes after importing this module.
 STARTED = time.time()
@@ -254,10 +260,7 @@ def create_temporary(tmp: str, target: str) -> int:
     0o666 less the umask (which the kernel applies). The descriptor holds the file's
     lock (``flock``, exclusive; none where the file system has no locks): a file held
     so is never taken for one a killed writer left (``remove_stale``)."""
-    try:
-        mode: int | None = stat.S_IMODE(os.stat(target).st_mode)
-    except FileNotFoundError:
-        mode = None
+    mode = _mode_of(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
     # Never more open than the file it replaces, not even until the fchmod.
     fd = os.open(tmp, flags, 0o666 if mode is None else mode)
@@ -273,6 +276,54 @@ def create_temporary(tmp: str, target: str) -> int:
         os.close(fd)
         raise
     return fd
+
+
+def create_unnamed(target: str, opened: list[int]) -> bool:
+    """Open a new file in ``target``'s folder that no name points to (O_TMPFILE), with
+    the mode and the lock ``create_temporary`` gives a named one, its descriptor
+    appended to ``opened`` by the one C call that opens it: a Ctrl-C as the open
+    returns loses no descriptor. The caller closes what ``opened`` holds, after an
+    error too. A writer killed at any instant leaves nothing of such a file on the
+    disk (the kernel frees it with its last descriptor) until it links it to a name
+    (``os.link`` of ``PROC_FD/<fd>``, following the link). False, nothing opened,
+    where there is no such file here: no O_TMPFILE (not Linux), a kernel or a file
+    system that refuses it (``NO_TMPFILE``: NFS, FUSE, a kernel before 3.11), no
+    ``PROC_FD`` to link it through (a chroot or container without /proc).
+
+    Raises:
+        OSError: as the open raised otherwise (no permission to make a file in the
+            folder, no inode left, too many open files, a missing folder), naming
+            the folder; as the mode's ``fchmod`` raised.
+    """
+    tmpfile = getattr(os, "O_TMPFILE", None)
+    if tmpfile is None or not os.path.isdir(PROC_FD):
+        return False
+    mode = _mode_of(target)
+    flags = tmpfile | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
+    try:
+        opened.extend(map(os.open, [os.path.dirname(target) or os.curdir], [flags],
+                          [0o666 if mode is None else mode]))
+    except OSError as exc:
+        if exc.errno in NO_TMPFILE:
+            return False
+        raise
+    if mode is not None:
+        os.fchmod(opened[-1], mode)
+    if fcntl is not None:
+        # No other file can hold the lock of a file without a name; it stays held
+        # once the file is named, until the last of its descriptors closes.
+        with contextlib.suppress(OSError):  # a file system without locks: unheld
+            fcntl.flock(opened[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return True
+
+
+def _mode_of(target: str) -> int | None:
+    """The mode of the file at ``target``, which its replacement keeps; None where
+    there is none (the new file gets 0o666 less the umask)."""
+    try:
+        return stat.S_IMODE(os.stat(target).st_mode)
+    except FileNotFoundError:
+        return None
 
 
 def _create_beside(target: str) -> tuple[int, str]:

@@ -14,6 +14,8 @@ import secrets
 
 import torch
 
+from ..files import NO_TMPFILE
+
 SHM = "/dev/shm"  # where Linux keeps shared memory (torch's sharing strategies use it)
 PROC_SELF = "/proc/self"  # this process's cgroups and mounts
 # What torch's refusals say when the room ran out: the CPU allocator's, a full
@@ -123,7 +125,7 @@ def _unnamed_file() -> int:
         try:
             return os.open(SHM, os.O_TMPFILE | os.O_RDWR, 0o600)
         except OSError as exc:
-            if exc.errno not in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL):
+            if exc.errno not in NO_TMPFILE:
                 raise  # not a missing O_TMPFILE (too many open files, say)
     path = os.path.join(SHM, f"replay_fsm_{os.getpid()}_{secrets.token_hex(8)}")
     try:
