@@ -28,6 +28,11 @@ others deterministically):
   ``sigkill_at_every_step_of_a_save`` (the order of the I/O calls, and what a
   temporary file killed at each holds), ``a_failed_save...``.
 - a failed save leaving its temporary file: ``a_failed_save...``.
+- the file named before it is whole where O_TMPFILE works (named from the start, or
+  linked before its fsync): ``the_file_is_named_at_its_rename...``,
+  ``a_save_killed_while_it_writes...``, ``sigkill_at_every_step_of_a_save``; no
+  fallback to a named file where O_TMPFILE is refused:
+  ``where_no_file_can_be_made_without_a_name...``.
 - load skipping the chunk checksums, the header checksum or the length check:
   ``every_flipped_byte_is_reported``, ``a_damaged_row_is_located``,
   ``every_truncation_is_reported``.
@@ -120,6 +125,38 @@ def assert_state(rb: ReplayBuffer, ptr: int, capacity: int | None = None) -> Non
         raise AssertionError(f"rows {bad[:10]} differ from the buffer after {ptr} adds: "
                              f"{rb.storage[bad[:3], 0].tolist()} vs "
                              f"{expected[bad[:3], 0].tolist()}")
+
+
+def unnamed_files_in(folder: Path) -> bool:
+    """Whether a save can write its file in ``folder`` without a name until it is
+    whole: O_TMPFILE, and /proc/self/fd to name it through."""
+    if not hasattr(os, "O_TMPFILE") or not os.path.isdir("/proc/self/fd"):
+        return False
+    try:
+        os.close(os.open(folder, os.O_TMPFILE | os.O_WRONLY, 0o600))
+    except OSError:
+        return False
+    return True
+
+
+def forget_o_tmpfile(made: str) -> None:
+    """In a child process: as a kernel or a file system without O_TMPFILE, where
+    ``made`` is "named" (the ``made`` fixture's parameter)."""
+    if made == "named" and hasattr(os, "O_TMPFILE"):
+        del os.O_TMPFILE
+
+
+@pytest.fixture(params=["unnamed", "named"])
+def made(request: pytest.FixtureRequest, tmp_path: Path,
+         monkeypatch: pytest.MonkeyPatch) -> str:
+    """How the save makes its file: "unnamed" until it is whole (O_TMPFILE), or
+    "named" from the start, as where the kernel or the file system has no O_TMPFILE
+    (forced here: ``os.O_TMPFILE`` removed)."""
+    if request.param == "named":
+        monkeypatch.delattr(os, "O_TMPFILE", raising=False)
+    elif not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    return str(request.param)
 
 
 # Round trips ---------------------------------------------------------------------
@@ -864,25 +901,98 @@ def test_chunks_smaller_than_a_row_are_one_row_and_locate_damage_to_it(
         ReplayBuffer.load(path)
 
 
-def test_the_file_is_written_under_a_hidden_temporary_name(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """While it is written the file is ``.NAME.<random>.tmp`` beside the target (the
-    module docstring's name, which a clean-up of leftovers can look for). Kills x_save
-    mutants 23 and 26 (another prefix)."""
+def test_the_file_is_named_at_its_rename_only_with_a_hidden_temporary_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
+    """The file is ``.NAME.<pid>-<random>.tmp`` beside the target when it is renamed
+    (the module docstring's name, which a clean-up of leftovers can look for), and
+    while it is written it has that name only where there is no O_TMPFILE: with one
+    it has none, and a save killed meanwhile leaves nothing (a name from the start
+    left a file as large as the buffer). Kills x_save mutants 23 and 26 (another
+    prefix)."""
     seen: list[list[str]] = []
-    write = checkpoint._pwrite_all
+    write, replace = checkpoint._pwrite_all, os.replace
+    renamed: list[tuple[str, list[str]]] = []
 
     def looking(*args: Any) -> None:
         seen.append(sorted(os.listdir(tmp_path)))
         write(*args)
 
+    def renaming(src: str, dst: str) -> None:
+        renamed.append((src, sorted(os.listdir(tmp_path))))
+        replace(src, dst)
+
     monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    monkeypatch.setattr(checkpoint.os, "replace", renaming)
     filled(8, 5).save(tmp_path / "b.ckpt")
-    names = {name for listing in seen for name in listing}
-    assert len(names) == 1 and seen and all(len(listing) == 1 for listing in seen)
-    (name,) = names
-    assert name.startswith(".b.ckpt.") and name.endswith(".tmp")
+    monkeypatch.undo()
+    ((src, listing),) = renamed
+    name = os.path.basename(src)
+    assert listing == [name] and name.startswith(".b.ckpt.") and name.endswith(".tmp")
+    assert seen and all(listing == ([] if made == "unnamed" else [name])
+                        for listing in seen), seen
     assert os.listdir(tmp_path) == ["b.ckpt"]
+
+
+@pytest.mark.parametrize("here", ["no O_TMPFILE", "EOPNOTSUPP", "EISDIR", "EINVAL",
+                                  "no /proc/self/fd"])
+def test_where_no_file_can_be_made_without_a_name_it_is_named_from_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, here: str) -> None:
+    """A kernel or a file system without O_TMPFILE (not Linux; NFS, FUSE, a kernel
+    before 3.11: the open refuses the flag), or no /proc/self/fd to name the file
+    through: the save writes under the temporary name from the start, and succeeds."""
+    real_open = os.open
+
+    def refusing(name: Any, flags: int, *args: Any) -> int:
+        tmpfile = getattr(os, "O_TMPFILE", None)
+        if tmpfile is not None and flags & tmpfile == tmpfile:
+            code = getattr(errno, here)
+            raise OSError(code, os.strerror(code), name)
+        return real_open(name, flags, *args)
+
+    rb = filled(8, 5)  # its shared memory made first (without a name too)
+    if here == "no O_TMPFILE":
+        monkeypatch.delattr(os, "O_TMPFILE", raising=False)
+    elif here == "no /proc/self/fd":
+        monkeypatch.setattr(files, "PROC_FD", str(tmp_path / "no-proc"))
+    else:
+        monkeypatch.setattr(checkpoint.os, "open", refusing)
+    seen: list[list[str]] = []
+    write = checkpoint._pwrite_all
+
+    def looking(*args: Any) -> None:
+        seen.append(os.listdir(tmp_path))
+        write(*args)
+
+    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    rb.save(tmp_path / "b.ckpt")
+    monkeypatch.undo()
+    assert seen and all(len(listing) == 1 and listing[0].endswith(".tmp")
+                        for listing in seen), seen
+    assert os.listdir(tmp_path) == ["b.ckpt"]
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
+
+
+def test_a_file_that_cannot_be_made_without_a_name_for_another_reason_fails_the_save(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Out of descriptors (EMFILE) or inodes, no permission to make a file there: not
+    a missing O_TMPFILE, and a named file would fail too. The error names the path
+    asked for, not the folder the open named."""
+    if not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    real_open = os.open
+
+    def out_of_descriptors(name: Any, flags: int, *args: Any) -> int:
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            raise OSError(errno.EMFILE, os.strerror(errno.EMFILE), name)
+        return real_open(name, flags, *args)
+
+    rb = filled(8, 5)  # its shared memory made first (without a name too)
+    monkeypatch.setattr(checkpoint.os, "open", out_of_descriptors)
+    with pytest.raises(OSError) as info:
+        rb.save(tmp_path / "b.ckpt")
+    monkeypatch.undo()
+    assert (info.value.errno, info.value.filename) == (errno.EMFILE, str(tmp_path / "b.ckpt"))
+    assert os.listdir(tmp_path) == []
 
 
 def test_writes_the_os_shortens_are_finished(
@@ -931,24 +1041,27 @@ def forkserver() -> Any:
 
 
 def save_and_stop_at(rb: ReplayBuffer, path: str, stop_at: int, chunk_bytes: int,
-                     reached: Any) -> None:
+                     reached: Any, made: str = "unnamed") -> None:
     """Child body: save, but stop just before I/O call number ``stop_at`` (each
-    pwrite of a chunk, the tail and the header, the fsync, the rename, the fsync of
-    the directory) and wait there to be killed."""
+    pwrite of a chunk, the tail and the header, the fsync, the link that names an
+    unnamed file, the rename, the fsync of the directory) and wait there to be
+    killed. ``made``: as the fixture's."""
+    forget_o_tmpfile(made)
     calls = [0]
 
     def gate(fn: Callable[..., Any]) -> Callable[..., Any]:
-        def gated(*args: Any) -> Any:
+        def gated(*args: Any, **kwargs: Any) -> Any:
             if calls[0] == stop_at:
                 reached.set()
                 threading.Event().wait(WAIT)  # killed here
                 os._exit(3)
             calls[0] += 1
-            return fn(*args)
+            return fn(*args, **kwargs)
         return gated
 
     checkpoint._pwrite_all = gate(checkpoint._pwrite_all)  # type: ignore[assignment]
     os.fsync = gate(os.fsync)  # this child's own os module
+    os.link = gate(os.link)
     os.replace = gate(os.replace)
     rb.save(path, chunk_bytes=chunk_bytes)
     reached.set()
@@ -962,14 +1075,15 @@ def io_calls_of_a_save(rb: ReplayBuffer, path: Path, chunk_bytes: int,
     calls: list[str] = []
 
     def record(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def recorded(*args: Any) -> Any:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
             calls.append(name)
-            return fn(*args)
+            return fn(*args, **kwargs)
         return recorded
 
     with monkeypatch.context() as m:
         m.setattr(checkpoint, "_pwrite_all", record("pwrite", checkpoint._pwrite_all))
         m.setattr(os, "fsync", record("fsync", os.fsync))
+        m.setattr(os, "link", record("link", os.link))
         m.setattr(os, "replace", record("replace", os.replace))
         rb.save(path, chunk_bytes=chunk_bytes)
     return calls
@@ -979,12 +1093,13 @@ def temporaries(directory: Path) -> list[Path]:
     return sorted(p for p in directory.iterdir() if p.name.endswith(".tmp"))
 
 
-def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_sigkill_at_every_step_of_a_save(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                         made: str) -> None:
     """A save killed before each of its I/O calls, and after the last: until the
-    rename the previous checkpoint loads intact, and the temporary file is rejected
-    until its header (written last) and then loads as the new state; from the rename
-    on, the new checkpoint loads."""
+    rename the previous checkpoint loads intact; from the rename on, the new one.
+    Unnamed until it is whole, the file is left only by a kill between its link and
+    its rename, whole (it loads as the new state); named from the start, it is left
+    by every kill before the rename, and rejected until its header (written last)."""
     ctx = forkserver()
     old_ptr, new_ptr, chunk_bytes = 37, 52, 4 * 32
     calls = io_calls_of_a_save(filled(24, new_ptr), tmp_path / "probe.ckpt", chunk_bytes,
@@ -992,8 +1107,11 @@ def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
     os.unlink(tmp_path / "probe.ckpt")
     header = len(calls) - 1 - calls[::-1].index("pwrite")  # the last pwrite
     rename = calls.index("replace")
-    # 6 chunks of 4 rows, the tail, the header, then fsync, rename, directory fsync.
-    assert calls == ["pwrite"] * 8 + ["fsync", "replace", "fsync"], calls
+    # 6 chunks of 4 rows, the tail, the header, then fsync, (link,) rename, directory
+    # fsync.
+    named = ["link"] if made == "unnamed" else []
+    assert calls == ["pwrite"] * 8 + ["fsync", *named, "replace", "fsync"], calls
+    named_from = calls.index("link") + 1 if made == "unnamed" else 0
     for stop_at in range(len(calls) + 1):
         work = tmp_path / f"stop{stop_at}"
         work.mkdir()
@@ -1003,7 +1121,7 @@ def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
         add_history(rb, new_ptr - old_ptr)
         reached = ctx.Event()
         child = ctx.Process(target=save_and_stop_at,
-                            args=(rb, str(path), stop_at, chunk_bytes, reached))
+                            args=(rb, str(path), stop_at, chunk_bytes, reached, made))
         child.start()
         assert reached.wait(WAIT), f"the child never reached I/O call {stop_at}"
         os.kill(child.pid, signal.SIGKILL)
@@ -1013,7 +1131,7 @@ def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
         assert_state(ReplayBuffer.load(path), old_ptr if stop_at <= rename else new_ptr,
                      24)
         tmp = temporaries(work)
-        assert len(tmp) == (1 if stop_at <= rename else 0), (where, tmp)
+        assert len(tmp) == (1 if named_from <= stop_at <= rename else 0), (where, tmp)
         if tmp and stop_at <= header:
             with pytest.raises(CheckpointError, match=r"a save that did not finish\?"):
                 ReplayBuffer.load(tmp[0])
@@ -1026,6 +1144,43 @@ def test_sigkill_at_every_step_of_a_save(tmp_path: Path,
         assert_state(ReplayBuffer.load(path), new_ptr, 24)
 
 
+def kill_myself_after_the_first_chunk(rb: ReplayBuffer, path: str, chunk_bytes: int
+                                      ) -> None:
+    """Child body: save, and SIGKILL this process once the first chunk is written."""
+    write = checkpoint._pwrite_all
+
+    def write_then_die(*args: Any) -> None:
+        write(*args)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    checkpoint._pwrite_all = write_then_die  # type: ignore[assignment]
+    rb.save(path, chunk_bytes=chunk_bytes)
+    os._exit(3)  # never reached
+
+
+def test_a_save_killed_while_it_writes_leaves_nothing_beside_the_checkpoint(
+        tmp_path: Path) -> None:
+    """A process killed (SIGKILL, the OOM killer) while it saves a 31 MB buffer:
+    where there is O_TMPFILE, the folder holds the old checkpoint and nothing else,
+    which loads. The file written under its temporary name from the start stayed, as
+    large as the rows written, until a save of the same path a minute later (28 kills
+    of a crash-looping job left 2.3 GB within that minute)."""
+    if not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    path = tmp_path / "b.ckpt"
+    capacity, ptr = 60_000, 70_000  # rows of 131 floats: 31 MB
+    rb = filled(capacity, 100, 60, 8)
+    rb.save(path)
+    add_history(rb, ptr - 100)
+    child = forkserver().Process(target=kill_myself_after_the_first_chunk,
+                                 args=(rb, str(path), 1 << 20))
+    child.start()
+    child.join(WAIT)
+    assert child.exitcode == -signal.SIGKILL
+    assert os.listdir(tmp_path) == ["b.ckpt"]
+    assert_state(ReplayBuffer.load(path), 100, capacity)
+
+
 def age(paths: list[Path]) -> None:
     """Date the files' last write back past ``files.STALE_AFTER_S``."""
     then = time.time() - 2 * files.STALE_AFTER_S
@@ -1034,28 +1189,30 @@ def age(paths: list[Path]) -> None:
 
 
 def test_what_a_killed_save_left_is_removed_before_the_save_writes(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The leftover is as large as the buffer: on a disk it filled, the save that
-    removes it after writing its own file would fail for want of that room."""
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
+    """The leftover (of a save named from the start) is as large as the buffer: on a
+    disk it filled, the save that removes it after writing its own file would fail
+    for want of that room."""
     left = tmp_path / f".b.ckpt.{os.getppid()}-0123abcd.tmp"  # another process's pid
     left.write_bytes(b"rows of a killed save")
     age([left])
-    create = checkpoint._create_temporary
+    write = checkpoint._pwrite_all
     there: list[bool] = []
 
-    def creating(tmp: str, target: str) -> int:
+    def writing(*args: Any) -> None:
         there.append(left.exists())
-        return create(tmp, target)
+        write(*args)
 
-    monkeypatch.setattr(checkpoint, "_create_temporary", creating)
+    monkeypatch.setattr(checkpoint, "_pwrite_all", writing)
     filled(8, 5).save(tmp_path / "b.ckpt")
-    assert there == [False] and os.listdir(tmp_path) == ["b.ckpt"]
+    assert there and not any(there) and os.listdir(tmp_path) == ["b.ckpt"]
 
 
 def test_a_save_holds_its_temporary_until_the_rename(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
     """Its lock was released with its descriptor, before the rename: a save whose
-    fsync took over a minute could have its file removed there by another save."""
+    fsync took over a minute could have its file removed there by another save. A
+    file made without a name holds the lock it took then under the name it gets."""
     probed: list[bool] = []
     replace = os.replace
 
@@ -1079,19 +1236,24 @@ def test_a_save_holds_its_temporary_until_the_rename(
     assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
 
 
-def test_a_save_in_progress_in_another_process_keeps_its_temporary(tmp_path: Path
-                                                                   ) -> None:
+def test_a_save_in_progress_in_another_process_keeps_its_temporary(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
     """A save stopped midway (a slow disk, a process stopped) holds its temporary
     file: another process's save of the same path leaves it, however old its last
-    write; once the writer is killed, the next save removes it."""
+    write; once the writer is killed, the next save removes it. Stopped at its third
+    write where it is named from the start, or between its link and its rename where
+    it is made unnamed (it has a name only there; the lock was taken before)."""
     ctx = forkserver()
     path = tmp_path / "b.ckpt"
     rb = filled(24, 30)
+    calls = io_calls_of_a_save(rb, path, 4 * 32, monkeypatch)
+    stop_at = calls.index("replace") if made == "unnamed" else 3
     reached = ctx.Event()
-    child = ctx.Process(target=save_and_stop_at, args=(rb, str(path), 3, 4 * 32, reached))
+    child = ctx.Process(target=save_and_stop_at,
+                        args=(rb, str(path), stop_at, 4 * 32, reached, made))
     child.start()
     try:
-        assert reached.wait(WAIT), "the child never reached its third write"
+        assert reached.wait(WAIT), f"the child never reached I/O call {stop_at}"
         (theirs,) = temporaries(tmp_path)
         age([theirs])
         rb.save(path)
@@ -1105,10 +1267,25 @@ def test_a_save_in_progress_in_another_process_keeps_its_temporary(tmp_path: Pat
 
 
 def save_in_a_loop(rb: ReplayBuffer, path: str, batch: int, saved_ptr: Any,
-                   first_saved: Any) -> None:
+                   first_saved: Any, writing: Any, made: str) -> None:
     """Child body: add a batch of the history and save, forever. It is killed at any
-    instant, so it holds no lock the parent takes afterwards: ``saved_ptr`` is a
-    lock-free RawValue, and the event is set once, before the parent starts the clock."""
+    instant, so it holds no lock the parent takes afterwards: ``saved_ptr`` and
+    ``writing`` (1 from a save's first write of rows until its file is synced) are
+    lock-free RawValues, and the event is set once, before the parent starts the
+    clock. ``made``: as the fixture's."""
+    forget_o_tmpfile(made)
+    write, fsync = checkpoint._pwrite_all, os.fsync
+
+    def marked(*args: Any) -> None:
+        writing.value = 1
+        write(*args)
+
+    def synced(fd: int) -> None:
+        fsync(fd)
+        writing.value = 0
+
+    checkpoint._pwrite_all = marked  # type: ignore[assignment]
+    os.fsync = synced  # this child's own os module
     while True:
         add_history(rb, batch)
         ck = rb.save(path, chunk_bytes=1 << 20)
@@ -1117,15 +1294,17 @@ def save_in_a_loop(rb: ReplayBuffer, path: str, batch: int, saved_ptr: Any,
             first_saved.set()
 
 
-def kill_a_saving_process(tmp_path: Path, rng: random.Random, ctx: Any) -> int:
+def kill_a_saving_process(tmp_path: Path, rng: random.Random, ctx: Any, made: str
+                          ) -> bool:
     """Kill a process saving in a loop at a random instant, check what it left; return
-    how many unfinished temporary files were rejected."""
+    whether the kill landed while a save was writing."""
     capacity, width_dims = 40_000, (60, 8)  # 40000 rows x 131 floats: 21 MB
     rb = filled(capacity, 0, *width_dims)
-    saved_ptr, first_saved = ctx.RawValue("q", -1), ctx.Event()
+    saved_ptr, first_saved, writing = ctx.RawValue("q", -1), ctx.Event(), ctx.RawValue("q")
     batch = 7919
     child = ctx.Process(target=save_in_a_loop,
-                        args=(rb, str(tmp_path / "b.ckpt"), batch, saved_ptr, first_saved))
+                        args=(rb, str(tmp_path / "b.ckpt"), batch, saved_ptr, first_saved,
+                              writing, made))
     child.start()
     try:
         assert first_saved.wait(WAIT)
@@ -1135,43 +1314,49 @@ def kill_a_saving_process(tmp_path: Path, rng: random.Random, ctx: Any) -> int:
     finally:
         os.kill(child.pid, signal.SIGKILL)
         child.join(WAIT)
-    last = saved_ptr.value
+    last, in_writes = saved_ptr.value, writing.value == 1
     loaded = ReplayBuffer.load(tmp_path / "b.ckpt")
     # Exactly one of the saved states: the last one reported, or the one after it
     # when the kill came between the rename and the report.
     assert loaded.ptr in (last, last + batch), (loaded.ptr, last)
     assert_state(loaded, loaded.ptr, capacity)
-    rejected = 0
-    for tmp in temporaries(tmp_path):
+    left = temporaries(tmp_path)
+    # Killed while it wrote: a file named from the start is left, unfinished; one
+    # without a name yet, nothing.
+    if in_writes:
+        assert len(left) == (1 if made == "named" else 0), left
+    for tmp in left:
         try:
             partial = ReplayBuffer.load(tmp)
         except CheckpointError as exc:
             assert "a save that did not finish?" in str(exc)
-            rejected += 1
+            assert made == "named", "an unnamed file was named before it was whole"
         else:  # complete but not renamed yet: must be a later saved state
             assert partial.ptr > loaded.ptr
             assert_state(partial, partial.ptr, capacity)
         tmp.unlink()
-    return rejected
+    return in_writes
 
 
 @pytest.mark.parametrize("repeat", [
     pytest.param(3, id="3-kills"),
     pytest.param(40, id="40-kills", marks=pytest.mark.slow),
 ])
-def test_sigkill_at_random_points_of_saves_in_a_loop(tmp_path: Path, repeat: int) -> None:
+def test_sigkill_at_random_points_of_saves_in_a_loop(tmp_path: Path, repeat: int,
+                                                     made: str) -> None:
     """A process adds and saves a 21 MB buffer in a loop; it is killed at a random
-    instant, again and again. The checkpoint always loads, as one of the saved states,
-    and a leftover temporary file never loads as anything else."""
+    instant, again and again. The checkpoint always loads, as one of the saved states;
+    a kill while a save wrote leaves an unfinished file only where it was named from
+    the start, and a leftover never loads as anything else."""
     ctx = forkserver()
     rng = random.Random(19)
-    rejected = 0
+    in_writes = 0
     for k in range(repeat):
         work = tmp_path / str(k)
         work.mkdir()
-        rejected += kill_a_saving_process(work, rng, ctx)
+        in_writes += kill_a_saving_process(work, rng, ctx, made)
     if repeat >= 20:  # about half the kills land inside a save's writes
-        assert rejected, "no kill landed while a save was writing"
+        assert in_writes, "no kill landed while a save was writing"
 
 
 # Saves while rows are added --------------------------------------------------------
@@ -1543,20 +1728,29 @@ def test_a_layout_that_differs_names_both_layouts(tmp_path: Path) -> None:
 
 
 def record_temporaries(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, str]]:
-    """The (descriptor, name) of each temporary file the saves make from now on."""
+    """The (descriptor, name) of each temporary file the saves make from now on (the
+    name "" for a file made without one)."""
     made: list[tuple[int, str]] = []
-    create = checkpoint._create_temporary
+    create, create_unnamed = checkpoint._create_temporary, checkpoint._create_unnamed
 
     def recording_create(tmp: str, target: str) -> int:
         made.append((create(tmp, target), tmp))
         return made[-1][0]
 
+    def recording_create_unnamed(target: str, opened: list[int]) -> bool:
+        if not create_unnamed(target, opened):
+            return False
+        made.append((opened[-1], ""))
+        return True
+
     monkeypatch.setattr(checkpoint, "_create_temporary", recording_create)
+    monkeypatch.setattr(checkpoint, "_create_unnamed", recording_create_unnamed)
     return made
 
 
 def test_a_failed_save_closes_its_file_even_as_descriptor_0(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        made: str) -> None:
     """A process that closed its standard input gets descriptor 0 for the next file
     it opens: a save that fails must close that one too."""
     rb = filled(14, 23)
@@ -1564,14 +1758,14 @@ def test_a_failed_save_closes_its_file_even_as_descriptor_0(
     def fail(*args: object) -> None:
         raise OSError(28, "No space left on device")
 
-    made = record_temporaries(monkeypatch)
+    files_made = record_temporaries(monkeypatch)
     monkeypatch.setattr(checkpoint.os, "fsync", fail)
     stdin = os.dup(0)
     try:
         os.close(0)
         with pytest.raises(OSError, match="No space left"):
             rb.save(tmp_path / "full.ckpt")
-        got_0 = made[0][0] == 0  # else another thread took descriptor 0 first
+        got_0 = files_made[0][0] == 0  # else another thread took descriptor 0 first
         if got_0:
             with pytest.raises(OSError):
                 os.fstat(0)  # closed again by the save
@@ -1596,7 +1790,8 @@ def test_saving_into_a_missing_folder_names_the_path_asked(tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("umask", [0o022, 0o077])
-def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, umask: int) -> None:
+def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, umask: int,
+                                                     made: str) -> None:
     """0o666 less the umask, as torch.save's or any open(path, "w") file: not the
     0o600 of a private temporary file, which other users of a shared folder (a
     cluster's project space) could not read."""
@@ -1608,13 +1803,14 @@ def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, umask: int)
     assert (tmp_path / "b.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
-def test_a_file_replaced_keeps_its_mode(tmp_path: Path) -> None:
+def test_a_file_replaced_keeps_its_mode(tmp_path: Path, made: str) -> None:
     path = tmp_path / "b.ckpt"
     filled(8, 5).save(path)
-    path.chmod(0o640)
-    filled(8, 9).save(path)
-    assert path.stat().st_mode & 0o777 == 0o640
-    assert_state(ReplayBuffer.load(path), 9, 8)
+    for mode, ptr in ((0o640, 9), (0o444, 11)):  # read-only too
+        path.chmod(mode)
+        filled(8, ptr).save(path)
+        assert path.stat().st_mode & 0o777 == mode
+        assert_state(ReplayBuffer.load(path), ptr, 8)
 
 
 def test_a_symlink_is_followed_and_kept(tmp_path: Path) -> None:
@@ -1639,7 +1835,8 @@ def test_a_long_name_gets_a_temporary_name_the_file_system_takes(tmp_path: Path)
 
 
 def test_a_close_that_reports_an_error_is_not_repeated(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        made: str) -> None:
     """Linux releases a descriptor even when close reports an error (NFS reports a
     deferred write error there); closing the number again could close a file another
     thread opened meanwhile."""
@@ -1648,17 +1845,17 @@ def test_a_close_that_reports_an_error_is_not_repeated(
 
     def failing_close(fd: int) -> None:
         real_close(fd)
-        if made and fd == made[0][0]:  # not another thread's file
+        if files_made and fd == files_made[0][0]:  # not another thread's file
             closed.append(fd)
             if len(closed) == 1:
                 raise OSError(errno.EIO, os.strerror(errno.EIO))
 
-    made = record_temporaries(monkeypatch)
+    files_made = record_temporaries(monkeypatch)
     monkeypatch.setattr(checkpoint.os, "close", failing_close)
     with pytest.raises(OSError) as info:
         filled(8, 5).save(tmp_path / "b.ckpt")
     monkeypatch.undo()
-    assert closed.count(made[0][0]) == 1
+    assert closed.count(files_made[0][0]) == 1
     assert info.value.errno == errno.EIO and info.value.filename == str(tmp_path / "b.ckpt")
     assert os.listdir(tmp_path) == []
 
@@ -1691,7 +1888,9 @@ def test_a_folder_that_cannot_be_synced_here_does_not_fail_a_save(
     real_open, real_fsync = os.open, os.fsync
 
     def open_(name: Any, flags: int, *args: Any) -> int:
-        if fails == "open" and os.fspath(name) == os.path.realpath(tmp_path):
+        # The folder opened to sync it, not to make a file without a name in it.
+        if (fails == "open" and os.fspath(name) == os.path.realpath(tmp_path)
+                and flags & os.O_ACCMODE == os.O_RDONLY):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), name)
         return real_open(name, flags, *args)
 
@@ -1708,7 +1907,7 @@ def test_a_folder_that_cannot_be_synced_here_does_not_fail_a_save(
 
 
 def test_the_temporary_file_is_never_more_open_than_the_one_it_replaces(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, made: str) -> None:
     """Made 0o666 less the umask and then narrowed, it was readable by others in
     between, when it replaced a private file."""
     path = tmp_path / "b.ckpt"
@@ -1750,8 +1949,10 @@ def test_a_folder_that_cannot_be_synced_after_the_rename_says_the_file_is_in_pla
     real_open, real_fsync = os.open, os.fsync
 
     def open_(name: Any, flags: int, *args: Any) -> int:
-        # The checkpoint's folder only: a buffer's shared object is opened in /dev/shm.
-        if fails == "open" and os.path.realpath(name) == os.path.realpath(tmp_path):
+        # The checkpoint's folder only (a buffer's shared object is opened in
+        # /dev/shm), opened to sync it (not to make a file without a name in it).
+        if (fails == "open" and os.path.realpath(name) == os.path.realpath(tmp_path)
+                and flags & os.O_ACCMODE == os.O_RDONLY):
             raise OSError(code, os.strerror(code), name)
         return real_open(name, flags, *args)
 
@@ -1885,12 +2086,13 @@ def test_a_child_leaving_a_block_it_was_forked_in_releases_nothing(fork: str) ->
 
 @pytest.mark.timeout(600)  # some 400 saves; a hang fails here
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # generators
-def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
+def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path, made: str) -> None:
     """Interrupted at each point where Python would take a Ctrl-C: the save never
     hung (a ThreadPoolExecutor's lock left taken made its shutdown wait for ever),
     the adds are not paused, ``path`` holds the old file or the new one, no temporary
-    file or descriptor is left (a folder's opened to sync it was lost once), and no
-    checksum thread runs on."""
+    file or descriptor is left (a folder's opened to sync it was lost once; a file
+    without a name shows there as ``<folder>/#<inode> (deleted)``), and no checksum
+    thread runs on."""
     path = tmp_path / "b.ckpt"
     filled(64, 40).save(path)
     old = path.read_bytes()
@@ -1921,21 +2123,21 @@ def test_a_ctrl_c_anywhere_in_a_save_leaves_no_trace(tmp_path: Path) -> None:
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
 def test_a_temporary_file_whose_descriptor_was_lost_is_closed_and_removed(
         tmp_path: Path) -> None:
-    """A Ctrl-C as the temporary file's open returned loses its descriptor with the
-    return value, and so does one as the second descriptor's dup returns (the one
-    that keeps the lock through the rename): the failed save's clean-up finds it by
-    the file's name."""
+    """A Ctrl-C as the named temporary file's open returned loses its descriptor with
+    the return value: the failed save's clean-up finds it by the file's name. (The
+    second descriptor, which keeps the lock through the rename, and a file made
+    without a name, are put in a list by the C call that makes them: the clean-up
+    closes what it holds.)"""
     folder = os.path.realpath(tmp_path)  # a save's names are its target's real path
     tmp, another = os.path.join(folder, ".b.ckpt.1-abcd.tmp"), os.path.join(folder, "another")
     other = os.open(another, os.O_WRONLY | os.O_CREAT)
     os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)  # its descriptor "lost"
     assert sorted(open_files_under(tmp_path)) == sorted([tmp, another])
-    checkpoint._discard(-1, -1, tmp)
+    checkpoint._discard(-1, -1, tmp, [])
     assert open_files_under(tmp_path) == [another]
     assert os.listdir(tmp_path) == ["another"]
     known = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-    os.dup(known)  # "lost"
-    checkpoint._discard(known, -1, tmp)
+    checkpoint._discard(known, -1, tmp, [os.dup(known)])
     assert open_files_under(tmp_path) == [another]
     assert os.listdir(tmp_path) == ["another"]
     os.close(other)

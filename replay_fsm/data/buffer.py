@@ -780,8 +780,12 @@ class ReplayBuffer:
         with ``CollectorDied`` meanwhile). A symlink at ``path`` is followed (its target,
         whose folder must be writable, is replaced; the link stays); the file keeps
         the mode of the one it replaces, read-only too, or gets 0o666 less the umask.
-        What a killed save of ``path`` left beside it (its temporary file, held by no
-        process and a minute old) is removed first; ``Checkpoint.removed`` names it.
+        A save killed (SIGKILL, the OOM killer) before its rename leaves nothing
+        beside ``path`` where its folder takes files without a name (O_TMPFILE:
+        Linux's local file systems), in which the file is written and named only
+        once whole; elsewhere it leaves its temporary file, which a later save
+        removes first once it is held by no process and a minute old
+        (``Checkpoint.removed`` names it).
 
         Raises:
             ValueError: ``chunk_bytes`` is not a positive int.

@@ -14,13 +14,19 @@ File format, version 1 (integers little-endian)::
 Every byte is under a checksum, so a flipped byte anywhere is reported, and the header
 states the file's length, so a truncated file is too.
 
-Atomic: the file is written under a temporary name in the same directory (header last),
-fsynced, renamed over ``path`` and the directory fsynced. A save killed before the
-rename leaves ``path`` as it was, plus a ``.NAME.<pid>-<random>.tmp`` file that load
-rejects unless the save got as far as writing its header (then it is the complete new
-file: rename it to recover it). The next save of ``path`` removes it once no process
-holds its lock and it is a minute old (``replay_fsm.files.remove_stale``; a save holds
-the lock until its rename): a killed save never costs the disk space of a second buffer
+Atomic: the file is written in the same directory (header last) as a file without a
+name (O_TMPFILE), fsynced, only then given a temporary name ``.NAME.<pid>-<random>.tmp``
+and at once renamed over ``path``, and the directory fsynced. A save killed before the
+rename leaves ``path`` as it was; killed before the naming it leaves nothing else (the
+kernel frees a file without a name with its last descriptor, which a killed process
+closes), and in the instant between the two, the complete new file under that name
+(it loads: rename it to recover it). Where there is no such file (no O_TMPFILE: not
+Linux, NFS, FUSE, a kernel before 3.11; or no /proc/self/fd to name it through) the
+file is written under the temporary name from the start, and a save killed before the
+rename leaves it, which load rejects unless the save got as far as writing its header.
+The next save of ``path`` removes such a file once no process holds its lock and it is
+a minute old (``replay_fsm.files.remove_stale``; a save holds the lock from the file's
+creation until its rename): a killed save never costs the disk space of a second buffer
 for good. A symlink at ``path`` is followed: its target is replaced (its folder must be
 writable) and the link stays. The file keeps the mode of the one it replaces (a
 read-only one too: the rename needs only the folder's permission), or gets 0o666 less
@@ -57,7 +63,7 @@ import struct
 import sys
 import threading
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,8 +71,9 @@ import numpy as np
 
 from ..core import as_count
 from ..errors import ReplayFSMError
-from ..files import STALE_AFTER_S, remove_stale, temporaries, temporary_names
+from ..files import PROC_FD, STALE_AFTER_S, remove_stale, temporaries, temporary_names
 from ..files import create_temporary as _create_temporary  # a global: tests replace it
+from ..files import create_unnamed as _create_unnamed  # (the same)
 from .layout import Layout
 
 if TYPE_CHECKING:
@@ -345,17 +352,22 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     checksummer = _Checksummer()
     fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
     held = -1  # a second descriptor of it, which keeps its lock through the rename
+    # A descriptor of the file as the one C call that made it left it, until fd or
+    # held holds it: a Ctrl-C as a call returns would lose it with the return value.
+    opened: list[int] = []
     try:
-        for tmp in temporary_names(target, ".tmp"):
-            try:
-                fd = _create_temporary(tmp, target)
-            except FileExistsError:
-                tmp = ""  # another's file: never removed (no call before this)
-                continue
-            break
-        else:
-            raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken",
-                                  target)
+        unnamed = _create_unnamed(target, opened)
+        if unnamed:
+            fd = opened[0]
+            opened.clear()  # no point a Ctrl-C is taken at before this call's end
+        else:  # named from the start (no O_TMPFILE here): a killed save leaves it
+            for tmp in _names_beside(target):
+                try:
+                    fd = _create_temporary(tmp, target)
+                except FileExistsError:
+                    tmp = ""  # another's file: never removed (no call before this)
+                    continue
+                break
         writer = _Writer(rb, fd, chunk_rows, checksummer)
         cut = rb.adds_cut_short
         # size is min(ptr, capacity) by construction; deriving it from the one counter
@@ -382,9 +394,23 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         # descriptor's close has reported its error, if any: a save whose fsync took
         # longer than files.STALE_AFTER_S would otherwise look like a killed one's to
         # another process's save (files.remove_stale) in between.
-        held = os.dup(fd)
+        opened.extend(map(os.dup, [fd]))
+        held = opened[0]
+        opened.clear()
         closing, fd = fd, -1  # closed even if close reports an error: never twice
         os.close(closing)
+        if unnamed:  # named only now, whole and synced, and renamed at once
+            for tmp in _names_beside(target):
+                try:
+                    # src_dir_fd, which the kernel ignores beside an absolute path,
+                    # makes Python call linkat, which follows /proc's link to the file:
+                    # without it Python calls link, which does not (CPython gh-81793).
+                    os.link(f"{PROC_FD}/{held}", tmp, src_dir_fd=held,
+                            follow_symlinks=True)
+                except FileExistsError:
+                    tmp = ""  # another's file: never removed (no call before this)
+                    continue
+                break
         os.replace(tmp, target)
         closing, held = held, -1  # no point a Ctrl-C is taken at until the close:
         try:  # a with-block's calls would be such points, and lose the descriptor
@@ -392,24 +418,31 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         except OSError:
             pass  # the file is in place, synced
     except OSError as exc:
-        _discard(fd, held, tmp)
+        _discard(fd, held, tmp, opened)
         strerror = exc.strerror
         if exc.errno in _NO_ROOM and exc.strerror is not None:
             strerror = f"{exc.strerror}{_room_taken_beside(target)}"
         if exc.errno is not None and (exc.filename != path or strerror != exc.strerror):
             # A write's error names no file, the rename's and the temporary file's
-            # creation the temporary one: name the file asked for.
+            # creation the temporary one, an unnamed file's creation the folder and
+            # its link /proc's: name the file asked for.
             # OSError() picks the subclass for the errno (FileExistsError, ...).
             raise OSError(exc.errno, strerror, path) from exc
         raise
     except BaseException:
-        _discard(fd, held, tmp)
+        _discard(fd, held, tmp, opened)
         raise
     finally:
         checksummer.close()
     _fsync_directory(directory, path)
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes,
                       removed=tuple(removed))
+
+
+def _names_beside(target: str) -> Iterator[str]:
+    """``temporary_names`` for a save's file, then FileExistsError naming ``target``."""
+    yield from temporary_names(target, ".tmp")
+    raise FileExistsError(errno.EEXIST, "100 temporary names beside it were taken", target)
 
 
 # errnos of a disk (or a quota) without the room for the new file beside the old one.
@@ -419,7 +452,9 @@ _NO_ROOM = {errno.ENOSPC, errno.EDQUOT}
 def _room_taken_beside(target: str) -> str:
     """For a save that ran out of room: the temporary files of other saves of ``target``
     that take some of it (a killed save's, kept until it is a minute old and held by
-    no process; or another save's in progress), named with their sizes, or ""."""
+    no process; or another save's in progress), named with their sizes, or "". Only
+    named ones show: a save's file without a name (O_TMPFILE) is named only as it is
+    renamed, and a killed save's is gone with the process."""
     found = []
     for tmp in temporaries(target, ".tmp"):
         with contextlib.suppress(OSError):
@@ -432,26 +467,28 @@ def _room_taken_beside(target: str) -> str:
             f"of this path is running)")
 
 
-def _discard(fd: int, held: int, tmp: str) -> None:
-    """Close ``fd`` and ``held`` (each unless -1), and any other descriptor of ``tmp``
-    (``_close_lost``), and remove the temporary file of a save that failed. Its own
-    errors are dropped: the save's is the one raised (a folder where files can be made
-    but not removed keeps the temporary file)."""
-    for each in (fd, held):
+def _discard(fd: int, held: int, tmp: str, opened: list[int]) -> None:
+    """Close ``fd`` and ``held`` (each unless -1), those in ``opened``, and any other
+    descriptor of ``tmp`` (``_close_lost``), and remove the temporary file of a save
+    that failed (one without a name is gone with its last descriptor). Its own
+    errors are dropped: the save's is the one raised (a folder where files can be
+    made but not removed keeps the temporary file)."""
+    for each in (fd, held, *opened):
         if each >= 0:
             with contextlib.suppress(OSError):
                 os.close(each)
     if tmp:
-        _close_lost(tmp)  # one whose number a Ctrl-C lost (its open or dup returning)
+        _close_lost(tmp)  # one whose number a Ctrl-C lost (its named open returning)
         with contextlib.suppress(OSError):  # FileNotFoundError: never made
             os.unlink(tmp)
 
 
 def _close_lost(tmp: str) -> None:
     """Close what this process holds open of ``tmp`` (Linux: /proc/self/fd): a Ctrl-C
-    as the file's open (or its dup) returned lost the descriptor with the return
-    value. The name is this save's own (a random part), so no other file's descriptor
-    is closed."""
+    as ``create_temporary`` returned lost the descriptor with the return value. The
+    name is this save's own (a random part), so no other file's descriptor is closed.
+    (A file made without a name, and a descriptor made by ``os.dup``, come from one C
+    call that puts them in a list: none is lost so.)"""
     try:
         held = os.listdir("/proc/self/fd")
     except OSError:
