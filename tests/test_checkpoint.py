@@ -2143,6 +2143,89 @@ def test_a_temporary_file_whose_descriptor_was_lost_is_closed_and_removed(
     os.close(other)
 
 
+def test_a_descriptor_both_held_and_in_the_list_is_closed_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C between taking a descriptor out of ``opened`` and clearing the list
+    leaves it in both: a second close could close a file another thread opened with
+    that number meanwhile."""
+    closed: list[int] = []
+    monkeypatch.setattr(checkpoint.os, "close", closed.append)
+    checkpoint._discard(7, -1, "", [7])
+    checkpoint._discard(-1, 9, "", [9, 11])
+    assert closed == [7, 9, 11]
+
+
+def refusing_to_name(monkeypatch: pytest.MonkeyPatch, code: int) -> list[str]:
+    """Make every link of a /proc/self/fd entry (the naming of a file made without a
+    name) raise ``code``, as a kernel that follows no such link; returns the links
+    tried."""
+    link, tried = os.link, []
+
+    def refused(src: Any, dst: Any, *args: Any, **kwargs: Any) -> None:
+        if os.fspath(src).startswith(files.PROC_FD):
+            tried.append(os.fspath(dst))
+            raise OSError(code, os.strerror(code), src, None, dst)
+        link(src, dst, *args, **kwargs)
+    monkeypatch.setattr(checkpoint.os, "link", refused)
+    return tried
+
+
+@pytest.mark.parametrize("code", [errno.EXDEV, errno.EPERM, errno.ENOENT],
+                         ids=errno.errorcode.get)
+def test_a_file_the_kernel_will_not_name_is_written_again_named_from_the_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """Files without a name made, then the link that names one refused (a sandbox's
+    kernel, a security policy): the save writes the file again under a temporary
+    name and succeeds, leaving nothing; later saves on that file system name theirs
+    from the start."""
+    if not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    monkeypatch.setattr(checkpoint, "_NOT_NAMEABLE", set())
+    tried = refusing_to_name(monkeypatch, code)
+    seen: list[list[str]] = []
+    write = checkpoint._pwrite_all
+
+    def looking(*args: Any) -> None:
+        seen.append(os.listdir(tmp_path))
+        write(*args)
+    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    rb = filled(8, 5)
+    rb.save(tmp_path / "b.ckpt", chunk_bytes=2 * rb.width * 4)
+    # 3 chunks, the tail and the header, unnamed; then all again under a name.
+    assert len(tried) == 1 and len(seen) == 10, (tried, seen)
+    assert seen[:5] == [[]] * 5 and all(len(s) == 1 and s[0].endswith(".tmp")
+                                        for s in seen[5:]), seen
+    assert os.listdir(tmp_path) == ["b.ckpt"]
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
+    seen.clear()
+    add_history(rb, 2)
+    rb.save(tmp_path / "b.ckpt", chunk_bytes=2 * rb.width * 4)
+    assert len(tried) == 1 and len(seen) == 6, (tried, seen)  # no link: named at once
+    assert all(sorted(s)[0].endswith(".tmp") and len(s) == 2 for s in seen), seen
+    assert os.listdir(tmp_path) == ["b.ckpt"]
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 7, 8)
+
+
+def test_a_naming_refused_for_want_of_room_fails_the_save_as_it_is(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ENOSPC from the link (a folder's new entry needs a block): a named file would be
+    refused too, so the save fails, naming the path, and the next save tries again
+    without a name."""
+    if not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    monkeypatch.setattr(checkpoint, "_NOT_NAMEABLE", set())
+    tried = refusing_to_name(monkeypatch, errno.ENOSPC)
+    rb = filled(8, 5)
+    with pytest.raises(OSError) as info:
+        rb.save(tmp_path / "b.ckpt")
+    assert (info.value.errno, info.value.filename) == (errno.ENOSPC,
+                                                       str(tmp_path / "b.ckpt"))
+    assert os.listdir(tmp_path) == [] and checkpoint._NOT_NAMEABLE == set()
+    with pytest.raises(OSError):
+        rb.save(tmp_path / "b.ckpt")
+    assert len(tried) == 2
+
+
 def test_a_checksum_that_fails_is_raised_by_the_save_not_waited_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checksum thread's error comes back to the save (as a pool's future gave

@@ -22,7 +22,9 @@ kernel frees a file without a name with its last descriptor, which a killed proc
 closes), and in the instant between the two, the complete new file under that name
 (it loads: rename it to recover it). Where there is no such file (no O_TMPFILE: not
 Linux, NFS, FUSE, a kernel before 3.11; or no /proc/self/fd to name it through) the
-file is written under the temporary name from the start, and a save killed before the
+file is written under the temporary name from the start (and where the kernel makes
+one but refuses to name it, a sandbox's or a security policy's, the save writes it
+again so, and so do later saves on that file system), and a save killed before the
 rename leaves it, which load rejects unless the save got as far as writing its header.
 The next save of ``path`` removes such a file once no process holds its lock and it is
 a minute old (``replay_fsm.files.remove_stale``; a save holds the lock from the file's
@@ -349,6 +351,42 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     directory = os.path.dirname(target)
     chunk_rows = max(1, min(rb.capacity, chunk_bytes // (rb.width * 4)))
     removed = remove_stale(target, ".tmp")  # a killed save's, first: the room it needs
+    try:
+        ptr, size, file_bytes = _write(rb, path, target, chunk_rows, unnamed_first=True)
+    except _NotNamed:  # made without a name, which the kernel then refused to give it
+        ptr, size, file_bytes = _write(rb, path, target, chunk_rows, unnamed_first=False)
+    _fsync_directory(directory, path)
+    return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes,
+                      removed=tuple(removed))
+
+
+class _NotNamed(Exception):
+    """A file made without a name that the kernel refused to name (``_NAMING_REFUSED``):
+    the save writes it again, named from the start."""
+
+
+# What a link of /proc/self/fd/N raises where files made without a name cannot be
+# named: a sandbox's kernel that follows no such link (EXDEV, ENOENT), a security
+# policy (EPERM, EACCES), no linkat (ENOSYS, EOPNOTSUPP, EINVAL). Not room (ENOSPC):
+# a named file would be refused too.
+_NAMING_REFUSED = frozenset({errno.EXDEV, errno.ENOENT, errno.EPERM, errno.EACCES,
+                             errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
+# The file systems (st_dev) where such a link was refused: later saves there name
+# their file from the start.
+_NOT_NAMEABLE: set[int] = set()
+
+
+def _write(rb: ReplayBuffer, path: str, target: str, chunk_rows: int, *,
+           unnamed_first: bool) -> tuple[int, int, int]:
+    """Write the checkpoint file and rename it over ``target`` (``save``), without a
+    name until it is whole where ``unnamed_first`` and the folder allow; returns its
+    ``ptr``, ``size`` and length.
+
+    Raises:
+        _NotNamed: made without a name, the file could not be named; nothing is left.
+        OSError: as ``save``, naming ``path``.
+    """
+    folder = os.path.dirname(target) or os.curdir
     checksummer = _Checksummer()
     fd, tmp = -1, ""  # tmp: a name this save may have made, removed if it fails
     held = -1  # a second descriptor of it, which keeps its lock through the rename
@@ -356,7 +394,9 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     # held holds it: a Ctrl-C as a call returns would lose it with the return value.
     opened: list[int] = []
     try:
-        unnamed = _create_unnamed(target, opened)
+        device = os.stat(folder).st_dev if unnamed_first else -1
+        unnamed = (unnamed_first and device not in _NOT_NAMEABLE
+                   and _create_unnamed(target, opened))
         if unnamed:
             fd = opened[0]
             opened.clear()  # no point a Ctrl-C is taken at before this call's end
@@ -410,6 +450,12 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
                 except FileExistsError:
                     tmp = ""  # another's file: never removed (no call before this)
                     continue
+                except OSError as exc:
+                    if exc.errno not in _NAMING_REFUSED:
+                        raise
+                    tmp = ""  # none made
+                    _NOT_NAMEABLE.add(device)
+                    raise _NotNamed from exc
                 break
         os.replace(tmp, target)
         closing, held = held, -1  # no point a Ctrl-C is taken at until the close:
@@ -434,9 +480,7 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
         raise
     finally:
         checksummer.close()
-    _fsync_directory(directory, path)
-    return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes,
-                      removed=tuple(removed))
+    return ptr, size, file_bytes
 
 
 def _names_beside(target: str) -> Iterator[str]:
@@ -473,7 +517,9 @@ def _discard(fd: int, held: int, tmp: str, opened: list[int]) -> None:
     that failed (one without a name is gone with its last descriptor). Its own
     errors are dropped: the save's is the one raised (a folder where files can be
     made but not removed keeps the temporary file)."""
-    for each in (fd, held, *opened):
+    # Each number once: a Ctrl-C between taking a descriptor from ``opened`` and
+    # clearing it leaves it in both, and a second close could close another's file.
+    for each in dict.fromkeys((fd, held, *opened)):
         if each >= 0:
             with contextlib.suppress(OSError):
                 os.close(each)
