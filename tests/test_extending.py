@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm import Pipeline, ReplayBuffer, TransferBackend
 from replay_fsm.runtime.observers import Observer
 from replay_fsm.transfer import register_backend, registered_backends, unregister_backend
 
@@ -458,3 +458,28 @@ def test_an_observer_that_raises_at_close_makes_close_raise() -> None:
         pipe.close()
     assert info.value is boom
     pipe.close()  # closed: once
+
+
+class SubmitOnly(TransferBackend):
+    """What the README says a backend needs: ``submit`` alone, no ``__init__``."""
+
+    def submit(self, order):  # type: ignore[no-untyped-def]
+        self.copy_now(order.slot)
+        self.on_complete(order.slot)
+
+
+def test_a_backend_that_writes_only_submit_runs_as_an_instance_and_by_name() -> None:
+    """The base keeps the device it is given ("cpu" by default): a backend of only
+    ``submit`` raised AttributeError ('SubmitOnly' object has no attribute 'device')
+    in Pipeline(), as an instance and by a registered name."""
+    with Pipeline(buffer(), sample_count=32, backend=SubmitOnly()) as pipe:
+        run(pipe, 5)
+        assert pipe.device == torch.device("cpu")
+    register_backend("submit-only", SubmitOnly)
+    try:
+        with Pipeline(buffer(), sample_count=32, backend="submit-only") as pipe:
+            run(pipe, 5)
+    finally:
+        unregister_backend("submit-only")
+    with pytest.raises(ValueError, match="unknown device 'nowhere'"):
+        SubmitOnly("nowhere")

@@ -60,6 +60,17 @@ class TransferBackend(abc.ABC):
     on_error: OnError
     monitor: CopyMonitor | None = None
 
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        """Keep ``device``, where G[0..n) go: a backend that writes only ``submit``
+        runs as an instance (on the CPU by default) and by a registered name (built
+        as ``factory(device, **backend_options)``). One with an ``__init__`` of its
+        own that does not call this sets ``self.device`` itself.
+
+        Raises:
+            ValueError: not a device torch knows.
+        """
+        self.device = parse_device(device)
+
     # -- set-up and slots ----------------------------------------------------
 
     def setup(self, host_slots: HostSlots, on_complete: OnComplete,
