@@ -263,15 +263,22 @@ def pipeline_machine(**config: Any) -> type[PipelineMachine]:
     ring_depth, sample_count, obs_dim, action_dim, critic_dim, collector, and
     max_steps: the adds the replay buffer is sized for, 200 by default; once it is
     full the machine adds no more rows, whatever Hypothesis's stateful_step_count).
+    ``collector`` is "thread" or "process": nothing in the machine serves an
+    external collector's requests.
 
     Raises:
-        ValueError: an unknown configuration key.
+        ValueError: an unknown configuration key, or a collector other than "thread"
+            and "process".
     """
     unknown = set(config) - {"device", "backend", "backend_options", "ring_depth",
                              "sample_count", "obs_dim", "action_dim", "critic_dim",
                              "collector", "max_steps"}
     if unknown:
         raise ValueError(f"unknown pipeline_machine options: {sorted(unknown)}")
+    if config.get("collector", "thread") not in ("thread", "process"):
+        raise ValueError(f"collector={config['collector']!r}: the machine drives a "
+                         "thread or process collector (nothing in it would serve an "
+                         "external collector's requests)")
     if "device" in config and "backend" not in config:
         config["backend"] = None  # the device's own backend
     name = "PipelineMachine_" + "_".join(f"{k}_{v}" for k, v in sorted(config.items())

@@ -82,3 +82,13 @@ def test_a_run_longer_than_max_steps_never_wraps_the_buffer() -> None:
     run_state_machine_as_test(pipeline_machine(backend="manual", max_steps=1), settings=settings(
         max_examples=15, stateful_step_count=25, deadline=None, derandomize=True,
         database=None))
+
+
+def test_a_collector_the_machine_cannot_serve_is_refused_at_once() -> None:
+    """The machine adds rows and drives the learner; nothing in it serves an external
+    collector's requests. collector="external" waited 60 s for a copy never submitted,
+    twice, then failed with a bare AssertionError (2 of 2 runs)."""
+    with pytest.raises(ValueError, match="collector='external'.*thread or process"):
+        pipeline_machine(collector="external")
+    with pytest.raises(ValueError, match="collector='carrier pigeon'"):
+        pipeline_machine(collector="carrier pigeon")
