@@ -116,9 +116,13 @@ def test_an_attached_collector_is_judged_by_its_process_and_heartbeat(
     # long past the attach deadline: it no longer applies
     assert looked_over(link, clock, 60, waiting=False) is None
     gone = looked_over(link, clock, 10)
+    # every look saw it silent: 60 s, then 2.5 s. An external collector serves between
+    # its environment steps: its silence names those, not a pack (helper-95: a
+    # collector asleep in its step was said "hung inside a pack?")
     assert gone is not None and gone.reason == (
-        f"no heartbeat from the collector (pid {os.getpid()}) for 62.5 s (alive but not "
-        "serving: hung inside a pack?)")  # every look saw it silent: 60 s, then 2.5 s
+        f"no heartbeat from the collector (pid {os.getpid()}) for 62.5 s (alive but no "
+        "packer.service() call: an environment step longer than liveness_timeout, or "
+        "hung in a step or a pack?)")
     state[1] = clock.ns - 4 * S  # beat 4 s ago, bound 5 s
     assert link.liveness(waiting=True, timeout=5.0) is None
 

@@ -297,7 +297,8 @@ class ChannelLink(CollectorLink):
         self._looks.look(timeout / 2)  # the stretches below count from here on
         return super().liveness(waiting, timeout)
 
-    def _silence(self, who: str, waiting: bool, timeout: float) -> Gone | None:
+    def _silence(self, who: str, waiting: bool, timeout: float,
+                 why: str = "alive but not serving: hung inside a pack?") -> Gone | None:
         if self._handle is None:
             return None
         done = self._handle.done
@@ -327,8 +328,7 @@ class ChannelLink(CollectorLink):
             # collector's looks before its rows were owed saw its silence too.
             silent = self._held_s("beat", beat, since_ns=beat)
             if waiting and silent > timeout:
-                return Gone(f"no heartbeat from {who} for {silent:.1f} s (alive but not "
-                            "serving: hung inside a pack?)")
+                return Gone(f"no heartbeat from {who} for {silent:.1f} s ({why})")
         return None
 
     def _held_s(self, what: str, state: object, since_ns: int | None = None,
@@ -533,7 +533,9 @@ class ExternalCollector(ChannelLink):
                             "request")
             return None
         return self._stranded(pid, timeout) or self._silence(
-            f"the collector (pid {pid})", waiting, timeout)
+            f"the collector (pid {pid})", waiting, timeout,
+            "alive but no packer.service() call: an environment step longer than "
+            "liveness_timeout, or hung in a step or a pack?")
 
     def orphaned(self, slot: int) -> bool:
         """Whether the last request sent to ``slot`` was read off the channel by a
