@@ -39,8 +39,10 @@ def _demo(args: argparse.Namespace) -> int:
                         learner_threads=learner_threads(args.learner_threads),
                         peer_timeout=args.peer_timeout,
                         liveness_timeout=args.liveness_timeout)
-    if args.nproc < 1:
-        raise ValueError(f"--nproc must be >= 1, got {args.nproc}")
+    if args.nproc != 1:
+        from .distributed import MAX_RANKS
+        if not 1 <= args.nproc <= MAX_RANKS:
+            raise ValueError(f"--nproc must be in [1, {MAX_RANKS}], got {args.nproc}")
     if args.nproc > 1:
         from .distributed import launch
         where = (f"per-rank summaries and one merged trace in {args.out}/ "

@@ -136,12 +136,14 @@ def test_the_console_script_runs_as_installed() -> None:
     assert out.returncode == 0 and out.stdout.startswith("stateDiagram-v2"), out.stderr
 
 
-def test_demo_with_fewer_than_one_rank(capsys: pytest.CaptureFixture[str], tmp_path: Path
+def test_demo_with_a_rank_count_outside_1_to_256(capsys: pytest.CaptureFixture[str], tmp_path: Path
                                        ) -> None:
-    for bad in ("0", "-1"):  # never a silent single-process run
+    # never a silent single-process run; past 256 the option's name too, not launch()'s
+    # parameter's ("nproc must be in [1, 256], got 10000" beside "--nproc must be >= 1")
+    for bad in ("0", "-1", "257", "10000"):
         err = one_line_error(capsys, main(["demo", "--nproc", bad, "--ticks", "2",
                                            "--out", str(tmp_path), "--no-progress"]))
-        assert f"--nproc must be >= 1, got {bad}" in err
+        assert f"--nproc must be in [1, 256], got {bad}" in err
 
 
 def test_demo_with_a_thread_collector_for_several_ranks(
