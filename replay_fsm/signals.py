@@ -7,9 +7,10 @@ closes its pipeline, which ends its helper processes, and writes what it has.
 
 - Ctrl-C reaches the whole process group, so helper processes (the spawned packer,
   the demo's collector) ignore SIGINT from their first instruction (``start_ignoring``,
-  ``ignore``). The packer keeps SIGTERM's default: ``Process.terminate`` and
-  multiprocessing's clean-up at exit end it with that. The collector processes of
-  the demo and of the SAC trainer ignore SIGTERM too (SLURM and systemd send it to
+  ``ignore``): they start with it blocked, and ignore it first thing. The packer
+  keeps SIGTERM's default: ``Process.terminate`` and multiprocessing's clean-up at
+  exit end it with that. The collector processes of the demo and of the SAC
+  trainer ignore SIGTERM too (SLURM and systemd send it to
   every process of the job: a learner must not find its collector dead, or killed
   inside an add to the replay buffer, before it has decided to stop); their owner
   ends them with SIGKILL if they do not leave when closed (``end_worker``).
@@ -17,11 +18,13 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   (``sigterm_as_interrupt``): the same clean stop, its files written, and the shell's
   code for the signal (143, 129). Under ``nohup`` SIGHUP stays ignored
   (``stop_signals_taken``). The helper processes that ignore SIGTERM ignore
-  SIGHUP too (they take ``STOP_SIGNALS``), and so does multiprocessing's resource
-  tracker, which the library starts before its first semaphore, in a session of its
-  own, out of reach of a SIGKILL to the process group (``start_resource_tracker``).
-  On a hangup the command line sends what it prints after to /dev/null where the
-  terminal is gone (``silence_hung_up_output``).
+  SIGHUP too (they take ``STOP_SIGNALS``), and multiprocessing's resource tracker
+  keeps it blocked for good; the library starts the tracker before its first
+  semaphore, in a session of its own, out of reach of a SIGKILL to the process group
+  (``start_resource_tracker``). On a hangup the command line sends what it prints
+  after to /dev/null where the terminal is gone (``silence_hung_up_output``).
+- Starting those processes, the parent never ignores a stop signal, not even for the
+  milliseconds of the start: one sent then acts once the start returns (``_held``).
 - A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
 - A stop signal taken through this module's handlers (``sigterm_as_interrupt``) waits
   for a pipeline step the main thread is in (``step``): Python runs a handler between
@@ -153,29 +156,82 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
         receiver.join()
 
 
+@contextmanager
+def _held(signums: tuple[int, ...]) -> Iterator[None]:
+    """For the with-block, ``signums`` blocked in this thread, so that a process
+    started in the block starts with them blocked (a child inherits its parent
+    thread's mask, through exec too), and, on the main thread, noted by a handler
+    that does nothing else in place of the handlers set (one ignored stays ignored).
+    None is lost and none acts inside the block: one sent meanwhile waits blocked, or
+    reaches another thread and is noted; once the block is done the mask and the
+    handlers from before are back and each noted one is sent again to this thread,
+    where it acts as it would have (Python's Ctrl-C handler raises KeyboardInterrupt
+    there, once what the block started is started and recorded). Ignoring them
+    here, which a child inherits too, dropped one sent in those milliseconds.
+    Nothing where signals cannot be blocked."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    taken: list[int] = []
+    saved: dict[int, Any] = {}
+    ended = False
+
+    def note(signum: int, frame: FrameType | None) -> None:
+        if not ended:
+            taken.append(signum)
+            return
+        # Still in place after the block (putting the handlers back was cut short by
+        # one put back first): the handler from before, and the signal to it.
+        signal.signal(signum, saved[signum])
+        signal.raise_signal(signum)
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    try:
+        if threading.current_thread() is threading.main_thread():
+            for signum in signums:
+                handler = signal.getsignal(signum)
+                if handler is not signal.SIG_IGN:
+                    saved[signum] = signal.SIG_DFL if handler is None else handler
+                    signal.signal(signum, note)
+        yield
+    finally:
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)  # a pending one: to note
+        finally:
+            ended = True
+            for signum, handler in saved.items():
+                signal.signal(signum, handler)
+            for signum in taken:  # after an error in the block too: a stop is no less
+                signal.raise_signal(signum)
+
+
 def start_resource_tracker() -> None:
     """Start multiprocessing's resource tracker, once per process, with the stop
-    signals ignored and in a session of its own; the library calls it before it makes
-    its first semaphore or lock. The tracker ignores SIGINT and SIGTERM itself, not
-    SIGHUP: a hangup sent to the process group killed it, so it could not free what a
-    process killed with it left (semaphores stayed in /dev/shm), and the tracker
-    started in its place printed a traceback for each name it had never seen
-    registered. An ignored signal survives exec (as in ``start_ignoring``: one sent in
-    these milliseconds, from the main thread's start of the tracker, is lost; from
-    another thread nothing changes). A SIGKILL to the process group (``kill -9 --
-    -PGID``) cannot be ignored: in the group's session the tracker died with the
-    processes it watches and every semaphore they made stayed in /dev/shm; in its own
-    it frees them once the last of those processes is gone (and says so on standard
-    error, as multiprocessing's tracker does). A tracker the program started before,
-    by a spawn of its own, stays where it is. Nothing where multiprocessing has no
-    tracker (Windows)."""
+    signals held off and in a session of its own; the library calls it before it
+    makes its first semaphore or lock. The tracker ignores SIGINT and SIGTERM itself,
+    not SIGHUP: a hangup sent to the process group killed it, so it could not free
+    what a process killed with it left (semaphores stayed in /dev/shm), and the
+    tracker started in its place printed a traceback for each name it had never seen
+    registered. It starts with the three blocked (``_held``: the calling thread's
+    mask goes through exec) and unblocks only the two it ignores: SIGHUP stays
+    blocked, never delivered. This process loses none of them meanwhile: one that
+    comes while the tracker starts acts once it is started and recorded (it was
+    ignored here for those milliseconds, and lost). A SIGKILL to the process group
+    (``kill -9 -- -PGID``) cannot be held off: in the group's session the tracker died
+    with the processes it watches and every semaphore they made stayed in /dev/shm;
+    in its own it frees them once the last of those processes is gone (and says so
+    on standard error, as multiprocessing's tracker does). A tracker the program
+    started before, by a spawn of its own, stays where it is. Nothing where
+    multiprocessing has no tracker (Windows)."""
     global _TRACKER_STARTED_IN
     if _TRACKER_STARTED_IN == os.getpid() or os.name != "posix":
         return
     from multiprocessing import resource_tracker
     from multiprocessing import util as mp_util
     spawn = getattr(mp_util, "spawnv_passfds", None)
-    with handling(STOP_SIGNALS, signal.SIG_IGN):
+    # multiprocessing unblocks SIGINT and SIGTERM in this thread once the tracker is
+    # spawned: one pending comes then, to the block's noting handler.
+    with _held(STOP_SIGNALS):
         if spawn is None:  # a multiprocessing that starts it some other way
             resource_tracker.ensure_running()
         else:
@@ -184,7 +240,7 @@ def start_resource_tracker() -> None:
                 resource_tracker.ensure_running()
             finally:
                 mp_util.spawnv_passfds = spawn
-    _TRACKER_STARTED_IN = os.getpid()
+        _TRACKER_STARTED_IN = os.getpid()  # in the block: a stop it sends again finds it
 
 
 def _spawn_in_own_session(path: str, args: list[str], passfds: Any) -> int:
@@ -349,21 +405,26 @@ def sigterm_as_interrupt() -> Iterator[list[int]]:
 
 
 def start_ignoring(process: Any, signums: tuple[int, ...] = (signal.SIGINT,)) -> None:
-    """Start a spawned ``process`` with ``signums`` ignored from its first instruction.
+    """Start a spawned ``process`` that ignores ``signums`` from its first instruction;
+    its body's first call is ``ignore(signums)``.
 
     A signal sent to the whole process group reaches a helper process too, and one
     still starting Python or importing torch would die of it with a traceback (or,
-    as a demo rank's collector, leave its rank waiting for rows that never come). An
-    ignored signal survives exec and Python keeps it, so the parent ignores them for
-    the length of ``start()`` (its own handlers back after; a signal in those few
-    milliseconds is lost). Only the main thread can change handlers: from another
-    thread the process starts as it is.
+    as a demo rank's collector, leave its rank waiting for rows that never come). It
+    starts with them blocked (``_held``: the calling thread's mask goes through exec),
+    so one sent while it starts waits, and ``ignore`` drops it: a signal set to be
+    ignored is discarded even while pending. A body that never calls it keeps them
+    blocked, never delivered. This process loses none of them meanwhile: one that
+    comes during ``start()`` acts once it returns, the process started and tracked
+    (the parent ignored them for the length of ``start()`` before, and one sent then
+    was lost). From a thread other than the main one it is the same, less the noting:
+    the signals go to the other threads as ever.
 
     A process that ignores SIGTERM must be ended with SIGKILL by its owner when it
     does not leave: ``terminate`` does nothing to it, and multiprocessing's clean-up
     at exit terminates daemon children, then joins them without a timeout.
     """
-    with handling(signums, signal.SIG_IGN):
+    with _held(signums):
         process.start()
 
 
@@ -429,8 +490,12 @@ def stopped(pid: int) -> bool:
 
 
 def ignore(signums: tuple[int, ...] = (signal.SIGINT,)) -> None:
-    """In a helper process's body: the learner decides what a stop signal means (it
-    closes the channels, and the helper's loop ends), so the helper ignores it and
-    prints no traceback."""
+    """In a helper process's body, first: the learner decides what a stop signal
+    means (it closes the channels, and the helper's loop ends), so the helper ignores
+    it and prints no traceback. Started by ``start_ignoring``, the process started
+    with them blocked: one sent since is dropped here, not delivered, and they are
+    unblocked."""
     for signum in signums:
-        signal.signal(signum, signal.SIG_IGN)
+        signal.signal(signum, signal.SIG_IGN)  # first: it discards one pending
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)

@@ -278,11 +278,24 @@ if __name__ == "__main__":
 """
 
 
-def report_ignored(answers: Any) -> None:
-    """Put whether SIGINT and SIGTERM are ignored in this process, as it started."""
+def report_held_then_ignore(answers: Any, signums: tuple[int, ...]) -> None:
+    """A helper's body as the library's are. Put which of SIGINT and SIGTERM this
+    process started with held off (ignored, or blocked); send itself ``signums``,
+    which must not end it (held off, as while it imports torch), then call
+    ``ignore(signums)`` first thing, as the library's bodies do, and put which are
+    ignored and which still blocked."""
     import signal
-    answers.put(tuple(signal.getsignal(s) == signal.SIG_IGN
-                      for s in (signal.SIGINT, signal.SIGTERM)))
+
+    from replay_fsm.signals import ignore
+    pair = (signal.SIGINT, signal.SIGTERM)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    held = tuple(signal.getsignal(s) == signal.SIG_IGN or s in blocked for s in pair)
+    for signum in signums:
+        os.kill(os.getpid(), signum)
+    ignore(signums)
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    answers.put((held, tuple(signal.getsignal(s) == signal.SIG_IGN for s in pair),
+                 tuple(s in blocked for s in pair)))
 
 
 def deaf_until_killed(ready: Any) -> None:
