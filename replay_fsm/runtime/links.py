@@ -428,8 +428,8 @@ class ProcessCollector(ChannelLink):
             name="replay_fsm-packer", daemon=True)
 
     def start(self, fail: Fail) -> None:
+        _PACKERS.add(self.process)  # first: a Ctrl-C start_ignoring raises comes after
         start_ignoring(self.process)  # the learner decides what Ctrl-C means
-        _PACKERS.add(self.process)
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         proc = self.process
