@@ -139,6 +139,32 @@ def test_ctrl_c_during_start_up_still_writes_the_files(
         assert (tmp_path / name).exists(), name
 
 
+def test_a_ctrl_c_as_the_collector_process_starts_leaves_it_the_semaphores_it_opens(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that came while the collector process started is raised as its start
+    returns (``signals.start_ignoring``), before the pipeline watched it: closed
+    with no watched collector alive, the pipeline let its channels' semaphores go,
+    and the child, still starting, died opening them (a FileNotFoundError traceback
+    from its unpickling, exit code 1). Watched all the same, it attaches, finds the
+    channels closed and leaves."""
+    from replay_fsm.demo import runner
+
+    workers: list = []
+    make, start = runner._make_collector, runner.start_ignoring
+
+    def started_then_interrupted(process: object, signums: tuple[int, ...]) -> None:
+        start(process, signums)
+        raise KeyboardInterrupt  # as one noted during the start is raised at its end
+
+    monkeypatch.setattr(runner, "_make_collector",
+                        lambda *a: workers.append(make(*a)) or workers[-1])
+    monkeypatch.setattr(runner, "start_ignoring", started_then_interrupted)
+    summary = run(DemoConfig(ticks=5, collector="process", out=tmp_path, sample_count=256,
+                             capacity=10_000, envs=32, progress=False))
+    assert summary["interrupted"] and summary["ticks"] == 0
+    assert len(workers) == 1 and workers[0].exitcode == 0
+
+
 def test_sigterm_injected_with_no_handler_is_refused_before_anything_starts(
         tmp_path: Path) -> None:
     """SIGTERM's default would kill the caller outright (a test runner too): the

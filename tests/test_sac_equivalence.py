@@ -292,6 +292,33 @@ def test_the_collector_process_outlives_stop_signals_the_learner_decides() -> No
     assert trainer.worker.exitcode == 0  # it left when told
 
 
+def test_a_ctrl_c_as_the_collector_process_starts_leaves_it_the_semaphores_it_opens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ctrl-C that came while the collector process started is raised as its start
+    returns (``signals.start_ignoring``), before the pipeline watched it: closed with
+    no watched collector alive, the pipeline let its channels' semaphores go, and the
+    child, still starting, died opening them (FileNotFoundError, exit code 1).
+    Watched all the same, it attaches, finds the channels closed and leaves."""
+    from replay_fsm.trainers import collector as collector_module
+    from replay_fsm.trainers.run import Trainer
+
+    started: list[Any] = []
+    start = collector_module.start_ignoring
+
+    def started_then_interrupted(process: Any, signums: tuple[int, ...]) -> None:
+        start(process, signums)
+        started.append(process)
+        raise KeyboardInterrupt  # as one noted during the start is raised at its end
+
+    monkeypatch.setattr(collector_module, "start_ignoring", started_then_interrupted)
+    with Trainer(replace(SMALL, collector="process")) as trainer:
+        with pytest.raises(KeyboardInterrupt):
+            trainer.run(2)
+    (worker,) = started
+    worker.join(60)
+    assert worker.exitcode == 0
+
+
 @pytest.mark.slow  # the collector's start-up, then a liveness bound of 10 s
 def test_a_stopped_collector_is_killed_at_once_not_waited_for() -> None:
     """A collector process that stops (SIGSTOP, stuck) fails the run once no row came

@@ -303,12 +303,19 @@ def _make_collector(config: DemoConfig, rb: ReplayBuffer, pipe: Pipeline,
 
 def _start_collector(pipe: Pipeline, worker: Any) -> None:
     """Start the collector ``_make_collector`` made; the pipeline watches a process.
-    Made first, so that whatever interrupts the start, ``_stop_collector`` has it."""
+    Made first, so that whatever interrupts the start, ``_stop_collector`` has it.
+    Watched even where a Ctrl-C that came during the start is raised as it returns:
+    a pipeline closed with no watched collector alive lets its channels' semaphores
+    go, and the child, still starting, failed to open them (a FileNotFoundError
+    traceback from its unpickling)."""
     if isinstance(worker, threading.Thread):
         worker.start()
         return
-    start_ignoring(worker, STOP_SIGNALS)
-    pipe.watch(worker, "the demo collector process")
+    try:
+        start_ignoring(worker, STOP_SIGNALS)
+    finally:
+        if worker.pid is not None:  # started
+            pipe.watch(worker, "the demo collector process")
 
 
 def _agree_to_stop(all_reduce: Callable[[list[torch.Tensor]], None] | None) -> None:

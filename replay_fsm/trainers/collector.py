@@ -271,12 +271,20 @@ def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes
                              name="sac-collector", daemon=True)
         at_exit = functools.partial(end_collector, stop, worker, AT_EXIT_JOIN_S)
         atexit.register(at_exit)  # before the start: no Ctrl-C window leaves it out
-        start_ignoring(worker, STOP_SIGNALS)  # ended by SIGKILL if it does not leave
-    else:
-        worker = ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
-        worker.start()
+        try:
+            start_ignoring(worker, STOP_SIGNALS)  # ended by SIGKILL if it does not leave
+        finally:
+            # Watched even where a Ctrl-C that came during the start is raised as it
+            # returns: a pipeline closed with no watched collector alive lets its
+            # channels' semaphores go, which the child, still starting, then fails
+            # to open.
+            if pipe is not None and worker.pid is not None:
+                pipe.watch(worker, "the SAC collector process")
+        return worker, stop, at_exit
+    worker = ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
+    worker.start()
     if pipe is not None:
-        pipe.watch(worker, f"the SAC collector {config.collector}")
+        pipe.watch(worker, "the SAC collector thread")
     return worker, stop, at_exit
 
 
