@@ -194,6 +194,51 @@ def test_a_stop_signal_is_not_lost_where_putting_the_handlers_back_is_cut_short(
     assert taken == [signal.SIGTERM]
 
 
+@pytest.mark.skipif(not hasattr(signal, "pthread_sigmask"), reason="POSIX signal masks")
+@pytest.mark.parametrize("signums", [(signal.SIGINT,), signals.STOP_SIGNALS],
+                         ids=["sigint", "stop-signals"])
+def test_a_ctrl_c_taken_as_the_signals_are_blocked_leaves_none_blocked(
+        monkeypatch: pytest.MonkeyPatch, signums: tuple[int, ...]) -> None:
+    """``signal.pthread_sigmask`` runs the Python handlers of signals that came
+    before it once it has changed the mask (CPython: PyErr_CheckSignals after the
+    call): a Ctrl-C that came just before ``start_ignoring`` (or
+    ``children_start_blocked``) blocks the signals is raised by that call, the mask
+    already changed. The mask must be back: a main thread left with SIGINT blocked
+    takes no Ctrl-C when it runs alone, and every process it starts after inherits
+    the block (and the block's receiver thread must not wait on)."""
+    real = signal.pthread_sigmask
+    mask = real(signal.SIG_BLOCK, [])
+
+    def handler_run_after(how: int, mask: object) -> object:
+        before = real(how, mask)  # type: ignore[arg-type]
+        if how == signal.SIG_BLOCK and mask:
+            raise KeyboardInterrupt  # the Ctrl-C's handler, run as the call returns
+        return before
+
+    class Idle:
+        started = False
+
+        def start(self) -> None:
+            self.started = True
+
+    idle = Idle()
+    signals.start_resource_tracker()  # before: its start blocks them too
+    monkeypatch.setattr(signal, "pthread_sigmask", handler_run_after)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            signals.start_ignoring(idle, signums)
+        with pytest.raises(KeyboardInterrupt):
+            with signals.children_start_blocked(signums):
+                idle.start()
+        monkeypatch.undo()
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == mask
+        assert not idle.started
+        assert not [t for t in threading.enumerate() if t.name == "replay_fsm-signals"
+                    and t.is_alive()]
+    finally:
+        real(signal.SIG_SETMASK, mask)  # the next tests' mask, whatever this found
+
+
 TRACKER_STARTED_WITH_A_CTRL_C = """
 import os, signal, subprocess
 import multiprocessing as mp
