@@ -146,8 +146,13 @@ def children_start_blocked(signums: tuple[int, ...]) -> Iterator[None]:
     done = threading.Event()
     receiver = threading.Thread(target=done.wait, name="replay_fsm-signals", daemon=True)
     receiver.start()
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
     try:
+        before = _mask_now()
+    except BaseException:
+        done.set()
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signums)  # may raise, them blocked
         yield
     finally:
         done.set()  # first: a handler that raises once the mask is back (torch's
@@ -185,8 +190,9 @@ def _held(signums: tuple[int, ...]) -> Iterator[None]:
         signal.signal(signum, saved[signum])
         signal.raise_signal(signum)
 
-    before = signal.pthread_sigmask(signal.SIG_BLOCK, signums)
+    before = _mask_now()
     try:
+        signal.pthread_sigmask(signal.SIG_BLOCK, signums)  # may raise, them blocked
         if threading.current_thread() is threading.main_thread():
             for signum in signums:
                 handler = signal.getsignal(signum)
@@ -203,6 +209,13 @@ def _held(signums: tuple[int, ...]) -> Iterator[None]:
                 signal.signal(signum, handler)
             for signum in taken:  # after an error in the block too: a stop is no less
                 signal.raise_signal(signum)
+
+
+def _mask_now() -> set[int]:
+    """This thread's signal mask, changed in nothing. ``pthread_sigmask`` runs the
+    handlers of signals already come once it has set the mask, and a Ctrl-C's raises
+    there: a block taken in the same call as the mask it restores would stay."""
+    return signal.pthread_sigmask(signal.SIG_BLOCK, ())
 
 
 def start_resource_tracker() -> None:
