@@ -2226,6 +2226,42 @@ def test_a_naming_refused_for_want_of_room_fails_the_save_as_it_is(
     assert len(tried) == 2
 
 
+def test_a_folder_removed_during_a_save_leaves_its_file_system_nameable(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The save's folder removed while it writes (a run's folder cleaned up beside
+    it): the link that names the file fails with ENOENT, as a sandbox that follows no
+    /proc link does, and the save fails naming the path. That says nothing of the
+    file system: a later save elsewhere on it still writes its file without a name
+    (it was named from the start, and a save killed then left its file)."""
+    if not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    monkeypatch.setattr(checkpoint, "_NOT_NAMEABLE", set())
+    create_unnamed = checkpoint._create_unnamed
+    gone = tmp_path / "gone"
+    gone.mkdir()
+
+    def then_removed(target: str, opened: list[int]) -> bool:
+        made = create_unnamed(target, opened)
+        if os.path.dirname(target) == os.path.realpath(gone):
+            os.rmdir(gone)  # empty: a file without a name is no entry
+        return made
+    monkeypatch.setattr(checkpoint, "_create_unnamed", then_removed)
+    rb = filled(8, 5)
+    with pytest.raises(FileNotFoundError) as info:
+        rb.save(gone / "b.ckpt")
+    assert info.value.filename == str(gone / "b.ckpt")
+    seen: list[list[str]] = []
+    write = checkpoint._pwrite_all
+
+    def looking(*args: Any) -> None:
+        seen.append(os.listdir(tmp_path))
+        write(*args)
+    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    rb.save(tmp_path / "b.ckpt")
+    assert seen and all(s == [] for s in seen), seen  # no name until it is whole
+    assert os.listdir(tmp_path) == ["b.ckpt"]
+
+
 def test_a_checksum_that_fails_is_raised_by_the_save_not_waited_for(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The checksum thread's error comes back to the save (as a pool's future gave
