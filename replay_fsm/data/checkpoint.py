@@ -354,7 +354,8 @@ def save(rb: ReplayBuffer, path: str | os.PathLike[str], *,
     try:
         ptr, size, file_bytes = _write(rb, path, target, chunk_rows, unnamed_first=True)
     except _NotNamed:  # made without a name, which the kernel then refused to give it
-        ptr, size, file_bytes = _write(rb, path, target, chunk_rows, unnamed_first=False)
+        ptr, size, file_bytes = _write(rb, path, target, chunk_rows, unnamed_first=False,
+                                       refused=True)
     _fsync_directory(directory, path)
     return Checkpoint(path=path, ptr=ptr, size=size, file_bytes=file_bytes,
                       removed=tuple(removed))
@@ -371,16 +372,19 @@ class _NotNamed(Exception):
 # a named file would be refused too.
 _NAMING_REFUSED = frozenset({errno.EXDEV, errno.ENOENT, errno.EPERM, errno.EACCES,
                              errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL})
-# The file systems (st_dev) where such a link was refused: later saves there name
-# their file from the start.
+# The file systems (st_dev) where such a link was refused and a named file was then
+# made in the same folder (a folder removed meanwhile refuses both: that says nothing
+# of its file system): later saves there name their file from the start.
 _NOT_NAMEABLE: set[int] = set()
 
 
 def _write(rb: ReplayBuffer, path: str, target: str, chunk_rows: int, *,
-           unnamed_first: bool) -> tuple[int, int, int]:
+           unnamed_first: bool, refused: bool = False) -> tuple[int, int, int]:
     """Write the checkpoint file and rename it over ``target`` (``save``), without a
     name until it is whole where ``unnamed_first`` and the folder allow; returns its
-    ``ptr``, ``size`` and length.
+    ``ptr``, ``size`` and length. ``refused``: a file made without a name was refused
+    its name just before; once this one is made named, the folder's file system is
+    noted in ``_NOT_NAMEABLE``.
 
     Raises:
         _NotNamed: made without a name, the file could not be named; nothing is left.
@@ -394,7 +398,7 @@ def _write(rb: ReplayBuffer, path: str, target: str, chunk_rows: int, *,
     # held holds it: a Ctrl-C as a call returns would lose it with the return value.
     opened: list[int] = []
     try:
-        device = os.stat(folder).st_dev if unnamed_first else -1
+        device = os.stat(folder).st_dev
         unnamed = (unnamed_first and device not in _NOT_NAMEABLE
                    and _create_unnamed(target, opened))
         if unnamed:
@@ -408,6 +412,8 @@ def _write(rb: ReplayBuffer, path: str, target: str, chunk_rows: int, *,
                     tmp = ""  # another's file: never removed (no call before this)
                     continue
                 break
+            if refused:  # names are made here: the refusal was of the link alone
+                _NOT_NAMEABLE.add(device)
         writer = _Writer(rb, fd, chunk_rows, checksummer)
         cut = rb.adds_cut_short
         # size is min(ptr, capacity) by construction; deriving it from the one counter
@@ -454,7 +460,6 @@ def _write(rb: ReplayBuffer, path: str, target: str, chunk_rows: int, *,
                     if exc.errno not in _NAMING_REFUSED:
                         raise
                     tmp = ""  # none made
-                    _NOT_NAMEABLE.add(device)
                     raise _NotNamed from exc
                 break
         os.replace(tmp, target)
