@@ -301,8 +301,11 @@ def create_unnamed(target: str, opened: list[int]) -> bool:
     mode = _mode_of(target)
     flags = tmpfile | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
     try:
+        # The mode of the file it replaces by fchmod, not here: older kernels refused
+        # an O_TMPFILE open with a read-only mode (EACCES; Linux commit 69a91c237ab0),
+        # and no one else can open a file without a name meanwhile.
         opened.extend(map(os.open, [os.path.dirname(target) or os.curdir], [flags],
-                          [0o666 if mode is None else mode]))
+                          [0o666 if mode is None else 0o600]))
     except OSError as exc:
         if exc.errno in NO_TMPFILE:
             return False

@@ -295,10 +295,12 @@ def test_the_collector_process_outlives_stop_signals_the_learner_decides() -> No
 def test_a_ctrl_c_as_the_collector_process_starts_leaves_it_the_semaphores_it_opens(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A Ctrl-C that came while the collector process started is raised as its start
-    returns (``signals.start_ignoring``), before the pipeline watched it: closed with
-    no watched collector alive, the pipeline let its channels' semaphores go, and the
-    child, still starting, died opening them (FileNotFoundError, exit code 1).
-    Watched all the same, it attaches, finds the channels closed and leaves."""
+    returns (``signals.start_ignoring``), before the trainer holds the worker: it ran
+    on until the interpreter's exit (``Trainer.run`` raised without ending it), and
+    the pipeline, closed with no watched collector alive, let its channels'
+    semaphores go, so the child, still starting, died opening them
+    (FileNotFoundError, exit code 1). It is told to stop and joined before the
+    KeyboardInterrupt goes on."""
     from replay_fsm.trainers import collector as collector_module
     from replay_fsm.trainers.run import Trainer
 
@@ -314,9 +316,8 @@ def test_a_ctrl_c_as_the_collector_process_starts_leaves_it_the_semaphores_it_op
     with Trainer(replace(SMALL, collector="process")) as trainer:
         with pytest.raises(KeyboardInterrupt):
             trainer.run(2)
-    (worker,) = started
-    worker.join(60)
-    assert worker.exitcode == 0
+        (worker,) = started
+        assert worker.exitcode == 0  # joined, having left when told
 
 
 @pytest.mark.slow  # the collector's start-up, then a liveness bound of 10 s

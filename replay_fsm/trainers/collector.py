@@ -273,13 +273,16 @@ def start_collector(config: Any, rb: ReplayBuffer, weights: WeightRing, episodes
         atexit.register(at_exit)  # before the start: no Ctrl-C window leaves it out
         try:
             start_ignoring(worker, STOP_SIGNALS)  # ended by SIGKILL if it does not leave
-        finally:
-            # Watched even where a Ctrl-C that came during the start is raised as it
-            # returns: a pipeline closed with no watched collector alive lets its
-            # channels' semaphores go, which the child, still starting, then fails
-            # to open.
-            if pipe is not None and worker.pid is not None:
-                pipe.watch(worker, "the SAC collector process")
+        except BaseException:
+            # A Ctrl-C that came during the start, raised as it returned (or a start
+            # that failed): the caller gets no worker to end, so it is ended here, as
+            # the trainer's close would, before the pipeline closes (the child, still
+            # starting, opens the channels' semaphores by name).
+            atexit.unregister(at_exit)
+            end_collector(stop, worker, COLLECTOR_JOIN_S)
+            raise
+        if pipe is not None:
+            pipe.watch(worker, "the SAC collector process")
         return worker, stop, at_exit
     worker = ThreadProcess(collect, (spec, rb, weights, episodes, handle, stop, False))
     worker.start()
