@@ -933,6 +933,19 @@ def test_the_file_is_named_at_its_rename_only_with_a_hidden_temporary_name(
     assert os.listdir(tmp_path) == ["b.ckpt"]
 
 
+def listings_at_each_write(monkeypatch: pytest.MonkeyPatch, folder: Path
+                           ) -> list[list[str]]:
+    """What ``folder`` holds as each of a save's file writes begins, from now on."""
+    seen: list[list[str]] = []
+    write = checkpoint._pwrite_all
+
+    def looking(*args: Any) -> None:
+        seen.append(os.listdir(folder))
+        write(*args)
+    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    return seen
+
+
 @pytest.mark.parametrize("here", ["no O_TMPFILE", "EOPNOTSUPP", "EISDIR", "EINVAL",
                                   "no /proc/self/fd"])
 def test_where_no_file_can_be_made_without_a_name_it_is_named_from_the_start(
@@ -956,14 +969,7 @@ def test_where_no_file_can_be_made_without_a_name_it_is_named_from_the_start(
         monkeypatch.setattr(files, "PROC_FD", str(tmp_path / "no-proc"))
     else:
         monkeypatch.setattr(checkpoint.os, "open", refusing)
-    seen: list[list[str]] = []
-    write = checkpoint._pwrite_all
-
-    def looking(*args: Any) -> None:
-        seen.append(os.listdir(tmp_path))
-        write(*args)
-
-    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    seen = listings_at_each_write(monkeypatch, tmp_path)
     rb.save(tmp_path / "b.ckpt")
     monkeypatch.undo()
     assert seen and all(len(listing) == 1 and listing[0].endswith(".tmp")
@@ -2182,13 +2188,7 @@ def test_a_file_the_kernel_will_not_name_is_written_again_named_from_the_start(
         pytest.skip(f"no O_TMPFILE in {tmp_path}")
     monkeypatch.setattr(checkpoint, "_NOT_NAMEABLE", set())
     tried = refusing_to_name(monkeypatch, code)
-    seen: list[list[str]] = []
-    write = checkpoint._pwrite_all
-
-    def looking(*args: Any) -> None:
-        seen.append(os.listdir(tmp_path))
-        write(*args)
-    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    seen = listings_at_each_write(monkeypatch, tmp_path)
     rb = filled(8, 5)
     rb.save(tmp_path / "b.ckpt", chunk_bytes=2 * rb.width * 4)
     # 3 chunks, the tail and the header, unnamed; then all again under a name.
@@ -2250,13 +2250,7 @@ def test_a_folder_removed_during_a_save_leaves_its_file_system_nameable(
     with pytest.raises(FileNotFoundError) as info:
         rb.save(gone / "b.ckpt")
     assert info.value.filename == str(gone / "b.ckpt")
-    seen: list[list[str]] = []
-    write = checkpoint._pwrite_all
-
-    def looking(*args: Any) -> None:
-        seen.append(os.listdir(tmp_path))
-        write(*args)
-    monkeypatch.setattr(checkpoint, "_pwrite_all", looking)
+    seen = listings_at_each_write(monkeypatch, tmp_path)
     rb.save(tmp_path / "b.ckpt")
     assert seen and all(s == [] for s in seen), seen  # no name until it is whole
     assert os.listdir(tmp_path) == ["b.ckpt"]
