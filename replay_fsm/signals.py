@@ -310,12 +310,12 @@ def send_to_devnull(stream: Any) -> None:
         os.close(devnull)
 
 
-def unblock_stop_signals() -> None:
-    """Unblock the stop signals in this thread (a process that
-    ``children_start_blocked`` started): one sent meanwhile comes now, to the handlers
-    in place. Nothing where signals cannot be blocked."""
+def unblock_stop_signals(signums: tuple[int, ...] = STOP_SIGNALS) -> None:
+    """Unblock ``signums`` in this thread (a process that ``children_start_blocked``
+    or ``start_ignoring`` started): one sent meanwhile comes now, to the handlers in
+    place. Nothing where signals cannot be blocked."""
     if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)
 
 
 @contextmanager
@@ -510,5 +510,4 @@ def ignore(signums: tuple[int, ...] = (signal.SIGINT,)) -> None:
     unblocked."""
     for signum in signums:
         signal.signal(signum, signal.SIG_IGN)  # first: it discards one pending
-    if hasattr(signal, "pthread_sigmask"):
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)
+    unblock_stop_signals(signums)
