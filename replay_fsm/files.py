@@ -288,7 +288,8 @@ def create_unnamed(target: str, opened: list[int]) -> bool:
     (``os.link`` of ``PROC_FD/<fd>``, following the link). False, nothing opened,
     where there is no such file here: no O_TMPFILE (not Linux), a kernel or a file
     system that refuses it (``NO_TMPFILE``: NFS, FUSE, a kernel before 3.11), no
-    ``PROC_FD`` to link it through (a chroot or container without /proc).
+    ``PROC_FD`` to link it through (a chroot or container without /proc), or, for
+    a new file, no umask to read (``_umask``).
 
     Raises:
         OSError: as the open raised otherwise (no permission to make a file in the
@@ -299,25 +300,44 @@ def create_unnamed(target: str, opened: list[int]) -> bool:
     if tmpfile is None or not os.path.isdir(PROC_FD):
         return False
     mode = _mode_of(target)
+    if mode is None:
+        umask = _umask()
+        if umask is None:
+            return False  # a named file, whose mode the kernel gives less the umask
+        mode = 0o666 & ~umask
     flags = tmpfile | os.O_WRONLY | getattr(os, "O_CLOEXEC", 0)
     try:
-        # The mode of the file it replaces by fchmod, not here: older kernels refused
-        # an O_TMPFILE open with a read-only mode (EACCES; Linux commit 69a91c237ab0),
-        # and no one else can open a file without a name meanwhile.
+        # Its mode by fchmod, not here: older kernels refused an O_TMPFILE open with a
+        # read-only mode (EACCES; Linux commit 69a91c237ab0), and before 6.2 one on a
+        # file system without ACLs ignored the umask (ac6800e279a2): a new checkpoint
+        # writable by all. No one else can open a file without a name meanwhile.
         opened.extend(map(os.open, [os.path.dirname(target) or os.curdir], [flags],
-                          [0o666 if mode is None else 0o600]))
+                          [0o600]))
     except OSError as exc:
         if exc.errno in NO_TMPFILE:
             return False
         raise
-    if mode is not None:
-        os.fchmod(opened[-1], mode)
+    os.fchmod(opened[-1], mode)
     if fcntl is not None:
         # No other file can hold the lock of a file without a name; it stays held
         # once the file is named, until the last of its descriptors closes.
         with contextlib.suppress(OSError):  # a file system without locks: unheld
             fcntl.flock(opened[-1], fcntl.LOCK_EX | fcntl.LOCK_NB)
     return True
+
+
+def _umask() -> int | None:
+    """The process's umask, read without setting it (``os.umask`` sets it for every
+    thread meanwhile); None where ``/proc/self/status`` does not say it (a kernel
+    before 4.7, no /proc)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def _mode_of(target: str) -> int | None:

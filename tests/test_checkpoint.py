@@ -1809,6 +1809,63 @@ def test_a_new_file_gets_the_mode_open_would_give_it(tmp_path: Path, umask: int,
     assert (tmp_path / "b.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
+@pytest.mark.parametrize("umask", [0o022, 0o077])
+def test_a_new_file_gets_the_umasks_mode_where_the_kernel_would_ignore_it(
+        tmp_path: Path, umask: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Before Linux 6.2 an O_TMPFILE open on a file system without ACLs ignored the
+    umask (Linux commit ac6800e279a2): a new checkpoint opened 0o666 stayed writable
+    by every user of the machine. Here such a kernel: the open's mode as given."""
+    if not unnamed_files_in(tmp_path):
+        pytest.skip(f"no O_TMPFILE in {tmp_path}")
+    real_open = os.open
+    tmpfile_modes: list[int] = []
+
+    def umask_ignored(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
+        fd = real_open(path, flags, mode, **kw)
+        if flags & os.O_TMPFILE == os.O_TMPFILE:
+            tmpfile_modes.append(mode)
+            os.fchmod(fd, mode)
+        return fd
+
+    monkeypatch.setattr(os, "open", umask_ignored)
+    old = os.umask(umask)
+    try:
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    finally:
+        os.umask(old)
+    assert tmpfile_modes, "the save made no file without a name"
+    assert (tmp_path / "b.ckpt").stat().st_mode & 0o777 == 0o666 & ~umask
+
+
+def test_a_new_file_is_named_from_the_start_where_the_umask_cannot_be_read(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without /proc/self/status's umask (a kernel before 4.7) a new file without a
+    name could not be given its mode: the kernel gives a named one its mode."""
+    monkeypatch.setattr(files, "_umask", lambda: None)
+    made_named: list[str] = []
+    create = checkpoint._create_temporary
+
+    def recording(tmp: str, target: str) -> int:
+        made_named.append(tmp)
+        return create(tmp, target)
+
+    monkeypatch.setattr(checkpoint, "_create_temporary", recording)
+    old = os.umask(0o022)
+    try:
+        filled(8, 5).save(tmp_path / "b.ckpt")
+    finally:
+        os.umask(old)
+    assert made_named and (tmp_path / "b.ckpt").stat().st_mode & 0o777 == 0o644
+    assert_state(ReplayBuffer.load(tmp_path / "b.ckpt"), 5, 8)
+    (tmp_path / "b.ckpt").unlink()
+    monkeypatch.undo()
+    current = os.umask(0o027)
+    try:
+        assert files._umask() == 0o027, "this kernel's umask unread"
+    finally:
+        os.umask(current)
+
+
 def test_a_file_replaced_keeps_its_mode(tmp_path: Path, made: str) -> None:
     path = tmp_path / "b.ckpt"
     filled(8, 5).save(path)
