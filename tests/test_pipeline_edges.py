@@ -513,6 +513,22 @@ def test_a_failed_pipeline_names_its_cause_and_a_closed_one_says_so() -> None:
     assert str(closed.value) == "the pipeline is closed"
 
 
+def test_a_pipeline_failed_then_closed_raises_its_failure_from_every_learner_call() -> None:
+    """The README: after close() the learner's calls raise PipelineClosed,
+    ``packer_handle()`` included, and a pipeline that failed before it was closed
+    raises its PipelineFailed instead (INV-STICKY). ``packer_handle()`` raised
+    PipelineClosed there (helper-98)."""
+    cause = RuntimeError("the learner's own error")
+    pipe = Pipeline(buffer(), sample_count=N, backend="manual")
+    pipe.fail(cause)
+    pipe.close()
+    for call in (lambda: pipe.start_prepare(0, N), lambda: pipe.batch_ready(0, N),
+                 pipe.after_tick, pipe.packer_handle):
+        with pytest.raises(PipelineFailed) as info:
+            call()
+        assert info.value.__cause__ is cause
+
+
 def test_a_packers_error_fails_the_pipeline_with_a_packer_error() -> None:
     """An empty buffer: packing tick 0 raises in the packer thread; the pipeline fails
     chained to a PackerError for tick 0. Kills xǁPipelineǁ_on_pack_done mutant 2

@@ -326,9 +326,13 @@ class Pipeline:
             ValueError: this pipeline's collector is not reached through a handle
                 (the seed's queues).
             PipelineClosed: the pipeline is closed (as every call after ``close()``).
+            PipelineFailed: the pipeline failed before it was closed (INV-STICKY, as
+                every learner call then).
         """
         with self._lock:  # close stops the link only once it marked itself closed
             if self._closed:
+                if self._core.failure is not None:
+                    self._raise_if_unusable()  # its PipelineFailed, chained
                 raise PipelineClosed("the pipeline is closed; its packer handle is gone")
             if not isinstance(self._link, ChannelLink):
                 raise ValueError(f"this pipeline's collector ({self._link.kind}) has no "
