@@ -111,6 +111,26 @@ def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:
             Pipeline(buffer(), sample_count=8, device=device, backend="cuda")
 
 
+def test_the_cpu_backend_refuses_a_device_of_another_type() -> None:
+    """``backend="cpu"`` with ``device="cuda"`` ran: ``pipe.device`` said cuda and the
+    batches were on the CPU, for the learner's model on the GPU to trip on (helper-98)."""
+    for device in ("cuda", "cuda:1", "meta"):
+        with pytest.raises(ValueError, match=f"^backend 'cpu' is for device 'cpu', got "
+                                             f"device '{device}'"):
+            Pipeline(buffer(), sample_count=8, device=device, backend="cpu")
+
+
+def test_a_backend_built_directly_names_a_device_torch_does_not_know() -> None:
+    """As its docstring says (and as ``Pipeline(device=...)`` does): a ValueError, where
+    the cpu and accel backends let torch's RuntimeError out (helper-98)."""
+    from replay_fsm.transfer.accel import AcceleratorBackend
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    for backend in (AcceleratorBackend, CpuBackend):
+        with pytest.raises(ValueError, match="^unknown device 'nope'"):
+            backend("nope")
+
+
 def test_a_device_index_past_the_machines_devices_is_not_available(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """On a machine with one CUDA device (made up here), cuda:1 is refused before

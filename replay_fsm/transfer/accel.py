@@ -10,7 +10,7 @@ import threading
 import torch
 
 from ..wire import CopyOrder
-from .base import TransferBackend, available_device
+from .base import TransferBackend, available_device, parse_device
 
 
 def synchronize(device: torch.device) -> None:
@@ -32,8 +32,9 @@ class AcceleratorBackend(TransferBackend):
 
     def __init__(self, device: torch.device | str) -> None:
         """Raises:
-            ValueError: the device type is not available on this machine."""
-        self.device = torch.device(device)
+            ValueError: not a device torch knows, the CPU, or a device type not
+                available on this machine."""
+        self.device = parse_device(device)
         if self.device.type == "cpu":  # torch.cpu.is_available() is True, but no copy
             raise ValueError("backend 'accel' is for accelerators (mps, xpu, ...); for "
                              "device 'cpu' use backend 'cpu' (the default there)")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from ..wire import CopyOrder
-from .base import HostSlots, TransferBackend, allocate_like
+from .base import HostSlots, TransferBackend, allocate_like, parse_device
 
 
 class CpuBackend(TransferBackend):
@@ -17,7 +17,14 @@ class CpuBackend(TransferBackend):
     submit_on_learner = True  # synchronous: a copy (or none) into its own slot
 
     def __init__(self, device: torch.device | str = "cpu", *, copy: bool = False) -> None:
-        self.device = torch.device(device)
+        """Raises:
+            ValueError: not a device torch knows, or a device other than the CPU (the
+                batches would be on the CPU, ``Pipeline.device`` saying otherwise)."""
+        self.device = parse_device(device)
+        if self.device.type != "cpu":
+            raise ValueError(f"backend 'cpu' is for device 'cpu', got device "
+                             f"{str(self.device)!r}: leave backend= out for the device's "
+                             "own backend")
         self.copy = copy
 
     def allocate(self, host_slots: HostSlots) -> HostSlots:
