@@ -4,10 +4,16 @@ test_pipeline.py; these fail before any starts, or construct and close)."""
 
 from __future__ import annotations
 
+import inspect
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
 import pytest
 import torch
 
-from replay_fsm import Pipeline, ReplayBuffer
+from replay_fsm import Packer, Pipeline, ReplayBuffer
 from replay_fsm.runtime.links import ThreadCollector
 from replay_fsm.runtime.observers import Observer
 
@@ -194,3 +200,68 @@ def test_watch_refuses_a_closed_process_with_its_own_words() -> None:
         with pytest.raises(ValueError, match="^watch takes a process that is not closed: "
                                              "process object is closed$"):
             pipe.watch(process)
+
+
+# The calls the README's API reference writes out with their parameters.
+DOCUMENTED_CALLS: list[Callable[..., Any]] = [
+    ReplayBuffer, ReplayBuffer.add, ReplayBuffer.add_packed, ReplayBuffer.gather,
+    ReplayBuffer.save, ReplayBuffer.load, ReplayBuffer.resized, Pipeline,
+    Pipeline.start_prepare, Pipeline.batch_ready, Pipeline.wait_until_ready,
+    Pipeline.sample_large_batch, Pipeline.ticks, Pipeline.slot_of, Pipeline.pack_record,
+    Pipeline.fail, Pipeline.add_observer, Pipeline.watch, Packer.attach, Packer.service,
+]
+# Defaults the README writes in words.
+WRITTEN_AS = {16 << 20: "16 MiB"}
+
+
+def _top_level_items(text: str) -> tuple[str, list[str]]:
+    """The text up to the ``)`` that closes ``text``'s first ``(``, and its
+    comma-separated items, commas inside nested parentheses kept."""
+    depth, items, start = 0, [], text.index("(") + 1
+    for i in range(start, len(text)):
+        if text[i] == "(":
+            depth += 1
+        elif text[i] == ")":
+            if not depth:
+                items.append(text[start:i].strip())
+                return text[:i], [item for item in items if item]
+            depth -= 1
+        elif text[i] == "," and not depth:
+            items.append(text[start:i].strip())
+            start = i + 1
+    raise AssertionError(f"unclosed: {text[:80]}")
+
+
+@pytest.mark.parametrize("call", DOCUMENTED_CALLS, ids=lambda c: c.__qualname__)
+def test_the_api_reference_gives_each_parameter_with_the_codes_default(
+        call: Callable[..., Any]) -> None:
+    """The README's signature of ``call`` names its parameters in order, each default
+    as the code has it, and no other: a default changed or a parameter added in one
+    place only fails here (``watch``'s ``what`` was in the code only, and
+    ``slot_of(tick)`` and ``pack_record(tick)`` named a keyword they do not take;
+    helper-98)."""
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    section = readme.split("\n## API reference\n", 1)[1].split("\n## ", 1)[0]
+    text = " ".join(section.split())  # the signatures wrap across lines
+    name = call.__name__
+    found = re.search(rf"[`.]{name}\(", text)
+    assert found is not None, f"the API reference has no {name}(...)"
+    written, items = _top_level_items(text[found.start():])
+    params = [p for p in inspect.signature(call).parameters.values()
+              if p.name not in ("self", "cls")]
+    names = {p.name for p in params}
+    for item in items:
+        word = re.match(r"\*|[A-Za-z_]\w*", item)
+        assert word is not None and (word[0] == "*" or word[0] in names), (
+            f"{name}: the README gives {item!r}, which the code does not take")
+    at = 0
+    for p in params:
+        if p.default is p.empty:
+            token = p.name
+        elif isinstance(p.default, str):
+            token = f'{p.name}="{p.default}"'
+        else:
+            token = f"{p.name}={WRITTEN_AS.get(p.default, repr(p.default))}"
+        found_at = written.find(token, at)
+        assert found_at >= 0, f"{name}: the README lacks {token} (after {written[:at]!r})"
+        at = found_at + len(token)
