@@ -815,8 +815,8 @@ class ReplayBuffer:
         straight into the new storage and checked against their checksums.
 
         Raises:
-            CheckpointError: (a ValueError) the file is not a checkpoint (or not a
-                regular file), is truncated or corrupted, has another format version,
+            CheckpointError: (a ValueError) the file is not a checkpoint (or a pipe, a
+                device or a socket), is truncated or corrupted, has another format version,
                 has a header whose fields disagree, or does not match a given
                 dimension; the message names the file and what is wrong.
             TypeError, ValueError: a dimension given is not an int, or is below what
@@ -824,7 +824,7 @@ class ReplayBuffer:
                 and the file is not read.
             MemoryError: the buffer the file describes does not fit in shared memory
                 (the message names the size and the room).
-            OSError: the file cannot be read.
+            OSError: the file cannot be read (a folder: IsADirectoryError).
         """
         return checkpoint.load(path, cls, capacity=capacity, obs_dim=obs_dim,
                                action_dim=action_dim, critic_dim=critic_dim)

@@ -663,13 +663,13 @@ def load(path: str | os.PathLike[str], cls: type[ReplayBuffer], *,
     """A new ``cls`` buffer holding the checkpoint at ``path``; see ``ReplayBuffer.load``.
 
     Raises:
-        CheckpointError: the file is not a checkpoint (or not a regular file), is
-            truncated or corrupted, has another format version, has a header whose
+        CheckpointError: the file is not a checkpoint (or a pipe, a device or a
+            socket), is truncated or corrupted, has another format version, has a header whose
             fields disagree, or does not match a given dimension.
         TypeError, ValueError: a dimension given is not an int, or is below what a
             buffer takes (1; 0 for ``critic_dim``): checked before the file is read.
         MemoryError: the buffer the file describes does not fit (``ReplayBuffer``).
-        OSError: the file cannot be read.
+        OSError: the file cannot be read (a folder: IsADirectoryError).
     """
     path = os.fsdecode(path)  # a str, bytes or os.PathLike path, named as a str
     asked = {"capacity": capacity, "obs_dim": obs_dim, "action_dim": action_dim,

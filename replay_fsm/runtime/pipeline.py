@@ -342,9 +342,10 @@ class Pipeline:
     def watch(self, process: Any, what: str = "the collector process") -> None:
         """Fail fast with CollectorDied when ``process`` dies: a
         ``multiprocessing.Process``, or anything with ``is_alive()``, ``pid`` and
-        ``exitcode`` (the error names them). A watched collector still running when
-        the pipeline closes, not attached yet, can still open the handle's semaphores:
-        the pipeline keeps them until it goes, and the collector attaches and leaves.
+        ``exitcode`` (the error names them: "``what`` (pid P) exited with code C"). A
+        watched collector still running when the pipeline closes, not attached yet,
+        can still open the handle's semaphores: the pipeline keeps them until it goes,
+        and the collector attaches and leaves.
 
         Raises:
             TypeError: ``process`` lacks ``is_alive()``, ``pid`` or ``exitcode``.
@@ -432,6 +433,8 @@ class Pipeline:
         by a poll: ``DataStalled`` comes from ``wait_until_ready`` or the sample.
 
         Raises:
+            ValueError, TypeError: ``sample_count`` differs from the allocated one, or
+                a bad tick.
             CollectorDied, TransferFailed: the other side is gone (as a wait raises).
             PipelineFailed, PipelineClosed: as every learner call.
         """
@@ -472,6 +475,9 @@ class Pipeline:
         shorter than ``stall_timeout`` bounds itself.
 
         Raises:
+            ValueError, TypeError: ``sample_count`` differs from the allocated one, a
+                bad tick, or a ``timeout`` that is not None or a finite number of
+                seconds >= 0 (ValueError).
             ProtocolError: the tick was never requested.
             CollectorDied, DataStalled, TransferFailed, PipelineFailed, PipelineClosed.
         """
@@ -490,7 +496,8 @@ class Pipeline:
 
         Raises:
             ProtocolError: the tick was never requested, or another tick is hot.
-            ValueError: ``sample_count`` differs from the allocated one.
+            ValueError, TypeError: ``sample_count`` differs from the allocated one, or
+                a bad tick.
             CollectorDied, DataStalled, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
