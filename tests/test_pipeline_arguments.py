@@ -205,7 +205,8 @@ def test_watch_refuses_a_closed_process_with_its_own_words() -> None:
 # The calls the README's API reference writes out with their parameters.
 DOCUMENTED_CALLS: list[Callable[..., Any]] = [
     ReplayBuffer, ReplayBuffer.add, ReplayBuffer.add_packed, ReplayBuffer.gather,
-    ReplayBuffer.save, ReplayBuffer.load, ReplayBuffer.resized, Pipeline,
+    ReplayBuffer.save, ReplayBuffer.load, ReplayBuffer.resized, ReplayBuffer.adopt_rows,
+    Pipeline,
     Pipeline.start_prepare, Pipeline.batch_ready, Pipeline.wait_until_ready,
     Pipeline.sample_large_batch, Pipeline.ticks, Pipeline.slot_of, Pipeline.pack_record,
     Pipeline.fail, Pipeline.add_observer, Pipeline.watch, Packer.attach, Packer.service,
