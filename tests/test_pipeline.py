@@ -563,6 +563,25 @@ def test_bad_ticks_are_refused_and_change_nothing(call: str, tick: object,
         assert pipe.start_prepare(len(before), 8)  # still usable
 
 
+@pytest.mark.parametrize("call", ["slot_of", "pack_record"])
+@pytest.mark.parametrize("tick,error", [(1.7, TypeError), ("3", TypeError),
+                                        (True, TypeError), (None, TypeError),
+                                        (-1, ValueError)])
+def test_the_views_of_a_tick_refuse_a_bad_one(call: str, tick: object,
+                                              error: type) -> None:
+    """As every call that takes a tick: slot_of("3") answered None, as for a tick
+    not requested, and pack_record(True) gave tick 1's record."""
+    with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
+        pipe.start_prepare(0, 8)
+        pipe.start_prepare(1, 8)
+        complete_copies_for(pipe, 0)
+        complete_copies_for(pipe, 1)
+        assert pipe.wait_until_ready(1, 8, timeout=60)
+        with pytest.raises(error, match="tick"):
+            getattr(pipe, call)(tick)
+        assert pipe.slot_of(1) == 1 and pipe.pack_record(1).tick == 1
+
+
 def test_a_replay_buffer_of_the_wrong_kind_is_named() -> None:
     with pytest.raises(TypeError, match="replay_buffer must be a replay_fsm.ReplayBuffer"):
         Pipeline(object(), sample_count=8)  # type: ignore[arg-type]

@@ -625,7 +625,12 @@ class Pipeline:
             return None if slot is None or tick is None else (tick, slot)
 
     def slot_of(self, tick_id: int) -> int | None:
-        """The slot holding ``tick_id`` (pending or hot), else None."""
+        """The slot holding ``tick_id`` (pending or hot), else None.
+
+        Raises:
+            ValueError, TypeError: a bad tick (not an int >= 0).
+        """
+        tick_id = as_tick(tick_id)
         with self._lock:
             return self._core.slot_of(tick_id)
 
@@ -634,9 +639,11 @@ class Pipeline:
         it sampled from: what ``replay_fsm.sampling.expected_batch`` needs).
 
         Raises:
+            ValueError, TypeError: a bad tick (not an int >= 0).
             ProtocolError: the tick's batch is not READY or HOT.
             PipelineFailed, PipelineClosed.
         """
+        tick_id = as_tick(tick_id)
         with self._lock:
             self._raise_if_unusable()
             slot = self._core.slot_of(tick_id)
