@@ -28,6 +28,7 @@ import json
 import os
 import signal
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -298,6 +299,7 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
             rank starts).
         NotADirectoryError: ``config.out`` is a file (before any rank starts).
     """
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
@@ -340,7 +342,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         # torch's launcher installs handlers for these and leaves them: ours come back.
         # The ranks start with the stop signals blocked (rank_main unblocks them once
         # it has started up): one sent while they import torch waits for them.
-        with keeping_handlers(LAUNCHER_SIGNALS), children_start_blocked(STOP_SIGNALS):
+        with keeping_handlers(LAUNCHER_SIGNALS), children_start_blocked(STOP_SIGNALS), \
+                handling(stop_signals_taken(), _stop_launcher), \
+                _stops_after_the_start(LocalElasticAgent):
             results = elastic_launch(launch_config, rank_main)(config, kill_rank)
     except SignalException as exc:
         if exc.sigval not in STOP_SIGNALS:
@@ -384,16 +388,52 @@ def prune_launcher_logs(folder: Path, run_id: str) -> None:
 
 def _launcher_signals(config_class: Any) -> dict[str, Any]:
     """The ``signals_to_handle`` argument of torch's ``LaunchConfig``: its default less
-    SIGHUP while this process ignores it (``nohup``): the launcher's own handler for it
-    would undo that, and its ranks, started with SIGHUP at its default, would take it
-    as a stop. Empty where the class has no such field (torch before it)."""
+    the stop signals, which ``launch`` handles itself (``_stop_launcher``; SIGHUP not
+    at all while this process ignores it, as ``nohup`` starts it: a handler for it
+    would undo that, and the ranks, started with SIGHUP at its default, would take it
+    as a stop). Empty where the class has no such field (torch before it, whose
+    handlers then replace launch's as the ranks start)."""
     fields = {f.name: f for f in dataclasses.fields(config_class)}
     if "signals_to_handle" not in fields:
         return {}
     names = [n.strip() for n in str(fields["signals_to_handle"].default).split(",")]
-    left_alone = {signal.Signals(s).name
-                  for s in set(STOP_SIGNALS) - set(stop_signals_taken())}
-    return {"signals_to_handle": ",".join(n for n in names if n not in left_alone)}
+    ours = {signal.Signals(s).name for s in STOP_SIGNALS}
+    return {"signals_to_handle": ",".join(n for n in names if n not in ours)}
+
+
+def _stop_launcher(signum: int, frame: FrameType | None) -> None:
+    """What torch's launcher's handler does for a stop signal: raise its
+    ``SignalException``, on which it stops the ranks it started and ends."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    sigval = signal.Signals(signum)
+    raise SignalException(f"Process {os.getpid()} got signal: {sigval}", sigval=sigval)
+
+
+@contextlib.contextmanager
+def _stops_after_the_start(agent_class: Any) -> Iterator[None]:
+    """For the with-block, a stop signal that comes while the launcher (an
+    ``agent_class``) starts the ranks is raised once they are all started and
+    recorded. Raised inside that start, it left the ranks started so far unknown to
+    the launcher, which stopped none of them and exited: its exit removed the
+    semaphores they were still unpickling (a "FileNotFoundError" traceback from
+    each), and a rank whose start it cut short read half its input ("EOFError").
+    Raised after, the launcher stops them as it stops ranks it started."""
+    start = agent_class._start_workers
+
+    def start_whole(*args: Any, **kwargs: Any) -> Any:
+        taken: list[int] = []
+        try:
+            with handling(stop_signals_taken(), lambda signum, frame: taken.append(signum)):
+                return start(*args, **kwargs)
+        finally:
+            if taken:
+                _stop_launcher(taken[0], None)
+
+    agent_class._start_workers = start_whole
+    try:
+        yield
+    finally:
+        agent_class._start_workers = start
 
 
 def failure_reason(failure: Any) -> str:
