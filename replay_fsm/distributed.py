@@ -363,7 +363,11 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
         # the first failure that is not a stop (torch stamps failures to the second)
         rank, failure = min(((r, f) for r, f in exc.failures.items()
                              if f.exitcode not in stops), key=lambda rf: rf[1].timestamp)
-        raise RankFailed(rank, failure.exitcode, failure_reason(failure)) from exc
+        # A rank stopped or stuck fails none of its own, and writes nothing: the
+        # others' all-reduce ran out of peer_timeout, and its error names no peer.
+        silent = tuple(r for r in range(nproc) if r not in exc.failures
+                       and not (out / f"summary-rank{r}.json").exists())
+        raise RankFailed(rank, failure.exitcode, failure_reason(failure), silent) from exc
     finally:
         merge_traces(out, nproc)
         prune_launcher_logs(out / "launcher-logs", run_id)

@@ -71,15 +71,24 @@ class PackerError(ReplayFSMError):
 class RankFailed(ReplayFSMError):
     """A rank of ``replay_fsm.distributed.launch`` failed, and the launcher stopped
     the others: the first rank to fail (a stop signal's exit aside), its exit code
-    (negative: the signal that killed it) and its error in one line. ``__cause__``
-    is torch's ``ChildFailedError``, with every rank's failure."""
+    (negative: the signal that killed it) and its error in one line. ``silent``: the
+    ranks that neither failed nor wrote their files, such as one stopped (SIGSTOP)
+    or stuck while the others' all-reduce ran out of ``peer_timeout``: the error of
+    a collective does not say which peer did not come. ``__cause__`` is torch's
+    ``ChildFailedError``, with every rank's failure."""
 
-    def __init__(self, rank: int, exitcode: int, reason: str) -> None:
-        super().__init__(f"rank {rank} failed ({describe_exit(exitcode)}): {reason}")
+    def __init__(self, rank: int, exitcode: int, reason: str,
+                 silent: tuple[int, ...] = ()) -> None:
+        named = ", ".join(map(str, silent))
+        super().__init__(f"rank {rank} failed ({describe_exit(exitcode)}): {reason}" + (
+            f"; rank{'s' if len(silent) > 1 else ''} {named} wrote no files (stopped, "
+            "stuck, or killed before writing them)" if silent else ""))
         self.rank, self.exitcode, self.reason = rank, exitcode, reason
+        self.silent = tuple(silent)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.rank, self.exitcode, self.reason), vars(self)
+        return (type(self), (self.rank, self.exitcode, self.reason, self.silent),
+                vars(self))
 
 
 def first_line(text: str) -> str:

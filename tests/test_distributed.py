@@ -323,17 +323,24 @@ def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_a_stuck_rank_ends_the_job_after_the_peer_timeout(tmp_path: Path) -> None:
-    """Rank 1 stops (SIGSTOP) at tick 3: rank 0, waiting in the all-reduce, fails
-    after peer_timeout instead of torch's 30 minutes, and the launcher ends the job."""
+    """Rank 2 of 3 stops (SIGSTOP) at tick 3: the others, waiting in the all-reduce,
+    fail after peer_timeout instead of torch's 30 minutes, and the launcher ends the
+    job. The error names the first of them, whose wait ran out, and the stopped rank
+    too, as the one that wrote no files: it named only the first (helper-99)."""
     t0 = time.monotonic()
     with pytest.raises(RankFailed) as info:
-        launch(2, options(tmp_path, ticks=40, freeze_at=3, peer_timeout=5.0,
-                          verify_data=False), kill_rank=1)
-    assert info.value.rank == 0, str(info.value)
+        launch(3, options(tmp_path, ticks=40, freeze_at=3, peer_timeout=5.0,
+                          verify_data=False), kill_rank=2)
+    assert info.value.rank in (0, 1), str(info.value)
     assert "peer_timeout" in str(info.value), str(info.value)
+    assert info.value.silent == (2,), str(info.value)
+    assert str(info.value).endswith("; rank 2 wrote no files (stopped, stuck, or killed "
+                                    "before writing them)"), str(info.value)
     assert time.monotonic() - t0 < 240  # the peer's 5 s, then the launcher's own 30 s
-    failed = json.loads((tmp_path / "summary-rank0.json").read_text())
-    assert failed["interrupted"] and failed["ticks"] >= 3 and "peer_timeout" in failed["error"]
+    for rank in (0, 1):
+        failed = json.loads((tmp_path / f"summary-rank{rank}.json").read_text())
+        assert failed["interrupted"] and failed["ticks"] >= 3
+        assert "peer_timeout" in failed["error"]
 
 
 LAUNCH_AND_REPORT = """
@@ -524,10 +531,11 @@ def test_a_launch_stopped_by_ctrl_c_or_sigterm_raises_keyboard_interrupt(
 
 
 def failing_launcher(tmp_path: Path, exitcode: int, recorded: str | None,  # type: ignore[no-untyped-def]
-                     plain: bool = False):
+                     plain: bool = False, wrote: tuple[int, ...] = ()):
     """An ``elastic_launch`` whose rank 1 failed with ``exitcode``, its error file
     holding ``recorded`` as torch's error handler writes it (None: no file), or as a
-    plain string message (``plain``), which torch's ``ProcessFailure`` also reads."""
+    plain string message (``plain``), which torch's ``ProcessFailure`` also reads;
+    the ranks ``wrote`` wrote a summary."""
     from torch.distributed.elastic.multiprocessing.errors import (
         ChildFailedError,
         ProcessFailure,
@@ -544,6 +552,8 @@ def failing_launcher(tmp_path: Path, exitcode: int, recorded: str | None,  # typ
         def run(*args):  # type: ignore[no-untyped-def]
             failure = ProcessFailure(local_rank=1, pid=4242, exitcode=exitcode,
                                      error_file=str(error_file))
+            for rank in wrote:
+                (Path(args[0].out) / f"summary-rank{rank}.json").write_text("{}\n")
             raise ChildFailedError("rank_main", {1: failure})
         return run
     return elastic_launch
@@ -572,7 +582,7 @@ def test_a_failed_rank_is_named_with_its_exit_and_its_error_in_one_line(
     from replay_fsm.cli import main as cli_main
 
     monkeypatch.setattr(api, "elastic_launch",
-                        failing_launcher(tmp_path, exitcode, recorded, plain))
+                        failing_launcher(tmp_path, exitcode, recorded, plain, wrote=(0,)))
     with pytest.raises(RankFailed) as info:
         launch(2, options(tmp_path / "out"))
     assert str(info.value) == expected
@@ -582,6 +592,24 @@ def test_a_failed_rank_is_named_with_its_exit_and_its_error_in_one_line(
                      str(tmp_path / "cli"), "--no-progress"])
     assert code == 2
     assert capsys.readouterr().err == f"replay-fsm demo: error: {expected}\n"
+
+
+def test_the_ranks_that_neither_failed_nor_wrote_their_files_are_named(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rank stopped (SIGSTOP) or stuck fails no collective of its own: the others'
+    all-reduce runs out of peer_timeout, the first of them is named, and its error
+    (gloo's "Timed out waiting ... for recv") names no peer. The ranks that neither
+    failed nor wrote their files are named after it (helper-99)."""
+    from torch.distributed.launcher import api
+
+    monkeypatch.setattr(api, "elastic_launch", failing_launcher(
+        tmp_path, 1, "RuntimeError: an all-reduce across the ranks failed", wrote=(3,)))
+    with pytest.raises(RankFailed) as info:
+        launch(4, options(tmp_path / "out"))
+    assert str(info.value) == (
+        "rank 1 failed (exit code 1): RuntimeError: an all-reduce across the ranks "
+        "failed; ranks 0, 2 wrote no files (stopped, stuck, or killed before writing them)")
+    assert info.value.silent == (0, 2)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])

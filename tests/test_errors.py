@@ -22,7 +22,7 @@ from replay_fsm import CheckpointError, ReplayBuffer
 # Example arguments for the classes whose constructor is not Exception's own.
 EXAMPLES: dict[str, tuple[Any, ...]] = {
     "replay_fsm.data.checkpoint.CheckpointError": ("/tmp/b.ckpt", "truncated: 3 bytes"),
-    "replay_fsm.errors.RankFailed": (1, -9, "no error recorded (pid 42)"),
+    "replay_fsm.errors.RankFailed": (1, -9, "no error recorded (pid 42)", (2, 3)),
     "replay_fsm.errors.PackerError": (7, "Traceback (most recent call last):\n"
                                          "  File \"x.py\", line 1\nValueError: bad row\n"),
     "replay_fsm.signals.Interrupted": (signal.SIGTERM,),
