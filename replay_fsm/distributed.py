@@ -285,7 +285,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     others and raises. The files an earlier run left in ``config.out`` for its ranks
     (``RANK_FILES``, whatever their number) and its merged trace are removed first.
     The ranks start with the stop signals blocked: one sent while they start up ends
-    them once they have, an interrupt with nothing written (``rank_main``).
+    them once they have, an interrupt with nothing written (``rank_main``); one that
+    reaches the launcher while it starts them acts once it has started them all.
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C,
