@@ -422,8 +422,13 @@ def _stops_after_the_start(agent_class: Any) -> Iterator[None]:
     the launcher, which stopped none of them and exited: its exit removed the
     semaphores they were still unpickling (a "FileNotFoundError" traceback from
     each), and a rank whose start it cut short read half its input ("EOFError").
-    Raised after, the launcher stops them as it stops ranks it started."""
-    start = agent_class._start_workers
+    Raised after, the launcher stops them as it stops ranks it started. Nothing
+    changes where the class has no such start (a torch that renamed it: the race
+    is back there, not an error)."""
+    start = getattr(agent_class, "_start_workers", None)
+    if start is None:
+        yield
+        return
 
     def start_whole(*args: Any, **kwargs: Any) -> Any:
         taken: list[int] = []

@@ -775,6 +775,37 @@ def test_under_nohup_the_launcher_leaves_sighup_ignored() -> None:
     assert _launcher_signals(Older) == {}
 
 
+def test_a_stop_during_the_start_is_raised_after_it_and_a_torch_without_that_start_runs_as_is(
+) -> None:
+    """The launcher's start of the ranks, wrapped for the with-block: a stop signal
+    that comes inside it is raised (as torch's SignalException) once it returns, and
+    the start is torch's own again after; a class without it is left as it is."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+
+    from replay_fsm.distributed import _stops_after_the_start
+
+    class Agent:
+        started: list[str] = []
+
+        def _start_workers(self, group: str) -> str:
+            signal.raise_signal(signal.SIGTERM)  # handled by the note: nothing raised here
+            self.started.append(group)
+            return group
+
+    own = Agent._start_workers
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(SignalException) as info, _stops_after_the_start(Agent):
+        Agent()._start_workers("ranks")
+    assert Agent.started == ["ranks"] and info.value.sigval == signal.SIGTERM
+    assert Agent._start_workers is own and signal.getsignal(signal.SIGTERM) == before
+
+    class Renamed:
+        pass
+
+    with _stops_after_the_start(Renamed):
+        assert not hasattr(Renamed, "_start_workers")
+
+
 def _main_thread_waits_for_a_batch() -> bool:
     """Whether the main thread is inside a pipeline's wait for a batch."""
     from replay_fsm.runtime.pipeline import Pipeline
