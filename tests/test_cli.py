@@ -434,6 +434,18 @@ def test_an_out_ending_in_json_in_any_case_names_the_file(tmp_path: Path) -> Non
     assert not (tmp_path / "res.JSON").exists()  # not made as a folder
 
 
+def test_an_out_ending_in_json_and_a_slash_names_a_folder(tmp_path: Path) -> None:
+    """``--out res.json/`` wrote a file res.json (Path drops the slash), not
+    res.json/sac.json: the slash says folder, as the error for a folder named
+    res.json tells the user to write."""
+    from replay_fsm.trainers.run import output_path
+
+    assert output_path(f"{tmp_path / 'res.json'}/") == tmp_path / "res.json" / "sac.json"
+    assert (tmp_path / "res.json").is_dir()
+    with pytest.raises(IsADirectoryError, match="write --out .*res.json/ to write into"):
+        output_path(tmp_path / "res.json")
+
+
 def test_a_result_is_written_when_only_its_plot_cannot_be(tmp_path: Path) -> None:
     """The paths beside the result are checked before the run, not by write(): a
     folder named like the plot, made during the run, must not cost the result."""

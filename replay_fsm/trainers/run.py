@@ -459,10 +459,11 @@ def _comparison(runs: dict[str, dict[str, Any]], block: int, rounds: list[float]
 
 def output_path(out: str | Path, *, before_run: bool = False) -> Path:
     """Where ``write`` puts a result for ``out``: ``out`` itself when it ends in
-    .json (any case), else ``out/sac.json``. Makes its folder and checks that a file can be
-    written there, so a run finds out before it trains, not after; ``before_run`` also
-    checks the paths written beside it (``write`` itself does not: a plot that cannot
-    be drawn must not cost the result).
+    .json (any case), else ``out/sac.json`` (``res.json/``, with its slash, names a
+    folder: the path would drop the slash and write a file). Makes its folder and
+    checks that a file can be written there, so a run finds out before it trains, not
+    after; ``before_run`` also checks the paths written beside it (``write`` itself
+    does not: a plot that cannot be drawn must not cost the result).
 
     Raises:
         OSError: the folder cannot be made, or is not writable.
@@ -476,14 +477,17 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
         raise ValueError("--out '' names no folder or file; write --out . for the "
                          "current folder")
     path = Path(out)
-    if path.suffix.lower() != ".json":  # res.JSON is a file too, not a folder
+    # res.JSON is a file too, not a folder; res.json/ is a folder
+    if path.suffix.lower() != ".json" or str(out).endswith(("/", os.sep)):
         path = path / "sac.json"
     if path.parent.exists() and not path.parent.is_dir():
         raise NotADirectoryError(f"{path.parent} is a file, not a folder; --out names a "
                                  "folder or a .json file")
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.is_dir():
-        raise IsADirectoryError(f"{path} is a folder; --out names a folder or a .json file")
+        raise IsADirectoryError(f"{path} is a folder, and an --out ending in .json names "
+                                f"the result's file; write --out {path}/ to write into "
+                                "the folder")
     plot = path.with_suffix(".png")
     if before_run and plot.is_dir():  # else found after the run
         raise IsADirectoryError(f"{plot} is a folder, where the run writes its plot")
