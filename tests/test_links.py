@@ -796,3 +796,65 @@ def test_a_record_half_posted_by_a_dead_predecessor_is_judged_once_no_later_one_
         gone = judged_within(link, timeout, beat=True)
         assert gone is not None and "counted in the done channel and not posted" in (
             gone.reason), gone
+
+
+@contextlib.contextmanager
+def taken_by_a_dead_predecessor() -> Iterator[ExternalCollector]:
+    """An external link with one request sent, whose attached collector lives, and
+    the one before it, gone, was killed inside its get of that request: its item
+    taken, the record never counted taken."""
+    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    live = subprocess.Popen(["sleep", "60"])
+    try:
+        link.handle.packer_state[0] = live.pid
+        link.handle.packer_state[7] = live.pid + 10**6  # the predecessor, gone
+        send(link)
+        assert link.handle.requests._items.acquire(timeout=1.0)  # its get's acquire
+        assert link.handle.requests.unreleased == 1
+        yield link
+    finally:
+        live.kill()
+        live.wait()
+        link.stop(1.0)
+
+
+def test_a_request_whose_item_a_dead_predecessor_took_fails_the_run() -> None:
+    """The collector before the one attached now was killed inside its get, between
+    taking the request's item and counting it taken. The one attached now reads that
+    record with the next request's item, one behind, so the newest request is never
+    taken while no later one comes: a learner waiting for it with nothing more to
+    send waited for ever while the collector beat (helper-100: 1 of 1, learner_packs
+    False, one request at a time). Judged once that has stayed for the timeout, and
+    only while the request is owed (the rows are there)."""
+    timeout = 0.1
+    with taken_by_a_dead_predecessor() as link:
+        link.handle.packer_state[1] = time.monotonic_ns()
+        assert link.liveness(True, timeout) is None  # a get under way, as far as it knows
+        time.sleep(2 * timeout)
+        link.handle.packer_state[1] = time.monotonic_ns()
+        assert link.liveness(False, timeout) is None, "judged while not owed"
+        gone = judged_within(link, timeout, beat=True)
+        assert gone is not None and gone.reason.startswith(
+            "the request channel has held a request no get can take for "), gone
+        assert f"the one before it pid {link.handle.predecessor[1]}" in gone.reason
+
+
+def test_requests_flowing_one_behind_a_dead_predecessors_get_are_not_judged() -> None:
+    """While the learner sends later requests, each carries the record before it
+    through, one behind: the channel's position moves at every send, and no verdict
+    comes (the run goes on, one behind); the first stretch of the timeout with no
+    later request is judged."""
+    timeout = 0.1
+    with taken_by_a_dead_predecessor() as link:
+        requests = link.handle.requests
+        start, tick = time.monotonic(), 1
+        while time.monotonic() - start < 10 * timeout:
+            send(link, tick)
+            assert requests.get(timeout=1.0) is not None  # the collector's, one behind
+            assert requests.unreleased == 1
+            link.handle.packer_state[1] = time.monotonic_ns()
+            assert link.liveness(True, timeout) is None, "judged while requests flow"
+            time.sleep(timeout / 4)
+            tick += 1
+        gone = judged_within(link, timeout, beat=True)
+        assert gone is not None and "no get can take" in gone.reason, gone

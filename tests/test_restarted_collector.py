@@ -287,3 +287,41 @@ def test_a_watched_collector_fails_the_run_at_its_death_though_a_restart_attache
             assert pipe.wait_until_ready(0, N, timeout=MARGIN_S)
     finally:
         stop(pipe, new)
+
+
+class _DieOnItsItem:
+    """The request channel's items semaphore in a collector killed inside its get:
+    the acquire that takes an item is the process's last act (the request is never
+    counted taken)."""
+
+    def __init__(self, semaphore: Any) -> None:
+        self._semaphore = semaphore
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        if self._semaphore.acquire(*args, **kwargs):
+            os._exit(9)
+        return False
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._semaphore, name)
+
+
+def die_inside_its_get(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, then die inside the get of the first request, between taking its item
+    and counting it taken (as a SIGKILL there would)."""
+    packer = Packer.attach(handle, rb)
+    handle.requests._items = _DieOnItsItem(handle.requests._items)
+    while not packer.closed:
+        packer.service(timeout=0.05)
+
+
+def test_a_request_whose_item_the_dead_collector_took_fails_the_run_not_hangs_it(
+        ) -> None:
+    """The dead collector took the request's item and died before it counted the
+    request taken, so the restart's count of requests read before it leaves it out:
+    the new collector reads it with the next request's item, one behind, and the
+    newest is never taken while the learner sends nothing more. learner_packs=False
+    and one request at a time: the learner waited for ever while the new collector
+    beat (helper-100, 1 of 1). The wait ends in CollectorDied after
+    liveness_timeout."""
+    assert "no get can take" in collector_died_after(die_inside_its_get, False)

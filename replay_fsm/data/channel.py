@@ -116,9 +116,12 @@ class Channel:
         """Records counted in the backlog whose item was never released: a producer
         killed inside its ``put`` (between counting the record and releasing its
         item) leaves one for good, and no ``get`` takes it until a later put's item
-        does (then every later record waits one put behind). A live producer's put,
-        and a ``get`` between its acquire and its count, show one for microseconds.
-        None where the semaphore's value cannot be read (macOS)."""
+        does (then every later record waits one put behind). A consumer killed
+        inside its ``get`` (between taking an item and counting the record taken)
+        leaves one for good too: the next ``get`` takes that record with a later
+        record's item. A live producer's put, and a ``get`` between its acquire and
+        its count, show one for microseconds. None where the semaphore's value
+        cannot be read (macOS)."""
         try:
             items = self._items.get_value()
         except NotImplementedError:

@@ -374,11 +374,14 @@ class Packer:
         for it, as does any of them without learner_packs; so, after
         liveness_timeout, does one the dead process finished (its last chunk
         counted, or failed) and died before posting its pack-done message, and a
-        claim lock it died holding. Not seen: a process killed in the few bytecodes
-        between taking a request's item off the channel and counting it taken; the
-        learner waits on for that request unless it packs it itself (``watch`` the
-        process). The restart must attach before the learner's next wait or poll:
-        one that finds the attached collector dead and none attached in its place
+        claim lock it died holding. A process killed in the few bytecodes between
+        taking a request's item off the channel and counting it taken is not counted
+        as having read it: the restart reads it with the next request's item, and
+        every later one a request behind, so the run goes on while the learner sends
+        more; a wait for the newest with nothing more sent, which the learner does
+        not pack itself, fails the run after liveness_timeout (``CollectorDied``: "no
+        get can take"). The restart must attach before the learner's next wait or
+        poll: one that finds the attached collector dead and none attached in its place
         fails the run (``CollectorDied``: "the collector process (pid P) is gone").
         A process the learner ``watch``es is not restarted: its death fails the run
         whatever attached since ("... exited with code C").

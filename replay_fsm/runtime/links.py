@@ -532,7 +532,8 @@ class ExternalCollector(ChannelLink):
                             f"rb) within {self.attach_timeout:g} s of the first "
                             "request")
             return None
-        return self._stranded(pid, timeout) or self._silence(
+        return self._untakable(pid, waiting, timeout) or self._stranded(
+            pid, timeout) or self._silence(
             f"the collector (pid {pid})", waiting, timeout,
             "alive but no packer.service() call: an environment step longer than "
             "liveness_timeout, or hung in a step or a pack?")
@@ -548,6 +549,35 @@ class ExternalCollector(ChannelLink):
             return False
         read_before = handle.predecessor[0]
         return sent[2] < read_before
+
+    def _untakable(self, pid: int, waiting: bool, timeout: float) -> Gone | None:
+        """Gone when the request channel's newest record can never be taken: a
+        collector process killed inside its get, between taking a record's item and
+        counting the record taken, left the channel one item short for good. The
+        collector attached after it reads that record with the next item, and every
+        later one with the item of the one after it, so the newest waits until the
+        learner sends another; a learner waiting for that one with nothing more to
+        send waited for ever while the collector beat. Judged as a half-posted
+        pack-done message is: only once the shortfall has stayed, at one position of
+        the channel, for ``timeout`` (a live get shows it for a moment), and only
+        while the collector owes the request (``waiting``): while requests flow the
+        run goes on, one behind."""
+        handle = self._handle
+        assert handle is not None
+        requests = handle.requests
+        if not requests.unreleased:
+            self._since.pop("untakable", None)
+            return None
+        held = self._held_s("untakable", requests.position)
+        if not waiting or held <= timeout:
+            return None
+        before = handle.predecessor[1]
+        return Gone(
+            f"the request channel has held a request no get can take for {held:.1f} s: "
+            f"the collector process that took its item died (or stopped) inside its get, "
+            f"before it counted the request taken (the collector attached now is pid "
+            f"{pid}" + (f", the one before it pid {before}" if before else "") + "), "
+            "and every later request would wait one behind")
 
     def _stranded(self, pid: int, timeout: float) -> Gone | None:
         """Gone when a request that a collector process, gone since, read off the
