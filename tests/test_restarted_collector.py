@@ -18,7 +18,9 @@ import torch
 
 from replay_fsm import CollectorDied, Pipeline, ReplayBuffer
 from replay_fsm.data.packer import Packer, PackerHandle
+from replay_fsm.spec import SlotState
 
+from .drive import packed, reference
 from .support import finishes_within
 
 pytestmark = pytest.mark.slow
@@ -285,6 +287,43 @@ def test_a_watched_collector_fails_the_run_at_its_death_though_a_restart_attache
             assert not pipe.wait_until_ready(0, N, timeout=2.0)  # no verdict
             rb.add_packed(torch.randn(1, rb.width))
             assert pipe.wait_until_ready(0, N, timeout=MARGIN_S)
+    finally:
+        stop(pipe, new)
+
+
+@pytest.mark.parametrize("how", ["wait", "timed wait", "batch_ready"])
+def test_a_later_tick_the_dead_collector_read_is_packed_by_a_learner_waiting_for_it(
+        how: str) -> None:
+    """Ring depth 3: the dead collector served tick 0, read tick 1 and died. The
+    learner waits for tick 1 with tick 0 not acquired yet: only the learner can pack
+    tick 1, and it packed only the oldest requested tick, so the wait (untimed: a
+    hang; timed or polled: never True) went on for ever while the new collector beat
+    (helper-100, 1 of 1 each). The batch it packs is tick 1's (INV-DATA)."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", ring_depth=3,
+                    liveness_timeout=60)
+    pipe.start_prepare(0, N)
+    pipe.start_prepare(1, N, min_snapshot_ptr=rb.ptr + 1)
+    pipe.start_prepare(2, N, min_snapshot_ptr=rb.ptr + 1)
+    new = restart(pipe, rb, die_with_two_read)
+    try:
+        rb.add_packed(torch.randn(1, rb.width))
+
+        def ready() -> bool:
+            if how == "wait":
+                return pipe.wait_until_ready(1, N)
+            while not (pipe.batch_ready(1, N) if how == "batch_ready"
+                       else pipe.wait_until_ready(1, N, timeout=0.2)):
+                pass
+            return True
+        ok, got = finishes_within(ready)
+        assert ok and got == [True], f"the wait for tick 1 never ended: {got}"
+        assert pipe.states[0] is not SlotState.HOT  # tick 0 was not acquired meanwhile
+        for tick in range(3):
+            batch = pipe.sample_large_batch(tick, N)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+            pipe.after_tick()
+        assert pipe.statistics().learner_packs >= 1  # tick 1 at least
     finally:
         stop(pipe, new)
 

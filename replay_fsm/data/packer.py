@@ -369,9 +369,9 @@ class Packer:
         packer process died attaches again, and records how many requests the dead
         one had read (``PackerHandle.predecessor``): those it never sees. The learner
         packs one of them whose chunks nobody claimed (learner_packs), in any wait
-        or poll for it as the oldest requested tick; one the dead process had
-        claimed a chunk of fails the run (``CollectorDied``) once the learner waits
-        for it, as does any of them without learner_packs; so, after
+        or poll for it (the oldest requested tick or a later one); one the dead
+        process had claimed a chunk of fails the run (``CollectorDied``) once the
+        learner waits for it, as does any of them without learner_packs; so, after
         liveness_timeout, does one the dead process finished (its last chunk
         counted, or failed) and died before posting its pack-done message, and a
         claim lock it died holding. A process killed in the few bytecodes between

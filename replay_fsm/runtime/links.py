@@ -137,8 +137,8 @@ class CollectorLink(abc.ABC):
     def orphaned(self, slot: int) -> bool:
         """Whether the request in ``slot`` was read by a collector process gone since,
         so that only the learner can pack what is left of it (``Pipeline`` then takes
-        it in any wait or poll for it as the oldest requested tick). By default no
-        collector is replaced: False."""
+        it in any wait or poll for it, the oldest requested tick or a later one). By
+        default no collector is replaced: False."""
         return False
 
     def watch(self, process: Any, what: str) -> None:
@@ -542,8 +542,8 @@ class ExternalCollector(ChannelLink):
         """Whether the last request sent to ``slot`` was read off the channel by a
         collector process gone since: the collector attached now never sees it, so
         only the learner can pack what is left of it (``Pipeline`` takes it in any
-        wait or poll for it as the oldest requested tick, not only in an untimed
-        wait)."""
+        wait or poll for it, not only in an untimed wait, and not only as the oldest
+        requested tick)."""
         handle, sent = self._handle, self._sent.get(slot)
         if handle is None or sent is None:
             return False

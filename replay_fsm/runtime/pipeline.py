@@ -141,10 +141,11 @@ class Pipeline:
         learner_packs: when ``sample_large_batch`` (or ``wait_until_ready`` without
             a timeout) waits for the oldest requested tick and the packer has not
             started it, gather it on the learner's thread instead of waiting
-            (specs/LEARNER_PACKS.md; any wait or poll, for a request an external
-            collector that died had read). False leaves every pack to the collector, for
-            a learner that must leave its core to it. Collectors reached through a
-            packer handle only (thread, process, external).
+            (specs/LEARNER_PACKS.md; for a request an external collector that died
+            had read: any wait or poll for it, oldest or not). False leaves every
+            pack to the collector, for a learner that must leave its core to it.
+            Collectors reached through a packer handle only (thread, process,
+            external).
 
     Raises:
         ValueError: a bad argument (unknown device, backend, collector, ring depth,
@@ -423,8 +424,8 @@ class Pipeline:
     def batch_ready(self, tick_id: int, sample_count: int) -> bool:
         """Whether ``tick_id`` can be sampled without waiting (False for a tick not
         requested: unlike a wait, a poll does not raise for it). Never waits for
-        another actor; one exception packs on the calling thread: the oldest requested
-        tick, read by an external collector process gone since, which nobody else can
+        another actor; one exception packs on the calling thread: a requested tick
+        read by an external collector process gone since, which nobody else can
         pack (``specs/LEARNER_PACKS.md``: a whole batch's gather, held up to
         ``liveness_timeout`` by a writer stopped inside an add). When it
         cannot, the watchdog is asked, as by every slice of a wait: a learner that
@@ -934,11 +935,13 @@ class Pipeline:
 
     def _take_locked(self, tick: int, slot: int) -> bool:
         """Pack the chunks of ``tick`` the packer has not claimed, on this thread, if
-        it is the oldest requested tick and its rows are there (``min_snapshot_ptr``);
-        the lock is released meanwhile. Returns whether this call packed any."""
+        its rows are there (``min_snapshot_ptr``) and it is the oldest requested tick,
+        or one that only the learner can pack (``_orphaned``: a wait for it, behind an
+        older tick not acquired yet, waited for ever); the lock is released meanwhile.
+        Returns whether this call packed any."""
         request = self._requests[slot]
-        if (request is None or self._core.pending[0][0] != tick
-                or self.replay_buffer.ptr < request.min_snapshot_ptr):
+        if (request is None or self.replay_buffer.ptr < request.min_snapshot_ptr
+                or (self._core.pending[0][0] != tick and not self._orphaned(slot))):
             return False
         # Taken off before the lock is released: a second thread waiting for the same
         # tick does not take it too (its chunks would draw on this one's indices).
