@@ -858,3 +858,30 @@ def test_requests_flowing_one_behind_a_dead_predecessors_get_are_not_judged() ->
             tick += 1
         gone = judged_within(link, timeout, beat=True)
         assert gone is not None and "no get can take" in gone.reason, gone
+
+
+def test_an_external_collector_whose_pid_names_another_process_since_is_gone() -> None:
+    """The attached collector died and its pid was given to another process: the
+    link asked only whether the pid named a live process, so the learner waited on
+    for its rows (which only it made) until stall_timeout, for ever with
+    stall_timeout None, and for its heartbeat only once they were owed
+    (helper-100). The record its attach wrote (the pid's start time) tells."""
+    from replay_fsm.data import owner
+    link = ExternalCollector(ReplayBuffer(64, 3, 2), 2, 4, attach_timeout=10.0)
+    other = subprocess.Popen(["sleep", "60"])
+    try:
+        _, pid_namespace, time_namespace = owner.me()
+        started = owner._stat(other.pid)[2]
+        state = link.handle.packer_state
+        state[0], state[1] = other.pid, time.monotonic_ns()
+        for start, alive in ((started, True), (started + 1, False)):
+            state[3:6] = torch.tensor([other.pid | (start << owner.PID_BITS),
+                                       pid_namespace, time_namespace])
+            gone = link.liveness(False, 60.0)
+            assert (gone is None) is alive, gone
+        assert gone is not None and gone.reason == (
+            f"the collector process (pid {other.pid}) is gone"), gone
+    finally:
+        other.kill()
+        other.wait()
+        link.stop(1.0)

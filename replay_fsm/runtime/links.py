@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from ..data import owner
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
@@ -503,7 +504,7 @@ class ExternalCollector(ChannelLink):
         # waiting for the worker. A real one (its item released) is, even from a
         # collector that exited since (it served its last request and left).
         unreleased = done.unreleased
-        if pid and pid != os.getpid() and not process_alive(pid) and (
+        if pid and pid != os.getpid() and not self._attached_lives(pid) and (
                 unreleased is None or unreleased or not done.backlog):
             return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
                                                    f"gone")
@@ -537,6 +538,16 @@ class ExternalCollector(ChannelLink):
             f"the collector (pid {pid})", waiting, timeout,
             "alive but no packer.service() call: an environment step longer than "
             "liveness_timeout, or hung in a step or a pack?")
+
+    def _attached_lives(self, pid: int) -> bool:
+        """Whether the attached collector, ``pid``, still runs: a live process has
+        that pid, and it is the one that attached (its start time, in the record
+        its attach wrote): a pid is reused, and a collector that died may have left
+        its pid to another process, which was taken for it (the learner then waited
+        for rows only the dead one made, until stall_timeout)."""
+        handle = self._handle
+        assert handle is not None
+        return process_alive(pid) and owner.lives(handle.packer_record) is not False
 
     def orphaned(self, slot: int) -> bool:
         """Whether the last request sent to ``slot`` was read off the channel by a
