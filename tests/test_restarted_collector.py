@@ -364,3 +364,40 @@ def test_a_request_whose_item_the_dead_collector_took_fails_the_run_not_hangs_it
     beat (helper-100, 1 of 1). The wait ends in CollectorDied after
     liveness_timeout."""
     assert "no get can take" in collector_died_after(die_inside_its_get, False)
+
+
+def test_a_later_tick_the_dead_collector_read_is_packed_after_a_take_that_could_not_look(
+        ) -> None:
+    """Ring depth 3, tick 1 read by the dead collector, tick 0 not acquired: a timed
+    wait for tick 1 whose take found the claim lock taken for its slice (the live
+    collector descheduled inside a claim, on a loaded machine) could not look, and
+    the take put the request back only for the oldest tick: later waits found no
+    request to pack for tick 1 and waited for ever while the new collector beat
+    (helper-101: 1 of 1, the lock held by the test for one timed wait)."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", ring_depth=3,
+                    liveness_timeout=60)
+    pipe.start_prepare(0, N)
+    pipe.start_prepare(1, N, min_snapshot_ptr=rb.ptr + 1)
+    new = restart(pipe, rb, die_with_two_read)
+    lock = pipe.packer_handle().claim_lock
+    try:
+        rb.add_packed(torch.randn(1, rb.width))
+        assert lock.acquire(timeout=MARGIN_S)
+        try:
+            assert not pipe.wait_until_ready(1, N, timeout=0.2)  # its take cannot look
+        finally:
+            lock.release()
+
+        def ready() -> bool:
+            while not pipe.wait_until_ready(1, N, timeout=0.2):
+                pass
+            return True
+        ok, _ = finishes_within(ready, 20.0)
+        assert ok, "the wait for tick 1 never ended"
+        for tick in range(2):
+            batch = pipe.sample_large_batch(tick, N)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+            pipe.after_tick()
+    finally:
+        stop(pipe, new)

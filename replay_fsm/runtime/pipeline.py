@@ -989,8 +989,10 @@ class Pipeline:
             # pipeline closed meanwhile stays closed: the core ignores a failure then.)
             self._fail_locked(error)
             self._raise_if_unusable()
-        if took is None and self._core.pending and self._core.pending[0][0] == tick:
-            self._requests[slot] = request  # could not look now: again next slice
+        if took is None and (tick, slot) in self._core.pending:
+            # Could not look now: again next slice (an orphaned tick behind the oldest
+            # too, which nobody else packs: dropped, its waits went on for ever).
+            self._requests[slot] = request
         if took:
             self._span("learner_pack", Actor.LEARNER, start, time.monotonic_ns(),
                        tick=tick, slot=slot, chunks=took)
