@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import threading
 from typing import Any
 
 import pytest
@@ -400,4 +401,54 @@ def test_a_later_tick_the_dead_collector_read_is_packed_after_a_take_that_could_
             assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
             pipe.after_tick()
     finally:
+        stop(pipe, new)
+
+
+def die_with_two_taken(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, read the first two requests off the channel (claiming nothing of
+    either), die."""
+    packer = Packer.attach(handle, rb)
+    while handle.requests.taken < 2 and not packer.closed:
+        handle.requests.get(timeout=0.05)
+    os._exit(9)
+
+
+def test_two_threads_packing_two_ticks_the_dead_collector_read_take_turns() -> None:
+    """The dead collector read ticks 0 and 1 and claimed nothing: only the learner
+    packs them. One thread packs tick 0 (the oldest) while another waits for tick 1:
+    the second took tick 1 at once, beside the first, and the two shared the learner's
+    one packer (its drawn indices: tick 0's batch was gathered from tick 1's), as
+    two threads waiting for one tick must not (helper-101: 1 of 1, the first held
+    inside its gather). The second waits for the first's pack to end."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", ring_depth=2,
+                    liveness_timeout=60)
+    pipe.start_prepare(0, N)
+    pipe.start_prepare(1, N)
+    new = restart(pipe, rb, die_with_two_taken)
+    inside, go_on = threading.Event(), threading.Event()
+    gather = rb.gather
+    held: list[threading.Thread] = []
+
+    def hooked(indices: torch.Tensor, out: torch.Tensor, **kw: Any) -> Any:
+        if not held:  # the first gather, tick 0's: held until the other wait went
+            held.append(threading.current_thread())
+            inside.set()
+            assert go_on.wait(MARGIN_S)
+        return gather(indices, out, **kw)
+    rb.gather = hooked  # type: ignore[method-assign]
+    first = threading.Thread(target=pipe.wait_until_ready, args=(0, N), daemon=True)
+    try:
+        first.start()
+        assert inside.wait(MARGIN_S)
+        pipe.wait_until_ready(1, N, timeout=0.5)  # True or False: both are right
+        go_on.set()
+        first.join(MARGIN_S)
+        assert not first.is_alive()
+        for tick in range(2):
+            batch = pipe.sample_large_batch(tick, N)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+            pipe.after_tick()
+    finally:
+        go_on.set()
         stop(pipe, new)

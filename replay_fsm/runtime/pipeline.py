@@ -938,9 +938,12 @@ class Pipeline:
         its rows are there (``min_snapshot_ptr``) and it is the oldest requested tick,
         or one that only the learner can pack (``_orphaned``: a wait for it, behind an
         older tick not acquired yet, waited for ever); the lock is released meanwhile.
-        Returns whether this call packed any."""
+        Not while another thread packs (``_taker``): the two would share the link's
+        one learner packer, its drawn indices among them (two ticks only the learner
+        can pack, waited for by two threads). Returns whether this call packed any."""
         request = self._requests[slot]
-        if (request is None or self.replay_buffer.ptr < request.min_snapshot_ptr
+        if (request is None or self._taker is not None
+                or self.replay_buffer.ptr < request.min_snapshot_ptr
                 or (self._core.pending[0][0] != tick and not self._orphaned(slot))):
             return False
         # Taken off before the lock is released: a second thread waiting for the same
