@@ -299,8 +299,9 @@ def create_unnamed(target: str, opened: list[int]) -> bool:
     tmpfile = getattr(os, "O_TMPFILE", None)
     if tmpfile is None or not os.path.isdir(PROC_FD):
         return False
+    folder = os.path.dirname(target) or os.curdir
     mode = _mode_of(target)
-    if mode is None:
+    if mode is None and not _default_acl(folder):
         umask = _umask()
         if umask is None:
             return False  # a named file, whose mode the kernel gives less the umask
@@ -310,14 +311,16 @@ def create_unnamed(target: str, opened: list[int]) -> bool:
         # Its mode by fchmod, not here: older kernels refused an O_TMPFILE open with a
         # read-only mode (EACCES; Linux commit 69a91c237ab0), and before 6.2 one on a
         # file system without ACLs ignored the umask (ac6800e279a2): a new checkpoint
-        # writable by all. No one else can open a file without a name meanwhile.
-        opened.extend(map(os.open, [os.path.dirname(target) or os.curdir], [flags],
-                          [0o600]))
+        # writable by all. No one else can open a file without a name meanwhile. In a
+        # folder with a default ACL the kernel gives it its mode from the ACL, as to
+        # a named file (the umask does not count there), and a fchmod would undo it.
+        opened.extend(map(os.open, [folder], [flags], [0o666 if mode is None else 0o600]))
     except OSError as exc:
         if exc.errno in NO_TMPFILE:
             return False
         raise
-    os.fchmod(opened[-1], mode)
+    if mode is not None:
+        os.fchmod(opened[-1], mode)
     if fcntl is not None:
         # No other file can hold the lock of a file without a name; it stays held
         # once the file is named, until the last of its descriptors closes.
@@ -338,6 +341,15 @@ def _umask() -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+def _default_acl(folder: str) -> bool:
+    """Whether ``folder`` has a default ACL, which gives a new file in it its mode
+    (the umask then does not count); False where it cannot be read (no xattrs)."""
+    try:
+        return bool(os.getxattr(folder, "system.posix_acl_default"))
+    except (OSError, AttributeError):  # none (ENODATA), no ACLs here, not Linux
+        return False
 
 
 def _mode_of(target: str) -> int | None:
