@@ -118,11 +118,11 @@ def _diagram(args: argparse.Namespace) -> int:
     if out == "":  # a path of nothing (an unset shell variable, say): not a wish for stdout
         raise ValueError("--out '' names no file; leave --out out for standard output")
     if out:
-        from .files import write_text
+        from .files import make_folder, write_text
         folder = Path(out).parent
         if folder.exists() and not folder.is_dir():  # mkdir would say "File exists"
             raise NotADirectoryError(f"{folder} is a file; --out names the diagram's file")
-        folder.mkdir(parents=True, exist_ok=True)  # as demo's --out
+        make_folder(folder)  # as demo's --out
         write_text(out, text)  # whole or not at all: a failed write keeps the old file
     elif sys.stdout is None:  # started with its standard output closed (>&-)
         raise OSError("standard output is closed; name a file with --out")

@@ -319,8 +319,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
             raise ValueError(f"{nproc} ranks on {torch.cuda.device_count()} GPUs: nccl needs "
                              "one per rank (fewer ranks, or --device cpu)")
     from .demo.runner import output_folder
+    from .files import make_folder
     out = output_folder(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     # An earlier run's files, which a rank that fails early (or a launcher killed
     # before it merges the traces) would leave looking current; an earlier run's
     # ranks past this run's too (they would read as this run's).

@@ -383,6 +383,26 @@ def _naming(exc: OSError, path: str) -> OSError:
     return OSError(exc.errno, exc.strerror, path)  # OSError picks the subclass
 
 
+def make_folder(folder: str | os.PathLike[str]) -> None:
+    """Make ``folder`` and its missing parents, as ``mkdir -p``: a command's output
+    folder.
+
+    Raises:
+        FileNotFoundError: ``folder``, or a folder on its way, is a symbolic link to
+            nothing (a missing target, or a loop), named with its target: mkdir said
+            "File exists" of a path that ``ls`` says is not there.
+        OSError: as ``Path.mkdir`` (a file on its way: NotADirectoryError...).
+    """
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except FileExistsError as exc:
+        link = exc.filename
+        if link is None or not os.path.islink(link) or os.path.isdir(link):
+            raise
+        raise FileNotFoundError(errno.ENOENT, f"a symbolic link to {os.readlink(link)}, "
+                                "which is not a folder that exists", link) from None
+
+
 def forget(path: str | os.PathLike[str]) -> None:
     """Remove ``path`` where it is a regular file (not a link, a FIFO or a device,
     which a write replaces in place or through): the earlier output of a command

@@ -272,6 +272,23 @@ def test_an_out_that_is_a_file_is_named(capsys: pytest.CaptureFixture[str],
     assert taken.read_text() == "mine"
 
 
+@pytest.mark.usefixtures("sac_extras")
+def test_an_out_through_a_dangling_link_is_named(capsys: pytest.CaptureFixture[str],
+                                                 tmp_path: Path) -> None:
+    """demo, sac and diagram with --out on a symbolic link to nothing: said "[Errno 17]
+    File exists" of a path ``ls`` says is not there (helper-102)."""
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    for command in (["demo", "--ticks", "2", "--out", str(link), "--no-progress"],
+                    ["sac", "--env", "Pendulum-v1", "--ticks", "2", "--out", str(link),
+                     "--no-progress"],
+                    ["diagram", "--out", str(link / "slot.mmd")]):
+        err = one_line_error(capsys, main(command))
+        assert f"a symbolic link to {tmp_path / 'gone'}, which is not a folder" in err, err
+        assert str(link) in err, err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+
+
 def test_sac_checks_its_extras_before_it_trains(capsys: pytest.CaptureFixture[str],
                                                tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:

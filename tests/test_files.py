@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from replay_fsm import files
-from replay_fsm.files import replacing, write_text
+from replay_fsm.files import make_folder, replacing, write_text
 
 
 def test_a_write_cut_by_an_error_keeps_the_earlier_file_and_leaves_no_part(tmp_path: Path
@@ -368,3 +368,22 @@ def test_what_replacing_writes_in_place_or_refuses_is_checked_as_it_would(
     with pytest.raises(OSError) as written:
         write_text(open_ / "loop", "x")
     assert written.value.errno == errno.ELOOP
+
+
+def test_make_folder_names_a_link_to_nothing_on_its_way(tmp_path: Path) -> None:
+    """mkdir -p's "File exists" for a dangling link, or a loop (helper-102)."""
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    dangling, loop = tmp_path / "dangling", tmp_path / "loop"
+    for folder, link in ((dangling, dangling), (dangling / "a" / "b", dangling),
+                         (loop, loop)):
+        with pytest.raises(FileNotFoundError, match="a symbolic link to .*, which is not a "
+                                                    "folder that exists") as caught:
+            make_folder(folder)
+        assert caught.value.filename == str(link)
+    (tmp_path / "to-a-folder").symlink_to(tmp_path)
+    make_folder(tmp_path / "to-a-folder" / "new")
+    assert (tmp_path / "new").is_dir()
+    (tmp_path / "a-file").write_text("mine")
+    with pytest.raises(FileExistsError):
+        make_folder(tmp_path / "a-file")

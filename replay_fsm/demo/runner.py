@@ -27,7 +27,7 @@ from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
 from ..errors import CollectorDied, DataStalled
-from ..files import check_writable, forget, write_text
+from ..files import check_writable, forget, make_folder, write_text
 from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
 from ..signals import STOP_SIGNALS, end_worker, raise_deferred, start_ignoring, step
@@ -210,7 +210,7 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
         torch.set_num_threads(config.learner_threads)
     out_dir = output_folder(config.out)
     device = available_device(config.device)  # before any folder is made
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_folder(out_dir)
     check_writable(_outputs(config, out_dir).values())  # found now, not after the run
     rb = ReplayBuffer(config.capacity, OBS, ACT)
     pipe = Pipeline(rb, device=device,

@@ -58,7 +58,7 @@ from replay_fsm import (  # public API only
     ReplayBuffer,
 )
 from replay_fsm.core import as_seconds, as_seed
-from replay_fsm.files import check_writable, write_text
+from replay_fsm.files import check_writable, make_folder, write_text
 from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
 from replay_fsm.signals import Interrupted, signum_of
@@ -483,7 +483,7 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
     if path.parent.exists() and not path.parent.is_dir():
         raise NotADirectoryError(f"{path.parent} is a file, not a folder; --out names a "
                                  "folder or a .json file")
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     if path.is_dir():
         raise IsADirectoryError(f"{path} is a folder, and an --out ending in .json names "
                                 f"the result's file; write --out {path}/ to write into "
