@@ -354,6 +354,9 @@ class ReplayBuffer:
         # A numpy view of the shared counters: reading one costs nanoseconds instead of
         # a torch call, and the learner and the packer read them on every tick.
         self._counters_np = self._counters.numpy()
+        # The same cells as a memoryview, for ptr and size: a read returns a Python int
+        # in a third of numpy's scalar read and int() (the learner reads both per tick).
+        self._counters_mv = self._counters_np.data.cast("B").cast("q")
         # The ask (__init__) as a memoryview: an add reads it in tens of nanoseconds.
         self._asked_mv = self._asked.numpy().data.cast("B").cast("q")
         self._per_thread = threading.local()  # gather's scratch, one per thread
@@ -380,7 +383,8 @@ class ReplayBuffer:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state.pop("_counters_np")  # a numpy array would pickle by value: rebuilt below
-        state.pop("_asked_mv")  # the same (a memoryview does not pickle)
+        state.pop("_counters_mv")  # the same (a memoryview does not pickle)
+        state.pop("_asked_mv")
         state.pop("_per_thread")  # each process makes its own
         state.pop("_adding")
         state.pop("_add_waits")
@@ -405,12 +409,12 @@ class ReplayBuffer:
     @property
     def ptr(self) -> int:
         """Rows ever written."""
-        return int(self._counters_np[0])
+        return self._counters_mv[0]
 
     @property
     def size(self) -> int:
         """Rows that hold data: min(ptr, capacity)."""
-        return int(self._counters_np[1])
+        return self._counters_mv[1]
 
     def add(self, obs: Array, actions: Array, rewards: Array, next_obs: Array,
             dones: Array, truncated: Array, *, terminal_mask: Array | None = None,

@@ -164,6 +164,12 @@ class Channel:
             ValueError: more values than the width, a value no int64 holds, or a
                 text on a channel without room for text.
         """
+        if text is None and len(values) == self.width:  # a request: no padding, no text
+            try:
+                return self._record.pack(*values, -1), None
+            except struct.error as exc:
+                raise ValueError(f"a record's values must be ints in the int64 range, "
+                                 f"got {list(values)!r}") from exc
         if text is not None and not self.text_bytes:
             raise ValueError("this channel carries no text (text_bytes=0)")
         if len(values) > self.width:

@@ -221,7 +221,8 @@ class Pipeline:
         self.base_seed = self._core.base_seed
         self._stats = StatisticsObserver(self.ring_depth)
         # A tuple, replaced on change: observers run on every step, never copied.
-        self._observers: tuple[Observer, ...] = (self._stats,)
+        self._stats_alone: tuple[Observer, ...] = (self._stats,)
+        self._observers: tuple[Observer, ...] = self._stats_alone
         self.tracer: Tracer | None = None
         if trace:
             self.tracer = Tracer(trace_capacity)
@@ -861,7 +862,8 @@ class Pipeline:
                 raise_deferred(within_step=True)
             if WAIT_STOPS:  # one that ends waits alone (AgreedInterrupt), as DEFERRED
                 raise_wait_stop()
-            self._pump_locked()
+            if self._pumps:
+                self._pump_locked()
             self._raise_if_unusable()
             state = self._core.state(slot)
             if state in AVAILABLE:
@@ -1011,7 +1013,7 @@ class Pipeline:
                     return dict(self._views[hot])
                 raise ProtocolError(f"tick {self._core.hot_tick} is still hot; call "
                                     f"after_tick() before sampling tick {tick}")
-            if self._core.slot_of(tick) is not None and self._core.oldest_tick != tick:
+            if self._core.oldest_tick != tick and self._core.slot_of(tick) is not None:
                 # A tick younger than the oldest pending one can never be acquired
                 # first: the core's refusal now, before any wait for it (a wait could
                 # fail the run, DataStalled or CollectorDied, for an illegal call that
@@ -1167,6 +1169,14 @@ class Pipeline:
 
     def _observe(self, record: TransitionRecord) -> None:
         now = time.monotonic_ns()
+        if self._observers is self._stats_alone:
+            # Our statistics alone (none added, no trace): they never call back into
+            # the pipeline, so the thread need not be marked (a third of this call).
+            try:
+                self._stats.transition(record, now)
+            except Exception as exc:  # noqa: BLE001 - as any observer's bug
+                self._observer_failed(self._stats, exc)
+            return
         before, self._observing = self._observing, threading.get_ident()
         try:
             for observer in self._observers:
