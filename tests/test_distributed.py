@@ -322,6 +322,28 @@ def test_a_rank_whose_collector_dies_ends_the_job(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_torchrun_runs_two_ranks_of_the_module_to_the_end(tmp_path: Path) -> None:
+    """The README's multi-node command, on one node: torchrun itself (not ``launch``)
+    starting ``-m replay_fsm.distributed``; each rank writes its files, its trace
+    conforms, and the two ranks drew their own batches. No test ran torchrun before."""
+    out = tmp_path / "out"
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone",
+         "--nproc-per-node", "2", "-m", "replay_fsm.distributed", "--ticks", "8",
+         "--device", "cpu", "--sample-count", "256", "--out", str(out)],
+        capture_output=True, text=True, timeout=MARGIN_S * 8)
+    assert done.returncode == 0, done.stderr[-3000:]
+    ranks = [json.loads((out / f"summary-rank{k}.json").read_text()) for k in (0, 1)]
+    for k, summary in enumerate(ranks):
+        assert (summary["rank"], summary["ticks"], summary["interrupted"],
+                summary["error"], summary["trace_conforms"]) == (k, 8, False, None, True)
+        assert summary["base_seed"] == rank_seed(ranks[0]["base_seed"], k)
+        assert (out / f"transitions-rank{k}.jsonl").stat().st_size > 0
+    assert not (out / "trace.json").exists()  # torchrun merges no trace (README)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_a_stuck_rank_ends_the_job_after_the_peer_timeout(tmp_path: Path) -> None:
     """Rank 2 of 3 stops (SIGSTOP) at tick 3: the others, waiting in the all-reduce,
     fail after peer_timeout instead of torch's 30 minutes, and the launcher ends the
