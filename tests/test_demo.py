@@ -483,7 +483,9 @@ def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--liveness-timeout bounds the wait for rows that stopped coming too (README,
     DemoConfig): a collector whose environment stalls before the warm-up rows are
-    there for 5 s was waited out (the pipeline's default stall_timeout is 60 s)."""
+    there for 5 s was waited out (the pipeline's default stall_timeout is 60 s). The
+    error names the option to change, not the pipeline's stall_timeout, which the
+    command line has no option for (helper-104)."""
     import time
 
     from replay_fsm.demo import env
@@ -498,6 +500,6 @@ def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
         return step(self, action)
 
     monkeypatch.setattr(env.PointMass, "step", stalling)
-    with pytest.raises(DataStalled, match=r"for 1\.0 s \(stall_timeout\)"):
+    with pytest.raises(DataStalled, match=r"for 1\.0 s \(--liveness-timeout\)"):
         run(DemoConfig(ticks=3, collector="thread", liveness_timeout=1.0,
                        out=str(tmp_path), progress=False))

@@ -31,7 +31,7 @@ def test_the_defaults() -> None:
         assert pipe.tracer is None and pipe.forced == [] and not pipe.closed
         assert [tuple(h.shape) for h in pipe.host_slots] == [(8, 11)] * 2
         assert pipe.pending == ()
-        assert pipe.stall_timeout == 60.0
+        assert pipe.stall_timeout == 60.0 and pipe.stall_timeout_name == "stall_timeout"
         pipe.start_prepare(0, 8)
         pipe.sample_large_batch(0, 8)
         assert pipe.statistics().checks == 0  # checked mode is off
@@ -74,6 +74,10 @@ def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
      "stall_timeout must be a finite number of seconds > 0 or None, got 0"),
     ({"stall_timeout": float("nan")}, ValueError,
      "stall_timeout must be a finite number of seconds > 0 or None, got nan"),
+    ({"stall_timeout_name": ""}, TypeError,
+     "stall_timeout_name must be a non-empty str, got ''"),
+    ({"stall_timeout_name": None}, TypeError,
+     "stall_timeout_name must be a non-empty str, got None"),
     ({"trace": "no"}, TypeError, "trace must be True or False, got 'no'"),
     ({"checked": 1}, TypeError, "checked must be True or False, got 1"),
     ({"collector": 3}, TypeError,

@@ -347,7 +347,7 @@ def test_a_stopped_collector_is_killed_at_once_not_waited_for() -> None:
         worker.join = recorded
         os.kill(worker.pid, signal.SIGSTOP)
         try:
-            with pytest.raises(DataStalled, match=r"for 10\.\d s \(stall_timeout\)"):
+            with pytest.raises(DataStalled, match=r"for 10\.\d s \(--liveness-timeout\)"):
                 trainer.run(SMALL.ticks)
         finally:
             if worker.is_alive():
@@ -463,8 +463,8 @@ def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
     monkeypatch.setattr(collector, "time", clock)
     if fails:
         with pytest.raises(CollectorDied, match=r"^the SAC collector added no row for 1 s "
-                                                r"while the learner waited for 30 rows "
-                                                r"\(it has written 10\)$"):
+                                                r"\(--liveness-timeout\) while the learner "
+                                                r"waited for 30 rows \(it has written 10\)$"):
             collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
         # the first poll past the bound (0.5 s of the hour counted, then 0.4 s each)
         assert clock.now == pytest.approx(3600.8 if stopped else 1.2)

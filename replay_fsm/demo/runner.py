@@ -221,6 +221,7 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
                     # as the SAC trainer's: rows that stopped coming fail the run
                     # after --liveness-timeout too (min_snapshot_ptr: the warm-up)
                     stall_timeout=config.liveness_timeout,
+                    stall_timeout_name="--liveness-timeout",  # what a stall names
                     trace_capacity=trace_capacity(config.ticks))
     return out_dir, rb, pipe
 

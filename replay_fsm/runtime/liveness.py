@@ -118,10 +118,13 @@ class Watchdog:
 
 class RowWatch:
     """One wait's watch on the rows its tick needs: while the buffer holds fewer than
-    that, a row added is the writer's sign of life. ``timeout`` None: no bound."""
+    that, a row added is the writer's sign of life. ``timeout`` None: no bound.
+    ``name``: what the ``DataStalled`` calls the bound, the setting its user can
+    change (the pipeline's ``stall_timeout_name``)."""
 
-    def __init__(self, timeout: float | None) -> None:
+    def __init__(self, timeout: float | None, name: str = "stall_timeout") -> None:
         self.timeout = timeout
+        self.name = name
         self._seen: tuple[int, int] | None = None  # (rows ever written, since ns)
 
     def verdict(self, tick: int, needed: int, rows: int, now_ns: int) -> DataStalled | None:
@@ -138,5 +141,5 @@ class RowWatch:
             return None
         return DataStalled(
             f"tick {tick} waits for {needed} rows (min_snapshot_ptr); the replay buffer "
-            f"has had {rows} for {silent:.1f} s (stall_timeout): is whatever adds the "
+            f"has had {rows} for {silent:.1f} s ({self.name}): is whatever adds the "
             "rows still running?")

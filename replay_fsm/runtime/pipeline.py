@@ -129,6 +129,10 @@ class Pipeline:
             (``min_snapshot_ptr``) may go with no row added to the replay buffer
             before the learner raises ``DataStalled``: whatever writes the rows
             stopped. None waits for rows for ever.
+        stall_timeout_name: what the ``DataStalled`` message calls that bound. A
+            layer that sets ``stall_timeout`` from a setting of its own (the
+            commands' ``--liveness-timeout``) names that one, so its user is told
+            what to change, and the pipeline knows nothing of that layer.
         checked: record reader and writer intervals per slot and raise on any
             overlap the invariants forbid; poison released device slots with NaN.
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
@@ -154,7 +158,7 @@ class Pipeline:
             ``ReplayBuffer``'s interface, a flag that is not a bool, a count that is
             not an int, a collector that is neither a name nor a ``CollectorLink``, a
             collector name for a source that needs one, ``backend_options`` not a
-            mapping).
+            mapping, a ``stall_timeout_name`` that is not a non-empty str).
     """
 
     def __init__(self, replay_buffer: ReplaySource, *, device: str | torch.device = "cpu",
@@ -163,13 +167,17 @@ class Pipeline:
                  backend: str | TransferBackend | None = None,
                  backend_options: dict[str, Any] | None = None,
                  liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
-                 stall_timeout: float | None = 60.0, checked: bool = False,
+                 stall_timeout: float | None = 60.0,
+                 stall_timeout_name: str = "stall_timeout", checked: bool = False,
                  trace: bool = False, trace_capacity: int = 1 << 16,
                  packer_threads: int | None = 1, learner_packs: bool = True) -> None:
         sample_count = as_count("sample_count", sample_count, 1)
         as_seconds("liveness_timeout", liveness_timeout)
         as_seconds("attach_timeout", attach_timeout)
         as_seconds("stall_timeout", stall_timeout, none_ok=True)
+        if not isinstance(stall_timeout_name, str) or not stall_timeout_name:
+            raise TypeError(f"stall_timeout_name must be a non-empty str, got "
+                            f"{stall_timeout_name!r}")
         missing = [a for a in ("layout", "width", "ptr", "size", "gather")
                    if not hasattr(replay_buffer, a)]
         if missing:
@@ -194,6 +202,7 @@ class Pipeline:
         self.sample_count = int(sample_count)
         self.liveness_timeout = float(liveness_timeout)
         self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
+        self.stall_timeout_name = stall_timeout_name
         # One lock serialises every step; the condition waits on it. ``with
         # self._lock`` enters it in C, where ``with self._cv`` adds a Python frame.
         self._lock = threading.RLock()
@@ -885,7 +894,7 @@ class Pipeline:
                 if state in AVAILABLE:
                     break
             if state is SlotState.REQUESTED:
-                rows = rows or RowWatch(self.stall_timeout)
+                rows = rows or RowWatch(self.stall_timeout, self.stall_timeout_name)
             self._judge_locked(tick, slot, state, now, rows)
             if deadline is not None and now / 1e9 >= deadline:
                 break  # a wait past its deadline at once (timeout 0) is judged once too

@@ -194,7 +194,8 @@ class Trainer:
                                  liveness_timeout=config.liveness_timeout,
                                  # as the synchronous trainer's wait_rows: no row added
                                  # for liveness_timeout fails the run
-                                 stall_timeout=config.liveness_timeout)
+                                 stall_timeout=config.liveness_timeout,
+                                 stall_timeout_name="--liveness-timeout")
         self.worker: Any = None
         self.stop: Any = None
         self._at_exit: Callable[[], None] | None = None  # ends the collector if never closed
