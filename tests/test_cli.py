@@ -322,6 +322,27 @@ def test_learner_threads_below_zero_is_named_as_the_option(
 
 
 @pytest.mark.usefixtures("sac_extras")
+def test_warmup_steps_says_its_bound_in_help_readme_and_error(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """--warmup-steps 0 was refused ("must be >= 1") where neither --help nor the README
+    gave a bound, and the error did not say why: the first ticks draw their batches from
+    the warm-up's rows, so none leaves nothing to sample (helper-104)."""
+    err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--ticks", "2",
+                                       "--warmup-steps", "0", "--out", str(tmp_path),
+                                       "--no-progress"]))
+    assert err.endswith("error: warmup_steps must be >= 1 (the first ticks' batches are "
+                        "drawn from the warm-up's rows: with none there is nothing to "
+                        "sample), got 0\n"), err
+    with pytest.raises(SystemExit):
+        main(["sac", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "before learning (>= 1: the first ticks' batches are drawn from them" in help_text
+    readme = " ".join((Path(__file__).parent.parent / "README.md").read_text().split())
+    assert "`--warmup-steps` (transitions of uniform random actions before learning, at " \
+           "least 1:" in readme
+
+
+@pytest.mark.usefixtures("sac_extras")
 def test_learner_threads_past_the_bound_are_refused(
         capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     """100000 segfaulted in OpenMP (exit 139, no message) and 20000 aborted it

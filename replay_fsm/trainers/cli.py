@@ -18,7 +18,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="vector steps the collector takes per tick")
     parser.add_argument("--ticks", type=int, default=5_000, help="learner ticks")
     parser.add_argument("--warmup-steps", type=int, default=5_000,
-                        help="transitions of uniform random actions before learning")
+                        help="transitions of uniform random actions before learning "
+                        "(>= 1: the first ticks' batches are drawn from them; rounded up "
+                        "to whole steps of --num-envs)")
     parser.add_argument("--capacity", type=int, default=1_000_000,
                         help="rows the replay buffer holds")
     parser.add_argument("--device", default="cpu", help="the learner's device: cpu, cuda, ...")

@@ -84,7 +84,9 @@ class SACConfig:
     updates_per_tick: int = 8
     env_steps_per_tick: int = 1  # vector steps per collection phase
     ticks: int = 5_000
-    warmup_steps: int = 5_000  # transitions with uniform random actions, before learning
+    # transitions with uniform random actions, before learning; >= 1: the first ticks
+    # draw their batches from them (rounded up to whole vector steps)
+    warmup_steps: int = 5_000
     capacity: int = 1_000_000
     device: str = "cpu"
     sampling: str = "pipeline"
@@ -119,7 +121,10 @@ class SACConfig:
                     "ticks", "warmup_steps", "capacity", "hidden")
         for name in positive:
             if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+                why = (" (the first ticks' batches are drawn from the warm-up's rows: "
+                       "with none there is nothing to sample)"
+                       if name == "warmup_steps" else "")
+                raise ValueError(f"{name} must be >= 1{why}, got {getattr(self, name)}")
         if self.sampling not in SAMPLING:
             raise ValueError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
         if self.collector not in COLLECTORS:
