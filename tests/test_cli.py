@@ -480,6 +480,10 @@ def test_an_out_ending_in_json_and_a_slash_names_a_folder(tmp_path: Path) -> Non
 
     assert output_path(f"{tmp_path / 'res.json'}/") == tmp_path / "res.json" / "sac.json"
     assert (tmp_path / "res.json").is_dir()
+    # "/." and "/./" say folder too (Path drops them as it drops the slash; helper-104)
+    for folder in ("b.json/.", "c.json/./", "d.JSON//."):
+        assert output_path(f"{tmp_path}/{folder}") == tmp_path / folder[:6] / "sac.json"
+        assert (tmp_path / folder[:6]).is_dir()
     with pytest.raises(IsADirectoryError, match="write --out .*res.json/ to write into"):
         output_path(tmp_path / "res.json")
 

@@ -38,7 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "fails (CollectorDied, DataStalled)")
     parser.add_argument("--out", default="sac-out",
                         help="a folder (gets sac.json and sac.png) or a .json file (the PNG "
-                        "goes beside it)")
+                        "goes beside it; res.json/ or res.json/. is a folder)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 

@@ -465,8 +465,8 @@ def _comparison(runs: dict[str, dict[str, Any]], block: int, rounds: list[float]
 
 def output_path(out: str | Path, *, before_run: bool = False) -> Path:
     """Where ``write`` puts a result for ``out``: ``out`` itself when it ends in
-    .json (any case), else ``out/sac.json`` (``res.json/``, with its slash, names a
-    folder: the path would drop the slash and write a file). Makes its folder and
+    .json (any case), else ``out/sac.json`` (``res.json/`` and ``res.json/.`` name a
+    folder: the path would drop the slash, or the ``/.``, and write a file). Makes its folder and
     checks that a file can be written there, so a run finds out before it trains, not
     after; ``before_run`` also checks the paths written beside it (``write`` itself
     does not: a plot that cannot be drawn must not cost the result).
@@ -483,8 +483,9 @@ def output_path(out: str | Path, *, before_run: bool = False) -> Path:
         raise ValueError("--out '' names no folder or file; write --out . for the "
                          "current folder")
     path = Path(out)
-    # res.JSON is a file too, not a folder; res.json/ is a folder
-    if path.suffix.lower() != ".json" or str(out).endswith(("/", os.sep)):
+    # res.JSON is a file too, not a folder; res.json/ and res.json/. are folders (Path
+    # drops a trailing slash and "/.": the last name as written says)
+    if path.suffix.lower() != ".json" or os.path.basename(os.fspath(out)) in ("", "."):
         path = path / "sac.json"
     if path.parent.exists() and not path.parent.is_dir():
         raise NotADirectoryError(f"{path.parent} is a file, not a folder; --out names a "
