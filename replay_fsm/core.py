@@ -14,6 +14,8 @@ one lock. An illegal step raises a ProtocolError and changes nothing
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import operator
 from collections import deque
 from collections.abc import Callable
@@ -251,18 +253,33 @@ def as_seed(value: object, name: str = "base_seed") -> int:
 
 
 def as_seconds(name: str, value: object, *, none_ok: bool = False) -> float | None:
-    """``value`` as a finite number of seconds > 0 (None too where ``none_ok``).
+    """``value`` as a finite number of seconds > 0 (None too where ``none_ok``): any
+    real number, numpy's floats and integers among them (a setting read from an array
+    or a config loaded with numpy), never a bool.
 
     Raises:
-        ValueError: anything else, a bool included (the message names ``name``).
+        ValueError: anything else, a bool (numpy's too), nan and inf included (the
+            message names ``name``).
     """
     if value is None and none_ok:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-            0 < value < float("inf")):
+    seconds = seconds_of(value)
+    if not 0 < seconds < math.inf:
         raise ValueError(f"{name} must be a finite number of seconds > 0"
                          f"{' or None' if none_ok else ''}, got {value!r}")
-    return float(value)
+    return seconds
+
+
+def seconds_of(value: object) -> float:
+    """``value`` as a float where it is a real number (numpy's included) and not a
+    bool, else nan, which every bound on seconds refuses; an int past float's range
+    is inf."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return math.nan
+    try:
+        return float(value)
+    except OverflowError:
+        return math.inf
 
 
 def as_tick(tick: object) -> int:

@@ -9,7 +9,15 @@ from __future__ import annotations
 import pytest
 from transitions import MachineError
 
-from replay_fsm.core import Core, Step, TableMachine, as_count, as_tick, build_machine
+from replay_fsm.core import (
+    Core,
+    Step,
+    TableMachine,
+    as_count,
+    as_seconds,
+    as_tick,
+    build_machine,
+)
 from replay_fsm.errors import IllegalTransition, PipelineClosed, PipelineFailed
 from replay_fsm.spec import Actor, Event, SlotState
 from replay_fsm.wire import MAX_SEED, CopyOrder, PackDone, PackRequest, ReleaseToken
@@ -183,6 +191,26 @@ def test_integer_arguments_are_named_with_their_type_in_the_message() -> None:
         as_tick("3")
     with pytest.raises(TypeError, match=r"^base_seed must be an int "):
         Core(2, base_seed=1.5)  # type: ignore[arg-type]
+
+
+def test_seconds_take_any_real_number_numpys_included_and_no_bool() -> None:
+    """A trainer passing a bound read from numpy (np.float32(2.0), np.int64(3)) was
+    refused with "must be a finite number of seconds > 0", which reads as a range
+    error for 2.0 (only float's own subclass np.float64 passed; helper-104)."""
+    import fractions
+
+    import numpy as np
+
+    for value, seconds in ((np.float32(2.0), 2.0), (np.int64(3), 3.0), (np.float16(0.5), 0.5),
+                           (np.uint8(1), 1.0), (fractions.Fraction(1, 4), 0.25), (2, 2.0)):
+        got = as_seconds("liveness_timeout", value)
+        assert got == seconds and type(got) is float, value
+    for bad in (True, np.bool_(True), np.float32("nan"), np.float64("inf"), np.int64(0),
+                np.float32(-1.0), 10**400, "2", None):
+        with pytest.raises(ValueError, match=r"^liveness_timeout must be a finite number "
+                                             r"of seconds > 0, got "):
+            as_seconds("liveness_timeout", bad)
+    assert as_seconds("stall_timeout", None, none_ok=True) is None
 
 
 def test_seeds_use_the_whole_63_bit_range_and_no_more() -> None:

@@ -866,6 +866,8 @@ def test_wait_until_ready_timeout_zero_returns_and_bad_timeouts_are_refused() ->
     """``timeout=0`` asks without waiting; a bool, a string, a negative number, NaN or
     infinity is refused. Kills wait_until_ready mutants 5, 8-10, 15 and 17 and
     _wait mutant 2 (the last three waited for the liveness bound instead)."""
+    import numpy as np
+
     with Pipeline(buffer(), sample_count=8, backend="manual") as pipe:
         pipe.start_prepare(0, 8)
         assert pipe.backend.wait_submitted(0, timeout=30)  # type: ignore[attr-defined]
@@ -875,6 +877,12 @@ def test_wait_until_ready_timeout_zero_returns_and_bad_timeouts_are_refused() ->
             with pytest.raises(ValueError, match=r"^timeout must be None or a finite "
                                                  r"number of seconds >= 0, got "):
                 pipe.wait_until_ready(0, 8, timeout=bad)  # type: ignore[arg-type]
+        for bad in (np.bool_(False), np.float32("nan")):  # numpy's bool and nan too
+            with pytest.raises(ValueError, match=r"^timeout must be None or a finite "):
+                pipe.wait_until_ready(0, 8, timeout=bad)  # type: ignore[arg-type]
+        # numpy's numbers are numbers: a timeout read from an array (helper-104)
+        assert pipe.wait_until_ready(0, 8, timeout=np.float32(0.001)) is False
+        assert pipe.wait_until_ready(0, 8, timeout=np.int64(0)) is False
         pipe.backend.complete(0)  # type: ignore[attr-defined]
         assert pipe.wait_until_ready(0, 8, timeout=0) is True
 

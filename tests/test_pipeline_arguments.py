@@ -43,6 +43,17 @@ def test_no_stall_bound_is_none() -> None:
         assert pipe.stall_timeout is None
 
 
+def test_bounds_read_from_numpy_are_taken() -> None:
+    """np.float32(2.0) was refused as "must be a finite number of seconds > 0"
+    (helper-104): a trainer's config read with numpy holds numpy numbers."""
+    import numpy as np
+
+    with Pipeline(buffer(), sample_count=8, liveness_timeout=np.float32(2.0),
+                  attach_timeout=np.int64(30), stall_timeout=np.float16(0.5)) as pipe:
+        assert (pipe.liveness_timeout, pipe.stall_timeout) == (2.0, 0.5)
+        assert type(pipe.liveness_timeout) is float and type(pipe.stall_timeout) is float
+
+
 def test_a_collector_link_instance_gives_its_kind() -> None:
     rb = buffer()
     with Pipeline(rb, sample_count=8, collector=ThreadCollector(rb, 2, 8)) as pipe:

@@ -84,7 +84,7 @@ class CPUPinnedDoubleBufferReplayPipeline:
                  collector_pack_shared_slots: torch.Tensor | Sequence[torch.Tensor] | None
                  = None, liveness_timeout: float = 5.0,
                  stall_timeout: float | None = 60.0) -> None:
-        as_seconds("stall_timeout", stall_timeout, none_ok=True)
+        stall_timeout = as_seconds("stall_timeout", stall_timeout, none_ok=True)
         self._replay_buffer = replay_buffer
         self._device = torch.device(device)
         self._device_type = self._device.type

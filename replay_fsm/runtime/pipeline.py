@@ -23,7 +23,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..core import Core, Step, as_count, as_seconds, as_tick, require_asserts
+from ..core import Core, Step, as_count, as_seconds, as_tick, require_asserts, seconds_of
 from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -493,10 +493,12 @@ class Pipeline:
             CollectorDied, DataStalled, TransferFailed, PipelineFailed, PipelineClosed.
         """
         self._validate(sample_count)
-        if timeout is not None and (isinstance(timeout, bool) or not isinstance(
-                timeout, (int, float)) or not 0 <= timeout < float("inf")):
-            raise ValueError(f"timeout must be None or a finite number of seconds >= 0, "
-                             f"got {timeout!r}")
+        if timeout is not None:
+            seconds = seconds_of(timeout)
+            if not 0 <= seconds < float("inf"):
+                raise ValueError(f"timeout must be None or a finite number of seconds >= "
+                                 f"0, got {timeout!r}")
+            timeout = seconds
         deadline = None if timeout is None else time.monotonic() + timeout
         return self._call("wait_until_ready", self._wait, as_tick(tick_id), deadline)
 
