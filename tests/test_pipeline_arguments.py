@@ -110,6 +110,42 @@ def test_a_bad_argument_is_named(kwargs: dict, error: type, message: str) -> Non
     assert str(info.value) == message
 
 
+@pytest.mark.parametrize("args,kwargs,error,message", [
+    ((1.0, 3), {}, TypeError,
+     "start must be an int (or numpy integer) >= 0, got 1.0 of type float"),
+    ((0, "3"), {}, TypeError,
+     "stop must be an int (or numpy integer) >= 0, got '3' of type str"),
+    ((0, True), {}, TypeError,
+     "stop must be an int (or numpy integer) >= 0, got True of type bool"),
+    ((-1, 3), {}, ValueError, "start must be an int >= 0, got -1"),
+    ((0, 3), {"min_snapshot_ptr": 2.5}, TypeError,
+     "min_snapshot_ptr must be an int (or numpy integer) >= 0, got 2.5 of type float"),
+])
+def test_ticks_refuses_a_bad_range_at_the_call(args: tuple, kwargs: dict, error: type,
+                                               message: str) -> None:
+    """``ticks(1.0, 3)`` raised range()'s "'float' object cannot be interpreted as an
+    integer" at the loop's first step, where every other call that takes a tick
+    names it (helper-104). Now the call itself refuses it, nothing requested."""
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        with pytest.raises(error) as info:
+            pipe.ticks(*args, **kwargs)
+        assert str(info.value) == message
+        assert pipe.pending == ()
+
+
+def test_ticks_takes_what_range_takes_but_a_bool() -> None:
+    """As ``range``: numpy integers are ticks, and stop <= start yields nothing (a run
+    resumed after its last tick); a bool is no tick (``ticks(0, True)`` ran tick 0)."""
+    import numpy as np
+
+    with Pipeline(buffer(), sample_count=8) as pipe:
+        with pytest.raises(TypeError, match="^stop must be an int"):
+            list(pipe.ticks(0, True))
+        assert [t for t, _ in pipe.ticks(np.int64(0), np.int32(2))] == [0, 1]
+        assert list(pipe.ticks(5, 5)) == [] and list(pipe.ticks(7, 3)) == []
+        assert pipe.pending == ()
+
+
 def test_the_smallest_values_are_accepted() -> None:
     with Pipeline(buffer(), sample_count=1, trace=True, trace_capacity=1,
                   packer_threads=1) as pipe:

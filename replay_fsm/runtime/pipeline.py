@@ -551,8 +551,23 @@ class Pipeline:
         ``min_snapshot_ptr``: every request waits until the buffer has seen that many
         rows (as in ``start_prepare``), e.g. to start before the collector has data;
         a collector whose first rows take longer than ``stall_timeout`` needs a
-        larger one (or None).
+        larger one (or None). ``stop <= start`` yields nothing, as ``range`` does (a
+        run resumed after its last tick has none left).
+
+        Raises:
+            TypeError, ValueError: ``start``, ``stop`` or ``min_snapshot_ptr`` is not
+                an int >= 0 (numpy integers too), here, before any tick: the loop
+                does not begin.
+            As each tick's ``start_prepare`` and ``sample_large_batch``, from the loop.
         """
+        start, stop = as_count("start", start), as_count("stop", stop)
+        if min_snapshot_ptr is not None:
+            min_snapshot_ptr = as_count("min_snapshot_ptr", min_snapshot_ptr)
+        return self._tick_loop(start, stop, min_snapshot_ptr)
+
+    def _tick_loop(self, start: int, stop: int, min_snapshot_ptr: int | None
+                   ) -> Iterator[tuple[int, dict[str, torch.Tensor]]]:
+        """``ticks``' loop, its arguments checked."""
         try:
             for tick in range(start, stop):
                 self.after_tick()
