@@ -54,6 +54,34 @@ def test_bounds_read_from_numpy_are_taken() -> None:
         assert type(pipe.liveness_timeout) is float and type(pipe.stall_timeout) is float
 
 
+def test_a_device_other_than_the_backend_instances_is_refused_naming_both() -> None:
+    """``device=`` beside a backend instance was ignored: the batches went to the
+    instance's device whatever it said (helper-104). Left out, the pipeline's device is
+    the instance's; naming that one, or its type without an index, is fine."""
+    from replay_fsm.transfer.emulated import EmulatedBackend
+
+    with pytest.raises(ValueError) as info:
+        Pipeline(buffer(), sample_count=8, device="meta", backend=EmulatedBackend("cpu"))
+    assert str(info.value) == (
+        "device 'meta' differs from the device of the backend instance, 'cpu' "
+        "(EmulatedBackend), which is where the batches go: leave device out, or pass a "
+        "backend built for 'meta'")
+    for device in (None, "cpu", torch.device("cpu")):
+        with Pipeline(buffer(), sample_count=8, device=device,
+                      backend=EmulatedBackend("cpu")) as pipe:
+            assert pipe.device == torch.device("cpu")
+    # By the devices alone (no GPU needed): an index-less type names any index of it.
+    from replay_fsm.transfer import build_backend
+
+    on_second = EmulatedBackend("cpu")
+    on_second.device = torch.device("cuda:1")
+    assert build_backend("cuda", on_second) is on_second
+    assert build_backend("cuda:1", on_second) is on_second
+    with pytest.raises(ValueError, match="^device 'cuda:0' differs from the device of "
+                                         "the backend instance, 'cuda:1' "):
+        build_backend("cuda:0", on_second)
+
+
 def test_a_collector_link_instance_gives_its_kind() -> None:
     rb = buffer()
     with Pipeline(rb, sample_count=8, collector=ThreadCollector(rb, 2, 8)) as pipe:

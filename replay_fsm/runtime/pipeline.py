@@ -102,7 +102,10 @@ class Pipeline:
     Args:
         replay_buffer: the shared ReplayBuffer to sample from (any ``ReplaySource``
             with a ``CollectorLink`` of your own, as ``replay_fsm.compat`` does).
-        device: the learner's device ("cpu", "cuda", "cuda:1", "mps", ...).
+        device: the learner's device ("cpu", "cuda", "cuda:1", "mps", ...). None: the
+            device of a ``backend`` instance, else "cpu". Given with an instance, it
+            must be the instance's device (ValueError naming both otherwise: the
+            instance copies to its own device, whatever ``device`` says).
         sample_count: rows per batch; every call must pass the same value.
         base_seed: tick t samples with seed ``base_seed + t`` (INV-DATA).
         ring_depth: slots in the ring (2 to 64); up to ring_depth - 1 ticks prefetch.
@@ -153,7 +156,7 @@ class Pipeline:
 
     Raises:
         ValueError: a bad argument (unknown device, backend, collector, ring depth,
-            count, timeout).
+            count, timeout), or a ``device`` other than a backend instance's.
         TypeError: an argument of the wrong type (a replay buffer without
             ``ReplayBuffer``'s interface, a flag that is not a bool, a count that is
             not an int, a collector that is neither a name nor a ``CollectorLink``, a
@@ -161,7 +164,8 @@ class Pipeline:
             mapping, a ``stall_timeout_name`` that is not a non-empty str).
     """
 
-    def __init__(self, replay_buffer: ReplaySource, *, device: str | torch.device = "cpu",
+    def __init__(self, replay_buffer: ReplaySource, *,
+                 device: str | torch.device | None = None,
                  sample_count: int, base_seed: int = 0, ring_depth: int = 2,
                  collector: str | CollectorLink = "thread",
                  backend: str | TransferBackend | None = None,

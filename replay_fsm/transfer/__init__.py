@@ -81,25 +81,39 @@ def factory_of(name: str) -> Factory:
                      f"{', '.join(registered_backends())}")
 
 
-def build_backend(device: str | torch.device, backend: str | TransferBackend | None = None,
+def build_backend(device: str | torch.device | None,
+                  backend: str | TransferBackend | None = None,
                   **options: Any) -> TransferBackend:
     """The backend for ``device``: an instance passed in, a registered name, or the
-    device's default.
+    device's default. ``device`` None: an instance's own device, else the CPU. Given
+    with an instance, it must name the instance's device (one without an index,
+    "cuda", names any device of its type): the instance copies to its own device,
+    and a ``device`` it ignored silently would be a wish not granted.
 
     Raises:
         ValueError: an unknown device or backend name, an option the backend does not
-            take, options given with an instance, or a device this machine lacks.
+            take, options given with an instance, a device other than the
+            instance's, or a device this machine lacks.
         TypeError: ``backend`` is neither a name nor a TransferBackend.
     """
     if isinstance(backend, TransferBackend):
         if options:
             raise ValueError("backend_options configure a backend built by name; pass "
                              "them to your backend instance's constructor instead")
+        own = getattr(backend, "device", None)
+        if device is not None and own is not None:
+            dev, own = parse_device(device), parse_device(own)
+            if dev.type != own.type or dev.index not in (None, own.index):
+                raise ValueError(
+                    f"device {str(dev)!r} differs from the device of the backend "
+                    f"instance, {str(own)!r} ({type(backend).__name__}), which is where "
+                    f"the batches go: leave device out, or pass a backend built for "
+                    f"{str(dev)!r}")
         return backend
     if backend is not None and not isinstance(backend, str):
         raise TypeError(f"backend must be a registered name or a TransferBackend, got "
                         f"{type(backend).__name__}")
-    dev = parse_device(device)
+    dev = parse_device("cpu" if device is None else device)
     name = backend or default_backend(dev)
     factory = factory_of(name)
     try:
