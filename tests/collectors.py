@@ -425,3 +425,29 @@ def add_beside_own_pause(handle: PackerHandle, rb: ReplayBuffer, attached: Any,
     adder.join()
     done.set()
     print("collector: its pause and its add ended", file=sys.stderr, flush=True)
+
+
+def attach_and_count_watches(handles: list[PackerHandle], rb: ReplayBuffer,
+                             attaches: int, answers: Any) -> None:
+    """Attach to ``handles[0]`` ``attaches`` times, then put how many learner-watch
+    threads this process runs, and how many a fork child of it runs once it attached
+    to ``handles[1]`` twice (-1: its attach raised)."""
+    for _ in range(attaches):
+        Packer.attach(handles[0], rb)
+    watches = sum(t.name == "replay_fsm-learner-watch" for t in threading.enumerate())
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: none of its parent's threads; one of its own
+        mine = -1
+        try:
+            Packer.attach(handles[1], rb)
+            Packer.attach(handles[1], rb)
+            mine = sum(t.name == "replay_fsm-learner-watch" for t in threading.enumerate())
+        finally:
+            os.write(write, str(mine).encode())
+            os._exit(0)
+    os.close(write)
+    child = int(os.read(read, 16))
+    os.close(read)
+    os.waitpid(pid, 0)
+    answers.put((watches, child))

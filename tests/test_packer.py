@@ -712,6 +712,29 @@ def test_a_second_process_cannot_attach_while_the_first_lives() -> None:
     assert h.packer_pid == os.getpid()
 
 
+def test_attaching_again_starts_no_more_learner_watch_threads() -> None:
+    """Each ``Packer.attach`` in a collector process started another learner-watch
+    thread, each looking every 0.25 s for as long as the learner lived: 5 attaches,
+    5 threads (20, 20; helper-104). One per learner and replay buffer now; a fork
+    child of the collector, which has none of its threads, starts its own."""
+    from .collectors import attach_and_count_watches
+
+    rb, h = make()
+    other = PackerHandle.create(2, 32, rb.width)  # the fork child's: one packer a handle
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    proc = ctx.Process(target=attach_and_count_watches, args=([h, other], rb, 5, answers))
+    proc.start()
+    try:
+        assert answers.get(timeout=120) == (1, 1)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    assert proc.exitcode == 0
+
+
 def test_a_pipelines_handle_refuses_another_buffer_of_the_same_width() -> None:
     """A collector that built its own buffer (same width, other dims) instead of using
     the learner's: attaching it to the pipeline's handle raises, where the batches

@@ -67,6 +67,21 @@ GENERATION, NEXT, WRITTEN, FAILED, SNAPSHOT_PTR, START_NS, PACKER_OWES = range(7
 # another process's (gone: attach refuses a live one), how many requests had been read
 # off the request channel then and that predecessor's pid.
 PID, BEAT, LEARNER, RECORD, READ_BEFORE, PREDECESSOR = 0, 1, 2, 3, 6, 7
+# This process's learner-watch threads, one per (learner pid, replay buffer object):
+# a collector that attaches again (a retry, one pipeline after another) reuses its
+# thread, where each attach started one more, each looking every LEARNER_CHECK_S for
+# as long as the learner lived. A fork child has none of its parent's threads.
+_WATCHES: dict[tuple[int, int], threading.Thread] = {}
+_WATCHES_LOCK = threading.Lock()
+
+
+def _forget_watches() -> None:
+    global _WATCHES_LOCK
+    _WATCHES.clear()
+    _WATCHES_LOCK = threading.Lock()  # a parent's thread may have held it at the fork
+
+
+os.register_at_fork(after_in_child=_forget_watches)
 
 
 def chunk_count(rows: int) -> int:
@@ -420,9 +435,21 @@ class Packer:
             if locked:
                 handle.claim_lock.release()
         if handle.learner_pid not in (0, os.getpid()):
-            threading.Thread(target=cls._watch_orphaned_adds, args=(packer,), daemon=True,
-                             name="replay_fsm-learner-watch").start()
+            cls._start_learner_watch(packer)
         return packer
+
+    def _start_learner_watch(self) -> None:
+        """Start this process's daemon thread that watches the learner for this
+        learner and replay buffer (``_watch_orphaned_adds``), unless one runs."""
+        key = (self._learner_pid, id(self.replay_buffer))  # the thread keeps it alive
+        with _WATCHES_LOCK:
+            running = _WATCHES.get(key)
+            if running is not None and running.is_alive():
+                return
+            thread = threading.Thread(target=self._watch_orphaned_adds, daemon=True,
+                                      name="replay_fsm-learner-watch")
+            thread.start()
+            _WATCHES[key] = thread
 
     def _watch_orphaned_adds(self) -> None:
         """A collector process's daemon thread: once the learner is gone, an add of this
