@@ -370,6 +370,63 @@ def test_a_liveness_or_check_alive_that_raises_is_a_verdict(
     assert str(failed) == "tick 4: the backend's check_alive raised OSError: no answer"
 
 
+@pytest.mark.parametrize("answer", [True, False, "gone", 0])
+def test_a_liveness_or_check_alive_answer_of_the_wrong_type_is_named(answer: object) -> None:
+    """A link's liveness that answered True or a str raised AttributeError ('bool'
+    object has no attribute 'reason') out of the learner's wait, the run not failed;
+    a backend's check_alive that answered True ("alive") failed the run as
+    "TransferFailed: tick 5: True" (helper-106)."""
+    from replay_fsm.errors import CollectorDied, TransferFailed
+    from replay_fsm.runtime.liveness import Watchdog
+    from replay_fsm.spec import SlotState
+
+    class Link:
+        def liveness(self, waiting: bool, timeout: float) -> object:
+            return answer
+
+    class Backend:
+        def check_alive(self) -> object:
+            return answer
+
+    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
+    assert isinstance(died, CollectorDied)
+    assert str(died) == (f"tick 4: the collector link's liveness returned {answer!r}; it "
+                         "returns None while the other side can serve requests, else a "
+                         "replay_fsm.runtime.links.Gone saying why not")
+    failed = dog.verdict(4, 0, SlotState.SUBMITTED, 0.0)
+    if isinstance(answer, str):  # check_alive's reason: the run fails with it
+        assert isinstance(failed, TransferFailed) and str(failed) == "tick 4: gone"
+        return
+    assert isinstance(failed, TransferFailed)
+    assert str(failed) == (f"tick 4: the backend's check_alive returned {answer!r}; it "
+                           "returns None while the copy engine can complete copies, else "
+                           "a str saying why not")
+
+
+def test_a_link_whose_liveness_answers_true_fails_the_run_as_collector_died() -> None:
+    """Through a real pipeline: the learner's wait raised AttributeError, not the
+    run's failure (helper-106)."""
+    from replay_fsm.errors import CollectorDied
+    from replay_fsm.runtime.links import ThreadCollector
+    from replay_fsm.spec import SlotState
+
+    class NeverStarts(ThreadCollector):
+        def start(self, fail):  # type: ignore[no-untyped-def]
+            pass  # no packer: the learner's wait asks liveness
+
+        def liveness(self, waiting: bool, timeout: float) -> object:
+            return True  # type: ignore[return-value]
+
+    rb = small_buffer()
+    with Pipeline(rb, sample_count=8, collector=NeverStarts(rb, 2, 8),
+                  learner_packs=False) as pipe:
+        with pytest.raises(CollectorDied, match="liveness returned True"):
+            for _ in pipe.ticks(0, 2):
+                pass
+        assert set(pipe.states) == {SlotState.FAILED}  # the run failed, sticky
+
+
 @pytest.mark.parametrize("where", ["backend close", "link stop"])
 def test_a_close_hook_that_raises_does_not_stop_close_halfway(
         where: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ..errors import CollectorDied, DataStalled, PipelineFailed, TransferFailed
 from ..spec import SlotState
 from ..transfer.base import TransferBackend
-from .links import CollectorLink
+from .links import CollectorLink, Gone
 
 
 class Watchdog:
@@ -53,6 +53,11 @@ class Watchdog:
                                      f"{type(exc).__name__}: {exc}")
                 died.__cause__ = exc
                 return died
+            if gone is not None and not isinstance(gone, Gone):  # True, a str: a bug
+                return CollectorDied(
+                    f"tick {tick}: the collector link's liveness returned {gone!r}; it "
+                    "returns None while the other side can serve requests, else a "
+                    "replay_fsm.runtime.links.Gone saying why not")
             if gone is not None:
                 died = CollectorDied(f"tick {tick}: {gone.reason}")
                 died.__cause__ = gone.cause
@@ -73,6 +78,11 @@ class Watchdog:
                                         f"{type(exc).__name__}: {exc}")
                 failed.__cause__ = exc
                 return failed
+            if why is not None and not isinstance(why, str):  # True for "alive": a bug
+                return TransferFailed(
+                    f"tick {tick}: the backend's check_alive returned {why!r}; it returns "
+                    "None while the copy engine can complete copies, else a str saying "
+                    "why not")
             if why is not None:
                 return TransferFailed(f"tick {tick}: {why}")
             if waited_s > self.timeout:
