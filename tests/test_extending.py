@@ -102,6 +102,48 @@ def test_bad_backend_arguments_are_named() -> None:
     assert 3 not in registered_backends()  # type: ignore[comparison-overlap]
 
 
+def test_a_backend_written_wrongly_is_named_with_what_to_fix() -> None:
+    """An ``__init__`` that neither called the base's nor set ``self.device`` (the
+    README's rule) raised AttributeError ('B' object has no attribute 'device'); a
+    registered factory that returned None or a class raised the same of what it
+    returned; a factory that does not take the device said "does not take the options
+    []", no option given (helper-106)."""
+
+    class NoDevice(SubmitOnly):
+        def __init__(self, scale: int = 1) -> None:
+            self.scale = scale
+
+    class NoDeviceParameter(SubmitOnly):
+        def __init__(self) -> None:
+            super().__init__()
+
+    with pytest.raises(TypeError, match=r"^NoDevice has no device: its __init__ must call "
+                                        r"super\(\).__init__\(device\) or set self.device$"):
+        Pipeline(buffer(), sample_count=8, backend=NoDevice())
+    made = {"none": lambda device: None, "class": lambda device: SubmitOnly,
+            "no-device": NoDevice}
+    for name, factory in made.items():
+        register_backend(name, factory)
+    register_backend("no-device-parameter", NoDeviceParameter)
+    try:
+        with pytest.raises(TypeError, match="^backend 'none': its factory returned "
+                                            "NoneType, not a TransferBackend instance$"):
+            Pipeline(buffer(), sample_count=8, backend="none")
+        with pytest.raises(TypeError, match="^backend 'class': its factory returned "
+                                            "ABCMeta, not a TransferBackend instance$"):
+            Pipeline(buffer(), sample_count=8, backend="class")
+        with pytest.raises(TypeError, match="^NoDevice has no device"):
+            Pipeline(buffer(), sample_count=8, backend="no-device")
+        with pytest.raises(ValueError, match=r"^backend 'no-device-parameter' is built as "
+                                             r"factory\(device, \*\*backend_options\) and "
+                                             r"does not take the device: too many "
+                                             r"positional arguments; its signature: \(\)"):
+            Pipeline(buffer(), sample_count=8, backend="no-device-parameter")
+    finally:
+        for name in [*made, "no-device-parameter"]:
+            unregister_backend(name)
+
+
 def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:
     """``backend="cuda"`` with ``device="cpu"``: torch's "Torch not compiled with CUDA
     enabled" here, and a silent cuda:0 on a machine with CUDA."""

@@ -92,16 +92,19 @@ def build_backend(device: str | torch.device | None,
 
     Raises:
         ValueError: an unknown device or backend name, an option the backend does not
-            take, options given with an instance, a device other than the
-            instance's, or a device this machine lacks.
-        TypeError: ``backend`` is neither a name nor a TransferBackend.
+            take (or a factory that does not take the device), options given with an
+            instance, a device other than the instance's, or a device this machine
+            lacks.
+        TypeError: ``backend`` is neither a name nor a TransferBackend, a registered
+            factory built something else, or the backend has no ``device`` (an
+            ``__init__`` of its own that neither set it nor called the base's).
     """
     if isinstance(backend, TransferBackend):
         if options:
             raise ValueError("backend_options configure a backend built by name; pass "
                              "them to your backend instance's constructor instead")
-        own = getattr(backend, "device", None)
-        if device is not None and own is not None:
+        own = _with_device(backend).device
+        if device is not None:
             dev, own = parse_device(device), parse_device(own)
             if dev.type != own.type or dev.index not in (None, own.index):
                 raise ValueError(
@@ -119,12 +122,32 @@ def build_backend(device: str | torch.device | None,
     try:
         inspect.signature(factory).bind(dev, **options)
     except TypeError as exc:
-        raise ValueError(f"backend {name!r} does not take the options "
-                         f"{sorted(options)}: {exc}; its signature: "
+        what = (f"does not take the options {sorted(options)}" if options else
+                "is built as factory(device, **backend_options) and does not take the "
+                "device")
+        raise ValueError(f"backend {name!r} {what}: {exc}; its signature: "
                          f"{inspect.signature(factory)}") from exc
     except ValueError:  # no signature to check (a builtin callable): let it decide
         pass
-    return factory(dev, **options)
+    built = factory(dev, **options)
+    if not isinstance(built, TransferBackend):
+        raise TypeError(f"backend {name!r}: its factory returned "
+                        f"{type(built).__name__}, not a TransferBackend instance")
+    return _with_device(built)
+
+
+def _with_device(backend: TransferBackend) -> TransferBackend:
+    """``backend``, which must have its ``device`` (the pipeline's device).
+
+    Raises:
+        TypeError: it has none: an ``__init__`` of its own that neither set
+            ``self.device`` nor called ``TransferBackend.__init__``.
+    """
+    if not hasattr(backend, "device"):
+        kind = type(backend).__name__
+        raise TypeError(f"{kind} has no device: its __init__ must call "
+                        f"super().__init__(device) or set self.device")
+    return backend
 
 
 __all__ = ["TransferBackend", "available_device", "build_backend", "default_backend",
