@@ -445,3 +445,71 @@ def test_a_closed_logs_ring_is_the_slots_it_names() -> None:
     assert not report.ok and report.slots == 2 and report.index == 0, str(report)
     assert "requested on slot 1, the log records idle --request--> requested on slot 0" in (
         str(report.violation))
+
+
+@pytest.mark.parametrize("what", ["summary", "chrome"])
+def test_a_pretty_printed_json_object_is_named_not_a_parse_error(tmp_path: Path,
+                                                                 what: str) -> None:
+    """The demo's summary.json, or a trace.json re-indented (``python -m json.tool``),
+    was "not JSON lines: line 1: Expecting property name enclosed in double quotes"
+    of a file that is valid JSON (helper-106)."""
+    pipe = traced_run(tmp_path)
+    assert pipe.tracer is not None
+    document = (pipe.tracer.chrome_trace() if what == "chrome" else
+                {"rank": None, "base_seed": 0, "ticks": 15, "tick_ms": 1.0,
+                 "stall_pct": 0.0, "trace_conformance": "ok"})
+    path = tmp_path / f"{what}.json"
+    path.write_text(json.dumps(document, indent=2) + "\n")
+    with pytest.raises(TraceFileError) as info:
+        load(path)
+    if what == "chrome":
+        assert str(info.value) == (f"{path} is a Chrome trace (trace.json); check-trace "
+                                   "reads the transition log (transitions.jsonl)")
+    else:
+        assert str(info.value) == (
+            f"{path} is one JSON object (keys: rank, base_seed, ticks, tick_ms, "
+            "stall_pct, ...), not a transition log: one record a line "
+            "(transitions.jsonl), or a JSON list of them")
+
+
+def test_a_log_cut_short_inside_its_last_line_says_so(tmp_path: Path) -> None:
+    """It said "line 27: Expecting value", as of a line written wrong (helper-106);
+    a bad line before the end says only what is wrong with it."""
+    pipe = traced_run(tmp_path)
+    assert pipe.tracer is not None
+    text = pipe.tracer.write_transitions(tmp_path / "log.jsonl").read_text()
+    lines = text.splitlines()
+    cut = tmp_path / "cut.jsonl"
+    cut.write_text("\n".join(lines[:4]) + "\n" + lines[4][:30])
+    with pytest.raises(TraceFileError) as info:
+        load(cut)
+    assert str(info.value).startswith(f"{cut} is not JSON lines: line 5: ")
+    assert str(info.value).endswith(" (the file's last line, with no end of line: the log "
+                                    "was cut short)")
+    inside = tmp_path / "inside.jsonl"
+    inside.write_text("\n".join([*lines[:4], lines[4][:30], *lines[5:]]) + "\n")
+    with pytest.raises(TraceFileError) as info:
+        load(inside)
+    assert str(info.value).startswith(f"{inside} is not JSON lines: line 5: ")
+    assert "cut short" not in str(info.value)
+
+
+@pytest.mark.parametrize("key,value,word,names", [
+    ("to", "pending", "state", "idle, requested, submitted, ready, hot, failed, closed"),
+    ("from", "pending", "state", "idle, requested, submitted, ready, hot, failed, closed"),
+    ("event", "stage", "event", "request, submit, complete, acquire, release, fail, close"),
+    ("actor", "transfer_worker", "actor", "learner, packer, transfer, copy_engine"),
+])
+def test_a_name_this_table_lacks_is_named_as_another_versions(
+        tmp_path: Path, key: str, value: str, word: str, names: str) -> None:
+    """A log of a table with other names: it said "malformed record:
+    ValueError(\"'stage' is not a valid Event\")", or, for a destination, that the core
+    made requested where the log records pending (helper-106)."""
+    recs = real_log(tmp_path)
+    at = next(i for i, r in enumerate(recs) if r["event"] == "submit")
+    recs[at][key] = value
+    report = check(recs)
+    assert not report.ok and report.index == at, report
+    assert report.violation == (f"{key} {value!r} is not a {word} of this version's table "
+                                f"({names}): a log of another version, or not a "
+                                "replay_fsm log"), report

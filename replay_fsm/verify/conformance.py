@@ -81,6 +81,27 @@ def _kind(text: str) -> str:
     return "a JSON list (it starts with '[')" if text.startswith("[") else "JSON lines"
 
 
+def _one_document(text: str) -> object:
+    """``text`` read as one JSON document, or None where it is not one."""
+    if not text.startswith("{"):
+        return None
+    try:
+        return json.loads(text)
+    except (ValueError, RecursionError):  # JSONDecodeError is a ValueError
+        return None
+
+
+def _not_a_log(path: str | Path, document: dict[str, Any]) -> str:
+    """Why ``path``, one JSON object, is not a transition log: a Chrome trace, or
+    another object (the demo's summary.json), named by its first keys."""
+    if "traceEvents" in document:
+        return (f"{path} is a Chrome trace (trace.json); check-trace reads the "
+                "transition log (transitions.jsonl)")
+    keys = ", ".join(map(str, list(document)[:5])) + (", ..." if len(document) > 5 else "")
+    return (f"{path} is one JSON object (keys: {_shown(keys, 120)}), not a transition "
+            "log: one record a line (transitions.jsonl), or a JSON list of them")
+
+
 def load(path: str | Path) -> list[dict[str, Any]]:
     """The records of a JSON-lines or JSON-list transition log.
 
@@ -109,15 +130,19 @@ def load(path: str | Path) -> list[dict[str, Any]]:
                 if line.strip():
                     records.append(json.loads(line))
     except json.JSONDecodeError as exc:
+        whole = _one_document(stripped)  # one object over several lines: what it is
+        if isinstance(whole, dict):
+            raise TraceFileError(_not_a_log(path, whole)) from exc
+        cut = (" (the file's last line, with no end of line: the log was cut short)"
+               if number and number == text.count("\n") + 1 else "")
         raise TraceFileError(f"{path} is not {_kind(stripped)}: line "
-                             f"{number or exc.lineno}: {exc.msg}") from exc
+                             f"{number or exc.lineno}: {exc.msg}{cut}") from exc
     except (ValueError, RecursionError) as exc:  # a number too long, nesting too deep
         where = f"line {number}: " if number else ""
         raise TraceFileError(f"{path} is not {_kind(stripped)}: {where}"
                              f"{first_line(str(exc))}") from exc
     if len(records) == 1 and isinstance(records[0], dict) and "traceEvents" in records[0]:
-        raise TraceFileError(f"{path} is a Chrome trace (trace.json); check-trace reads the "
-                             "transition log (transitions.jsonl)")
+        raise TraceFileError(_not_a_log(path, records[0]))
     if not isinstance(records, list):
         raise TraceFileError(f"{path}: expected a list of transition records")
     if records and isinstance(records[0], dict) and records[0].get("kind") == TRUNCATED:
@@ -138,6 +163,24 @@ def _not_an_int(record: dict[str, Any]) -> str | None:
         value = record.get(name)
         if value is not None and type(value) is not int:
             return f"malformed record: {name} {value!r} is not an int"
+    return None
+
+
+_NAMES: tuple[tuple[str, str, type[SlotState] | type[Event] | type[Actor]], ...] = (
+    ("from", "state", SlotState), ("to", "state", SlotState), ("event", "event", Event),
+    ("actor", "actor", Actor))
+
+
+def _unknown_name(record: dict[str, Any]) -> str | None:
+    """Why ``record`` names a state, an event or an actor this table lacks (a log of
+    another version, or of something else), or None."""
+    for key, word, names in _NAMES:
+        value = record.get(key)
+        if isinstance(value, str) and value not in {m.value for m in names}:
+            known = ", ".join(m.value for m in names)
+            return (f"{key} {_shown(repr(value), 80)} is not a {word} of this "
+                    f"version's table ({known}): a log of another version, or not a "
+                    "replay_fsm log")
     return None
 
 
@@ -213,6 +256,9 @@ def check(records: Iterable[dict[str, Any]], *, context: int = 5) -> Report:
     i = 0
     while i < len(recs):
         r = recs[i]
+        unknown = _unknown_name(r)
+        if unknown:
+            return bad(i, unknown)
         try:
             slot, src = int(r["slot"]), SlotState(r["from"])
             event = Event(r["event"])
