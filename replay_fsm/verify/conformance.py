@@ -166,9 +166,10 @@ def _not_an_int(record: dict[str, Any]) -> str | None:
     return None
 
 
-_NAMES: tuple[tuple[str, str, type[SlotState] | type[Event] | type[Actor]], ...] = (
-    ("from", "state", SlotState), ("to", "state", SlotState), ("event", "event", Event),
-    ("actor", "actor", Actor))
+_NAMES: tuple[tuple[str, str, tuple[str, ...]], ...] = tuple(
+    (key, word, tuple(m.value for m in names)) for key, word, names in (
+        ("from", "state", SlotState), ("to", "state", SlotState),
+        ("event", "event", Event), ("actor", "actor", Actor)))
 
 
 def _unknown_name(record: dict[str, Any]) -> str | None:
@@ -176,8 +177,8 @@ def _unknown_name(record: dict[str, Any]) -> str | None:
     another version, or of something else), or None."""
     for key, word, names in _NAMES:
         value = record.get(key)
-        if isinstance(value, str) and value not in {m.value for m in names}:
-            known = ", ".join(m.value for m in names)
+        if isinstance(value, str) and value not in names:
+            known = ", ".join(names)
             return (f"{key} {_shown(repr(value), 80)} is not a {word} of this "
                     f"version's table ({known}): a log of another version, or not a "
                     "replay_fsm log")
