@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import json
 import os
@@ -74,6 +75,29 @@ def steady_malloc() -> bool:
     mapped_off = bool(mallopt(m_mmap_max, 0))
     trim_set = bool(mallopt(m_trim_threshold, 1 << 30))
     return mapped_off and trim_set
+
+
+def device_argument(name: str) -> str:
+    """``--device``'s check, for argparse: ``name`` when torch can run there, so that a
+    misspelt device or one this machine lacks is refused before the first benchmark
+    runs, not minutes later in the learner loop (the only one that uses it).
+
+    Raises:
+        argparse.ArgumentTypeError: torch does not know the device, or this machine
+            has no such device.
+    """
+    try:
+        device = torch.device(name)
+    except RuntimeError as exc:
+        raise argparse.ArgumentTypeError(f"{name!r} is not a torch device ({exc})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise argparse.ArgumentTypeError(f"{name!r}: this torch has no CUDA device here")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise argparse.ArgumentTypeError(
+            f"{name!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    if device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"{name!r}: the benchmarks run on cpu or cuda")
+    return name
 
 
 def median_time(fn: Callable[[], object], *, repeat: int, number: int = 1,

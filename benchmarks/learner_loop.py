@@ -48,9 +48,18 @@ from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.data.sampling import sample_indices
 
 try:
-    from common import keep_by_machine, median_time, quantile, steady_malloc, table, write_result
+    from common import (
+        device_argument,
+        keep_by_machine,
+        median_time,
+        quantile,
+        steady_malloc,
+        table,
+        write_result,
+    )
 except ImportError:
     from benchmarks.common import (
+        device_argument,
         keep_by_machine,
         median_time,
         quantile,
@@ -632,6 +641,6 @@ def main(quick: bool = False, device: str = "cpu") -> dict[str, Any]:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--device", default="cpu", type=device_argument)
     args = ap.parse_args()
     main(args.quick, args.device)

@@ -28,11 +28,12 @@ import packing  # noqa: E402
 import readme_perf  # noqa: E402
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--device", default="cpu")
-    args = ap.parse_args()
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="a smoke run: <name>-quick.json")
+    ap.add_argument("--device", default="cpu", type=common.device_argument,
+                    help="where the learner loop's learner runs: cpu (default) or cuda")
+    args = ap.parse_args(argv)
     common.steady_malloc()  # one allocator mode for every benchmark of the suite
     core_overhead.main(args.quick)
     packing.main(args.quick)

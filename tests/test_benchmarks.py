@@ -354,3 +354,18 @@ def test_the_gpu_check_writes_its_scripts_and_refuses_a_machine_without_cuda(
                          text=True, timeout=120)
     assert out.returncode == 1
     assert "no CUDA device" in (tmp_path / "summary.txt").read_text()
+
+
+def test_run_all_refuses_a_device_before_it_runs_anything() -> None:
+    """A misspelt --device, or CUDA where there is none, is refused at once (exit 2),
+    not after minutes of the benchmarks that come before the learner loop, which
+    alone uses it."""
+    import torch
+    devices = ["nosuch", "meta"] + ([] if torch.cuda.is_available() else ["cuda"])
+    for device in devices:
+        out = subprocess.run([sys.executable, "benchmarks/run_all.py", "--quick",
+                              "--device", device], cwd=ROOT, capture_output=True,
+                             text=True, timeout=300)
+        assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
+        assert f"argument --device: '{device}'" in out.stderr
+        assert out.stdout == ""  # no benchmark's table
