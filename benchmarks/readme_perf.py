@@ -1,8 +1,14 @@
-"""Generate the README's "Performance" section from benchmarks/results/*.json."""
+"""Generate the README's "Performance" section, and the table of "Checkpoint and
+resume", from benchmarks/results/*.json: `python benchmarks/readme_perf.py` rewrites
+them in README.md; `--check` writes nothing and says whether README.md is what the
+results make."""
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import json
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -564,8 +570,12 @@ def checkpoint_section() -> str:
     return "\n".join(out)
 
 
-def update(readme: Path) -> None:
-    text = readme.read_text()
+README = Path(__file__).resolve().parent.parent / "README.md"
+
+
+def generated(text: str) -> str:
+    """``text``, a README, with its generated parts made again from the results (a
+    README without the Performance markers gets the section at its end)."""
     for begin, end, make in ((BEGIN, END, section), (CK_BEGIN, CK_END, checkpoint_section)):
         if begin in text and end in text:
             head, rest = text.split(begin, 1)
@@ -573,8 +583,47 @@ def update(readme: Path) -> None:
             text = head + make() + tail
         elif make is section:
             text = text.rstrip("\n") + "\n\n## Performance\n\n" + section() + "\n"
-    readme.write_text(text)
+    return text
+
+
+def update(readme: Path) -> None:
+    """Rewrite the generated parts of ``readme`` from the results."""
+    readme.write_text(generated(readme.read_text()))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line: rewrite README.md's generated parts, or with ``--check`` say
+    whether they are what the results make (exit 1, with the difference, when not).
+
+    Raises:
+        SystemExit: for ``--help`` and for arguments it does not take (code 2).
+    """
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 and print the difference when the README "
+                         "is not what the results make")
+    ap.add_argument("--readme", type=Path, default=README,
+                    help="the README to rewrite or check (default: %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        text = args.readme.read_text()
+    except OSError as exc:
+        ap.error(f"cannot read the README: {exc}")
+    new = generated(text)
+    if not args.check:
+        if new != text:
+            args.readme.write_text(new)
+        print(f"{args.readme}: {'regenerated' if new != text else 'already up to date'} "
+              f"from {RESULTS}")
+        return 0
+    if new == text:
+        print(f"{args.readme}: the generated parts are what {RESULTS} makes")
+        return 0
+    sys.stdout.writelines(difflib.unified_diff(
+        text.splitlines(keepends=True), new.splitlines(keepends=True),
+        str(args.readme), "generated from the results"))
+    return 1
 
 
 if __name__ == "__main__":
-    update(Path(__file__).resolve().parent.parent / "README.md")
+    raise SystemExit(main())

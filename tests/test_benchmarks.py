@@ -369,3 +369,42 @@ def test_run_all_refuses_a_device_before_it_runs_anything() -> None:
         assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
         assert f"argument --device: '{device}'" in out.stderr
         assert out.stdout == ""  # no benchmark's table
+
+
+def _readme_perf_copy(tmp_path: Path) -> Path:
+    """readme_perf.py, the results it reads and the README, copied as they sit in the
+    checkout: the script finds both from where it lies, so it runs on the copies."""
+    import shutil
+    (tmp_path / "benchmarks").mkdir()
+    shutil.copy(ROOT / "benchmarks/readme_perf.py", tmp_path / "benchmarks")
+    shutil.copytree(ROOT / "benchmarks/results", tmp_path / "benchmarks/results",
+                    ignore=shutil.ignore_patterns("*-quick.*"))
+    shutil.copy(ROOT / "README.md", tmp_path)
+    return tmp_path / "README.md"
+
+
+def test_readme_perf_help_and_check_write_nothing(tmp_path: Path) -> None:
+    """`readme_perf.py --help` prints its usage, and `--check` says whether the README
+    is what the results make (exit 1 with the difference when not); neither writes.
+    Once the script took no arguments: any of them rewrote README.md, silently."""
+    readme = _readme_perf_copy(tmp_path)
+    stale = readme.read_text().replace("| compute only (ideal) | 1.000 |",
+                                       "| compute only (ideal) | 9.999 |", 1)
+    assert stale != readme.read_text()
+    readme.write_text(stale)
+    script = [sys.executable, str(tmp_path / "benchmarks/readme_perf.py")]
+    out = subprocess.run([*script, "--help"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "usage:" in out.stdout and "--check" in out.stdout
+    assert readme.read_text() == stale
+    out = subprocess.run([*script, "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "-| compute only (ideal) | 9.999 |" in out.stdout
+    assert readme.read_text() == stale
+    out = subprocess.run([*script, "--bogus"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "unrecognized arguments: --bogus" in out.stderr
+    assert readme.read_text() == stale
+    out = subprocess.run(script, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "regenerated" in out.stdout
+    assert "| compute only (ideal) | 1.000 |" in readme.read_text()
+    out = subprocess.run([*script, "--check"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stdout
