@@ -131,14 +131,16 @@ SPLIT_ROWS = {"synchronous sampling": "synchronous sampling",
               "replay_fsm process collector, depth 2": "process collector, depth 2"}
 
 
-def _cpu_split(f: dict[str, Any]) -> list[str]:
+def _cpu_split(f: dict[str, Any], where: str = "") -> list[str]:
     """cpu_split's table: CPU per tick by thread, with no background load, and what
-    the thread collector spends beyond the bare double buffer, by thread."""
+    the thread collector spends beyond the bare double buffer, by thread. ``where``:
+    the machine it ran on, when not the section's (see ``_elsewhere``)."""
     regimes = [r for r in ("compute-bound", "balanced") if r in f]
     out = ["**Where the CPU goes, thread by thread** (`benchmarks/cpu_split.py`, a run "
-           "of its own with its own calibration of the regimes: CPU ms per tick with no "
-           "background load, over all its rounds; the learner thread's includes its "
-           "calls, the chunks it packs itself while it waits, and its step)", "",
+           f"of its own{where + ',' if where else ''} with its own calibration of the "
+           "regimes: CPU ms per tick with no background load, over all its rounds; the "
+           "learner thread's includes its calls, the chunks it packs itself while it "
+           "waits, and its step)", "",
            "| regime (compute / one index_select) | contender | mean tick ms | learner "
            "thread | gather thread | packer thread | transfer thread | packer process | "
            "all | x synchronous | learner packs per tick |",
@@ -257,12 +259,26 @@ def _verdicts(verdicts: dict[str, bool], detail: dict[str, Any],
     return out
 
 
+def _cpu_name(m: dict[str, Any]) -> str:
+    """A machine's CPU model without the trademark signs: ``Intel Xeon``."""
+    return " ".join(w for w in str(m.get("cpu", "an unknown CPU")).replace(
+        "(R)", "").replace("(TM)", "").split() if w != "Processor")
+
+
+def _elsewhere(result: dict[str, Any], first: dict[str, Any]) -> str:
+    """`` on <machine>`` for a result measured on another machine than ``first``, the
+    one the section's first line names, else "": the results are kept file by file,
+    and a figure from another machine must not read as this one's."""
+    m, here = result["machine"], first["machine"]
+    if (m.get("cpu"), m.get("cpus")) == (here.get("cpu"), here.get("cpus")):
+        return ""
+    return f" on another machine ({_cpu_name(m)}, {m.get('cpus', '?')} cores)"
+
+
 def _machine_label(result: dict[str, Any]) -> str:
     m = result["machine"]
     cache = m.get("last_level_cache_mib")
-    cpu = " ".join(w for w in str(m.get("cpu", "an unknown CPU")).replace(
-        "(R)", "").replace("(TM)", "").split() if w != "Processor")
-    return (f"{cpu}, {m['cpus']} cores"
+    return (f"{_cpu_name(m)}, {m['cpus']} cores"
             + (f", {cache:.0f} MiB last-level cache" if cache else "")
             + f", {result.get('date', 'date not recorded')}")
 
@@ -404,7 +420,7 @@ def section(suffix: str = "") -> str:
         has_split = bool(split) and "missing" not in split["figures"]
         out += _cores_paragraph(f, regimes, has_split)
         if split and has_split:
-            out += _cpu_split(split["figures"])
+            out += _cpu_split(split["figures"], _elsewhere(split, first))
         out += _verdicts(f["verdicts"], f.get("verdict_detail", {}),
                          _round_spread(f, regimes))
         if not suffix:
@@ -412,7 +428,8 @@ def section(suffix: str = "") -> str:
     inter = _load("interference", suffix)
     if inter:
         out += ["**What a neighbour costs the learner's compute** (median step time beside "
-                "it over the step alone; a probe thread's wake-up delay shows the GIL wait)",
+                "it over the step alone; a probe thread's wake-up delay shows the GIL wait"
+                f"{_elsewhere(inter, first).replace(' on ', '; measured on ', 1)})",
                 "", "| neighbour | x alone | probe wake-up p50 / p99 us |", "| --- | --- | --- |"]
         out += [f"| {k} | {v['slowdown']:.3f} | {v['gil_wait_p50_us']:.0f} / "
                 f"{v['gil_wait_p99_us']:.0f} |" for k, v in inter["figures"].items()]
@@ -421,10 +438,10 @@ def section(suffix: str = "") -> str:
     if cost:
         f = cost["figures"]
         base = f["base"]
-        out += [f"**Cost model**: tick = max(compute, pack, copy) + overhead, each term "
-                f"measured alone (overhead {f['overhead_us']:.0f} us; copy 0 on the CPU "
-                f"backend), against the pipeline's mean tick (process collector) at each "
-                f"point of five sweeps around batch {base['batch']}, rows of "
+        out += [f"**Cost model**{_elsewhere(cost, first)}: tick = max(compute, pack, copy) "
+                f"+ overhead, each term measured alone (overhead {f['overhead_us']:.0f} us; "
+                f"copy 0 on the CPU backend), against the pipeline's mean tick (process "
+                f"collector) at each point of five sweeps around batch {base['batch']}, rows of "
                 f"{base['width']} floats, a buffer of {base['rows']} rows, depth "
                 f"{base['depth']}, {base['packer_threads']} packer thread. |measured / "
                 f"model - 1|: median {f['model_error_median']:.2f}, max "
@@ -512,7 +529,10 @@ def section(suffix: str = "") -> str:
         micro.append(("CUDA copy bandwidth vs bare pinned copy_", f"{f['ratio']:.2f}",
                       ">= 0.90"))
     if micro:
-        out += ["**Micro figures**", "", "| figure | measured | budget |", "| --- | --- | --- |"]
+        apart = [f"`{r['name']}.json`{_elsewhere(r, first)}" for r in (core, lo, pk, cu)
+                 if r and _elsewhere(r, first)]
+        out += ["**Micro figures**" + (f" ({'; '.join(apart)})" if apart else ""), "",
+                "| figure | measured | budget |", "| --- | --- | --- |"]
         out += [f"| {a} | {b} | {c} |" for a, b, c in micro]
         out.append("")
     if not suffix:

@@ -408,3 +408,36 @@ def test_readme_perf_help_and_check_write_nothing(tmp_path: Path) -> None:
     assert "| compute only (ideal) | 1.000 |" in readme.read_text()
     out = subprocess.run([*script, "--check"], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stdout
+
+
+def test_a_result_from_another_machine_says_which(tmp_path: Path, monkeypatch) -> None:
+    """The section's first line names the learner loop's machine; a result file run on
+    another machine (cpu_split.json was, once) says so where it is shown, and one from
+    the same machine adds nothing."""
+    import shutil
+    readme_perf = _load_benchmark("readme_perf")
+    for path in (ROOT / "benchmarks/results").glob("*.json"):
+        if not path.name.endswith("-quick.json"):
+            shutil.copy(path, tmp_path)
+    monkeypatch.setattr(readme_perf, "RESULTS", tmp_path)
+
+    def set_machine(name: str, cpu: str) -> None:
+        data = json.loads((tmp_path / f"{name}.json").read_text())
+        data["machine"]["cpu"], data["machine"]["cpus"] = cpu, 2
+        (tmp_path / f"{name}.json").write_text(json.dumps(data))
+
+    for name in ("learner_loop", "cpu_split", "interference", "cost_model",
+                 "core_overhead", "learner_overhead", "packing"):
+        set_machine(name, "AMD EPYC")
+    text = readme_perf.section()
+    assert "Measured on AMD EPYC (2 cores)" in text and "another machine" not in text
+    set_machine("cpu_split", "Intel(R) Xeon(R) Processor")
+    set_machine("interference", "Intel(R) Xeon(R) Processor")
+    set_machine("packing", "Intel(R) Xeon(R) Processor")
+    text = readme_perf.section()
+    assert ("(`benchmarks/cpu_split.py`, a run of its own on another machine (Intel Xeon, "
+            "2 cores), with its own calibration") in text
+    assert "shows the GIL wait; measured on another machine (Intel Xeon, 2 cores))" in text
+    assert ("**Micro figures** (`packing.json` on another machine (Intel Xeon, 2 cores))"
+            in text)
+    assert "**Cost model**: tick" in text  # the same machine as the first line's
