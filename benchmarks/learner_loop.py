@@ -71,8 +71,8 @@ except ImportError:
 
 FEATURES = 64  # columns the learner's first layer reads; the rest is carried along
 LOADS = (0, 1, 2)
-# The learner's step against the pack: about 2x it, about equal (where gathering beside
-# the step costs the most: both run the whole tick), and well under it.
+# The learner's step against the pack: about 2x it, about equal (both run the whole
+# tick), and well under it.
 REGIMES = ("compute-bound", "balanced", "data-bound")
 # The replay_fsm row built like the bare double buffer: one thread, two slots.
 LIKE_FOR_LIKE = "replay_fsm thread collector, depth 2"
