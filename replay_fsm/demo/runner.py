@@ -364,12 +364,14 @@ def trace_capacity(ticks: int) -> int:
 def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoConfig,
              device: torch.device, first: int, warm: int,
              all_reduce: Callable[[list[torch.Tensor]], None] | None = None
-             ) -> dict[str, float]:
+             ) -> dict[str, Any]:
     """The pipelined loop against the same loop sampling synchronously in the learner
     (the baseline), in interleaved blocks of COMPARE_TICKS ticks (pipelined,
     synchronous, pipelined, ...) while the collector keeps stepping and adding, so
     both see the same load on the machine's cores. Returns the mean tick (wall /
-    ticks) and the learner's stall per tick (time blocked on its batch) of each.
+    ticks) and the learner's stall per tick (time blocked on its batch) of each, and
+    the speed-up of each pair of blocks: on a busy machine they spread more than the
+    stall the pipeline removes, and the spread says how much of the speed-up is noise.
     Both step as the run does (``all_reduce`` across ranks), so a rank's Ctrl-C
     stops every rank here too."""
     from ..data.sampling import sample_indices
@@ -377,6 +379,7 @@ def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoCon
     out = torch.empty(n, rb.width)
     wall = {"pipeline": 0.0, "sync": 0.0}
     stall = {"pipeline": 0.0, "sync": 0.0}
+    block_ratios: list[float] = []
     tick = first
     for ahead in range(first, first + depth - 1):  # the pipeline runs primed, as above
         pipe.start_prepare(ahead, n, min_snapshot_ptr=warm)
@@ -391,7 +394,8 @@ def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoCon
             learner.step(batch, all_reduce)
             pipe.after_tick()
             tick += 1
-        wall["pipeline"] += time.perf_counter() - t0
+        pipelined = time.perf_counter() - t0
+        wall["pipeline"] += pipelined
         t0 = time.perf_counter()
         for k in range(COMPARE_TICKS):
             s0 = time.perf_counter()
@@ -399,14 +403,16 @@ def _compare(pipe: Pipeline, rb: ReplayBuffer, learner: Learner, config: DemoCon
             batch = rb.layout.views(out.to(device))
             stall["sync"] += time.perf_counter() - s0
             learner.step(batch, all_reduce)
-        wall["sync"] += time.perf_counter() - t0
+        synchronous = time.perf_counter() - t0
+        wall["sync"] += synchronous
+        block_ratios.append(synchronous / pipelined)
     ticks = COMPARE_BLOCKS * COMPARE_TICKS
     return {"pipeline_tick_ms": wall["pipeline"] / ticks * 1e3,
             "sync_tick_ms": wall["sync"] / ticks * 1e3,
             "pipeline_stall_ms": stall["pipeline"] / ticks * 1e3,
             "sync_stall_ms": stall["sync"] / ticks * 1e3,
             "speedup_vs_sync": wall["sync"] / wall["pipeline"], "ticks_each": ticks,
-            "blocks": COMPARE_BLOCKS}
+            "blocks": COMPARE_BLOCKS, "block_ratios": block_ratios}
 
 
 
@@ -442,7 +448,9 @@ def format_summary(s: dict[str, Any], out: str | Path) -> str:
             ("  stall per tick", f"{c['pipeline_stall_ms']:.2f} ms vs "
                                  f"{c['sync_stall_ms']:.2f} ms"),
             ("  mean tick", f"{c['pipeline_tick_ms']:.2f} ms vs {c['sync_tick_ms']:.2f} ms"),
-            ("  speed-up over synchronous", f"{c['speedup_vs_sync']:.2f}x"),
+            ("  speed-up over synchronous", f"{c['speedup_vs_sync']:.2f}x" + (
+                f" (blocks {min(c['block_ratios']):.2f} to {max(c['block_ratios']):.2f})"
+                if c.get("block_ratios") else "")),
         ]
     rows += [
         ("bytes moved", f"{s['bytes_moved'] / 1e6:.1f} MB"),
