@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="a tenth of the steps, one round")
     args = ap.parse_args(argv)
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
     torch.set_num_threads(1)  # the learner on one core, as in the other benchmarks
     rounds = 1 if args.quick else args.rounds
     figures: dict[str, Any] = {}

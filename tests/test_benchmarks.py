@@ -441,3 +441,14 @@ def test_a_result_from_another_machine_says_which(tmp_path: Path, monkeypatch) -
     assert ("**Micro figures** (`packing.json` on another machine (Intel Xeon, 2 cores))"
             in text)
     assert "**Cost model**: tick" in text  # the same machine as the first line's
+
+
+def test_sb3_buffer_refuses_no_rounds(capsys: pytest.CaptureFixture[str]) -> None:
+    """`sb3_buffer.py --rounds 0` is refused as compare_revisions' is (exit 2, the
+    option named), not with statistics' "no median for empty data" after it ran."""
+    sb3 = _load_benchmark("sb3_buffer")
+    for rounds in ("0", "-2"):
+        with pytest.raises(SystemExit) as exit_info:
+            sb3.main(["--rounds", rounds])
+        assert exit_info.value.code == 2
+        assert f"--rounds must be >= 1, got {rounds}" in capsys.readouterr().err
