@@ -860,3 +860,91 @@ def test_the_packer_beats_at_every_chunk_it_writes_and_the_learner_at_none(
     h.requests.put(request(1, 1, n))
     assert learner.take(decode(PackRequest, request(1, 1, n)), 1.0) == 4
     assert len(set(beats)) == 1  # the learner's chunks left the packer's beat alone
+
+
+def test_a_consumer_killed_inside_its_get_has_its_item_given_back() -> None:
+    """A consumer killed between taking a record's item and counting the record taken
+    left the items semaphore one short for good: the next get read that record with
+    the next record's item, every later one a record behind, and the newest waited
+    until another was put (helper-100, the restarted collector's case). A consumer in
+    its place gives the item back, once, and reads every record with its own."""
+    ch = Channel(4, 1)
+    assert ch.put([1]) and ch.put([2])
+    assert ch._items.acquire(timeout=1.0)  # the dead consumer's get: item, no count
+    assert ch.unreleased == 1
+    assert ch.restore_taken(1.0) == 1
+    assert ch.unreleased == 0
+    assert [ch.get(timeout=1.0), ch.get(timeout=1.0)] == [([1], None), ([2], None)]
+    assert ch.get(timeout=0) is None
+    assert ch.restore_taken(1.0) == 0  # nothing taken: nothing given back
+
+
+def test_a_put_between_its_count_and_its_release_is_not_taken_for_a_dead_get(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put counts its record, then releases its item: in between, the semaphore
+    is one short as after a dead consumer's get. That item must not be given back
+    too (a get would then take an item no record is behind), so the shortfall is
+    read only once no put is in between: waited out, or, past the patience, nothing
+    is given back."""
+    import time
+    from types import SimpleNamespace
+
+    from replay_fsm.data import channel as channel_module
+
+    ch = Channel(4, 1)
+    assert ch.put([1])
+    assert ch._items.acquire(timeout=1.0)  # as if the put had not released it yet
+    ch._counters[3] -= 1
+    assert ch.unreleased == 1
+    assert ch.restore_taken(0.01) == 0  # the put never ends: nothing given back
+    assert ch.get(timeout=0) is None
+
+    def the_put_ends(seconds: float) -> None:  # the producer runs while this one sleeps
+        ch._items.release()
+        ch._counters[3] += 1
+    monkeypatch.setattr(channel_module, "time", SimpleNamespace(
+        monotonic=time.monotonic, sleep=the_put_ends))
+    assert ch.restore_taken(60.0) == 0  # read after the put ended: no get took an item
+    assert ch.get(timeout=1.0) == ([1], None)
+    assert ch.get(timeout=0) is None
+
+    # Both: a dead consumer's get took record 2's item, and a put of record 3 has
+    # counted it and not yet released its item.
+    assert ch.put([2])
+    assert ch._items.acquire(timeout=1.0)
+    assert ch.put([3])
+    assert ch._items.acquire(timeout=1.0)
+    ch._counters[3] -= 1
+    assert ch.unreleased == 2
+    assert ch.restore_taken(60.0) == 1  # the dead get's item; the put's its own
+    assert ch.unreleased == 0
+    assert [ch.get(timeout=1.0), ch.get(timeout=1.0)] == [([2], None), ([3], None)]
+    assert ch.get(timeout=0) is None
+
+
+def test_a_restart_gives_back_the_item_a_predecessor_surely_dead_took() -> None:
+    """The attach of a collector in place of a dead one gives back the request's
+    item its predecessor took inside its get, so it reads that request next, not
+    one behind. Only where the predecessor is surely dead: one of another pid
+    namespace cannot be judged, and the attach goes on (it may live, inside its
+    get: its item is its own)."""
+    import os
+    import subprocess
+
+    from replay_fsm.data import owner
+
+    rb, h = make()
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # exited and reaped
+    token, pid_namespace, time_namespace = owner.me()
+    h.requests.put(request(0, 0, 32))
+    assert h.requests._items.acquire(timeout=1.0)  # its get took the item, and it died
+    for namespace, given_back in ((pid_namespace + 1, 0), (pid_namespace, 1)):
+        h.packer_state[0] = gone.pid
+        h.packer_state[3:6] = torch.tensor([gone.pid | 1 << owner.PID_BITS, namespace,
+                                            time_namespace])
+        Packer.attach(h, rb)
+        assert h.packer_pid == os.getpid() and h.predecessor == (0, gone.pid)
+        assert h.requests.unreleased == 1 - given_back, namespace
+    got = h.requests.get(timeout=0)
+    assert got is not None and decode(PackRequest, got[0]).tick == 0

@@ -355,16 +355,38 @@ def die_inside_its_get(handle: PackerHandle, rb: ReplayBuffer) -> None:
         packer.service(timeout=0.05)
 
 
-def test_a_request_whose_item_the_dead_collector_took_fails_the_run_not_hangs_it(
-        ) -> None:
+@pytest.mark.parametrize("learner_packs", [True, False])
+def test_a_restart_after_a_collector_killed_inside_its_get_packs_every_request(
+        learner_packs: bool) -> None:
     """The dead collector took the request's item and died before it counted the
-    request taken, so the restart's count of requests read before it leaves it out:
-    the new collector reads it with the next request's item, one behind, and the
-    newest is never taken while the learner sends nothing more. learner_packs=False
-    and one request at a time: the learner waited for ever while the new collector
-    beat (helper-100, 1 of 1). The wait ends in CollectorDied after
-    liveness_timeout."""
-    assert "no get can take" in collector_died_after(die_inside_its_get, False)
+    request taken: the new collector read it with the next request's item, every
+    request one behind, and the newest never while the learner sent nothing more.
+    learner_packs=False: the wait ended in CollectorDied ("no get can take") after
+    liveness_timeout (helper-100); True: the learner packed every tick itself, the
+    collector's pack of it a request late and dropped (20 of 20 ticks; helper-105).
+    The restart gives the item back at its attach: it packs tick 0 and every later
+    tick (timed waits, which never pack, all end), each batch its tick's (INV-DATA),
+    and the learner packs none."""
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60,
+                    learner_packs=learner_packs)
+    pipe.start_prepare(0, N)
+    new = restart(pipe, rb, die_inside_its_get)
+    try:
+        for tick in range(4):
+            def ready() -> bool:
+                while not pipe.wait_until_ready(tick, N, timeout=0.2):  # noqa: B023
+                    pass
+                return True
+            ok, _ = finishes_within(ready, 20.0)
+            assert ok, f"tick {tick} never came"
+            batch = pipe.sample_large_batch(tick, N)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+            pipe.start_prepare(tick + 1, N)
+            pipe.after_tick()
+        assert pipe.statistics().learner_packs == 0
+    finally:
+        stop(pipe, new)
 
 
 def test_a_later_tick_the_dead_collector_read_is_packed_after_a_take_that_could_not_look(
@@ -452,3 +474,4 @@ def test_two_threads_packing_two_ticks_the_dead_collector_read_take_turns() -> N
     finally:
         go_on.set()
         stop(pipe, new)
+

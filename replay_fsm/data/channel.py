@@ -2,7 +2,9 @@
 
 Records are fixed-width int64 rows (plus an optional text field) in a ring; two
 semaphores count items and free spaces, so a message is neither lost nor
-duplicated, and ``put`` blocks only when the ring is full. Spawn-safe: the ring
+duplicated, and ``put`` blocks only when the ring is full. A consumer killed inside
+its ``get`` takes an item and leaves its record unread: the consumer that takes its
+place gives the item back (``restore_taken``). Spawn-safe: the ring
 is a shared tensor and the semaphores are the spawn context's. Cheaper than an
 ``mp.Queue``: no pickling and no feeder thread.
 
@@ -18,6 +20,7 @@ import _multiprocessing
 import multiprocessing as mp
 import os
 import struct
+import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing import resource_tracker
@@ -45,8 +48,10 @@ class Channel:
         self.capacity, self.width, self.text_bytes = capacity, width, text_bytes
         self._buf = small_shared_zeros(capacity, width + 1, dtype=torch.int64)
         self._text = small_shared_zeros(capacity, max(text_bytes, 1), dtype=torch.uint8)
-        # [head, tail, closed]: head is the consumer's, tail the producer's.
-        self._idx = small_shared_zeros(3, dtype=torch.int64)
+        # [head, tail, closed, released]: head is the consumer's; tail (records put)
+        # and released (puts that have released their record's item) the producer's,
+        # equal while no put is between its count and its release (``restore_taken``).
+        self._idx = small_shared_zeros(4, dtype=torch.int64)
         self._items = ctx.Semaphore(0)
         self._spaces = ctx.Semaphore(capacity)
         self._views()
@@ -151,8 +156,10 @@ class Channel:
             self._text_np[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
         size = self._record.size
         self._bytes[i * size:(i + 1) * size] = record
-        counters[1] += 1
+        tail = counters[1] + 1
+        counters[1] = tail
         self._items.release()
+        counters[3] = tail
         return True
 
     def _pack(self, values: Sequence[int], text: str | None
@@ -223,6 +230,45 @@ class Channel:
         counters[0] += 1
         self._spaces.release()
         return row, text
+
+    def restore_taken(self, patience_s: float) -> int:
+        """Give back the items that consumers killed inside their ``get`` took (between
+        taking an item and counting its record taken), so that every record is read
+        with its own item again; returns how many were given back. Without it, the
+        next ``get`` takes the oldest such record with a later record's item, every
+        record after it one behind, and the newest waits until another is put.
+
+        For a consumer that takes the place of one gone, before its first get: no
+        other consumer may be alive (a live one inside its get would be counted
+        as killed there), and no ``get`` or ``post_local`` of this process under way.
+        What the items semaphore lacks is measured at an instant when no put is
+        between counting its record and releasing its item (that put's item would
+        be counted as taken too); read again until one is found, for at most
+        ``patience_s`` seconds (a producer stopped inside its put): 0 then, nothing
+        given back. 0 too on a closed channel, and where the semaphore's value
+        cannot be read (macOS).
+        """
+        counters = self._counters
+        deadline = time.monotonic() + patience_s
+        while True:
+            tail, released = counters[1], counters[3]
+            try:
+                items = self._items.get_value()
+            except NotImplementedError:
+                return 0
+            # The put's release comes after its count and before ``released``: both
+            # equal and unmoved around the semaphore's read, no put was between.
+            if tail == released and counters[3] == released and counters[1] == tail:
+                break
+            if counters[2] or time.monotonic() > deadline:
+                return 0
+            time.sleep(0.001)
+        taken = tail - counters[0] + len(self._local) - items
+        if counters[2] or taken <= 0:
+            return 0
+        for _ in range(taken):
+            self._items.release()
+        return taken
 
     def unlink(self) -> None:
         """Remove the semaphores' names from the system and from the resource

@@ -391,13 +391,16 @@ class Packer:
         counted, or failed) and died before posting its pack-done message, and a
         claim lock it died holding. A process killed in the few bytecodes between
         taking a request's item off the channel and counting it taken is not counted
-        as having read it: the restart reads it with the next request's item, and
-        every later one a request behind, so the run goes on while the learner sends
-        more; a wait for the newest with nothing more sent, which the learner does
-        not pack itself, fails the run after liveness_timeout (``CollectorDied``: "no
-        get can take"). The restart must attach before the learner's next wait or
-        poll: one that finds the attached collector dead and none attached in its place
-        fails the run (``CollectorDied``: "the collector process (pid P) is gone").
+        as having read it: the restart gives that item back and reads the request
+        next (``Channel.restore_taken``). Where the dead process cannot be judged
+        dead (another pid namespace) nothing is given back: the restart reads each
+        request with the next one's item, a request behind, so the run goes on while
+        the learner sends more; a wait for the newest with nothing more sent, which
+        the learner does not pack itself, fails the run after liveness_timeout
+        (``CollectorDied``: "no get can take"). The restart must attach before the
+        learner's next wait or poll: one that finds the attached collector dead and
+        none attached in its place fails the run (``CollectorDied``: "the collector
+        process (pid P) is gone").
         A process the learner ``watch``es is not restarted: its death fails the run
         whatever attached since ("... exited with code C").
 
@@ -428,6 +431,11 @@ class Packer:
                 # Set before the pid: a learner that sees this process sees them.
                 handle.packer_state[READ_BEFORE] = handle.requests.taken
                 handle.packer_state[PREDECESSOR] = pid
+                if not record[0] or owner.lives(record) is False:  # surely gone
+                    # Killed inside its get, it took a request's item and never
+                    # counted the request read: this process reads that request
+                    # next, with its own item again, not every request one behind.
+                    handle.requests.restore_taken(LEARNER_CHECK_S)
             handle.packer_state[RECORD:RECORD + 3] = torch.tensor(owner.me())
             handle.packer_state[BEAT] = time.monotonic_ns()
             handle.packer_state[PID] = os.getpid()

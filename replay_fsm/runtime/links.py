@@ -565,10 +565,12 @@ class ExternalCollector(ChannelLink):
         """Gone when the request channel's newest record can never be taken: a
         collector process killed inside its get, between taking a record's item and
         counting the record taken, left the channel one item short for good. The
-        collector attached after it reads that record with the next item, and every
-        later one with the item of the one after it, so the newest waits until the
-        learner sends another; a learner waiting for that one with nothing more to
-        send waited for ever while the collector beat. Judged as a half-posted
+        collector attached after it gives the item back (``Packer.attach``), but not
+        where it could not judge that process dead (another pid namespace): it then
+        reads that record with the next item, and every later one with the item of
+        the one after it, so the newest waits until the learner sends another; a
+        learner waiting for that one with nothing more to send waited for ever while
+        the collector beat. Judged as a half-posted
         pack-done message is: only once the shortfall has stayed, at one position of
         the channel, for ``timeout`` (a live get shows it for a moment), and only
         while the collector owes the request (``waiting``): while requests flow the
