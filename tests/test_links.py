@@ -887,3 +887,41 @@ def test_an_external_collector_whose_pid_names_another_process_since_is_gone() -
         other.kill()
         other.wait()
         link.stop(1.0)
+
+
+@pytest.mark.parametrize("watched", [False, True])
+def test_a_collector_gone_while_every_add_raises_writer_died_is_said_to_be(
+        watched: bool) -> None:
+    """A collector restarted after one killed inside an add exits on WriterDied at
+    its first add: the learner said "the collector process (pid N) is gone" (or,
+    watched, "exited with code 1"), the reason only on that process's standard
+    error (helper-105: 1 of 1). The learner reads the buffer's write lock itself:
+    the verdict says that every add raises WriterDied, which is its cause."""
+    from replay_fsm.data import owner
+    from replay_fsm.errors import WriterDied
+
+    rb = ReplayBuffer(64, 3, 2)
+    link = ExternalCollector(rb, 2, 4, attach_timeout=10.0)
+    writer, collector = subprocess.Popen(["true"]), subprocess.Popen(["true"])
+    writer.wait()  # the one killed inside its add: exited and reaped
+    collector.wait()  # the restart, exited on WriterDied
+    try:
+        _, pid_namespace, time_namespace = owner.me()
+        said = f"the collector process (pid {collector.pid}) is gone"
+        if watched:
+            link.watch(Exited(collector.pid, 1), "the collector process")
+            said = f"the collector process (pid {collector.pid}) exited with code 1"
+        link.handle.packer_state[0] = collector.pid
+        gone = link.liveness(True, 60.0)
+        assert gone is not None and gone.reason == said, gone  # no add fails
+        rb._owner.words[:] = torch.tensor([writer.pid | 1 << owner.PID_BITS,
+                                           pid_namespace, time_namespace])
+        gone = link.liveness(True, 60.0)
+        assert gone is not None and gone.reason.startswith(
+            f"{said}, and every add to the replay buffer raises WriterDied: process "
+            f"{writer.pid} died inside an add to this replay buffer"), gone
+        assert isinstance(gone.cause, WriterDied)
+        assert str(gone.cause) in gone.reason
+    finally:
+        rb._owner.words.zero_()
+        link.stop(1.0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import threading
 from typing import Any
 
@@ -19,8 +20,10 @@ import torch
 
 from replay_fsm import CollectorDied, Pipeline, ReplayBuffer
 from replay_fsm.data.packer import Packer, PackerHandle
+from replay_fsm.errors import WriterDied
 from replay_fsm.spec import SlotState
 
+from .collectors import StallingBuffer, constant_rows
 from .drive import packed, reference
 from .support import finishes_within
 
@@ -475,3 +478,57 @@ def test_two_threads_packing_two_ticks_the_dead_collector_read_take_turns() -> N
         go_on.set()
         stop(pipe, new)
 
+
+def attach_and_add(handle: PackerHandle, rb: ReplayBuffer, rows: torch.Tensor) -> None:
+    """Attach, then add ``rows`` (a StallingBuffer's add, stalled: killed inside it)."""
+    Packer.attach(handle, rb)
+    rb.add_packed(rows)
+
+
+def attach_and_collect(handle: PackerHandle, rb: ReplayBuffer, attached: Any) -> None:
+    """The restarted collector: attach, say so, then add and serve (its first add
+    raises WriterDied, which ends it: a traceback on its standard error, code 1)."""
+    packer = Packer.attach(handle, rb)
+    attached.set()
+    while not packer.closed:
+        rb.add_packed(constant_rows(rb, 1000, 4))
+        packer.service(timeout=0.01)
+
+
+def test_a_restart_that_exits_on_writer_died_fails_the_run_saying_so() -> None:
+    """The first collector is killed inside an add, holding the buffer's write lock;
+    the restart's first add raises WriterDied and it exits. The learner's wait said
+    "the collector process (pid N) is gone", the reason only on the restart's
+    standard error (helper-105: 1 of 1); it says that every add raises WriterDied,
+    naming the process killed inside its add, which is the error's cause."""
+    ctx = mp.get_context("spawn")
+    rb = StallingBuffer(64, 2, 1, region_rows=8)
+    rb.add_packed(constant_rows(rb, 0, 64))
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    entered, go = ctx.Event(), ctx.Event()
+    rb.stall = (entered, go)
+    first = ctx.Process(target=attach_and_add,
+                        args=(pipe.packer_handle(), rb, constant_rows(rb, 500, 8)))
+    first.start()
+    rb.stall = None  # this process's adds go straight through
+    try:
+        assert entered.wait(MARGIN_S), "the first collector never reached its add"
+        os.kill(first.pid, signal.SIGKILL)
+        first.join(MARGIN_S)
+        attached = ctx.Event()
+        second = ctx.Process(target=attach_and_collect,
+                             args=(pipe.packer_handle(), rb, attached))
+        second.start()
+        assert attached.wait(MARGIN_S)
+        second.join(MARGIN_S)
+        assert second.exitcode == 1, second.exitcode
+        pipe.start_prepare(0, N, min_snapshot_ptr=rb.ptr + 1)  # rows only it adds
+        with pytest.raises(CollectorDied) as info:
+            pipe.wait_until_ready(0, N, timeout=MARGIN_S)
+        assert str(info.value).startswith(
+            f"tick 0: the collector process (pid {second.pid}) is gone, and every add to "
+            f"the replay buffer raises WriterDied: process {first.pid} died inside an "
+            "add to this replay buffer"), info.value
+        assert isinstance(info.value.__cause__, WriterDied)
+    finally:
+        pipe.close()

@@ -271,6 +271,18 @@ class ReplayBuffer:
         if pid is not None:
             raise WriterDied(self._writer_died(pid, call))
 
+    def dead_writer(self, call: str = "add()") -> WriterDied | None:
+        """The ``WriterDied`` that ``call`` (named so in its message) raises on this
+        buffer now, in any process, because a process died inside an add holding the
+        write lock; None while none did, or while its holder cannot be judged. For the
+        learner, whose collector process died of it (which only that process's
+        standard error said) and is found gone."""
+        try:
+            self._refuse_if_writer_died(call)
+        except WriterDied as exc:
+            return exc
+        return None
+
     def _writer_died(self, pid: int, call: str) -> str:
         odd = (self._seq & 1).nonzero().flatten().tolist()
         runs: list[list[int]] = []

@@ -203,6 +203,7 @@ class ChannelLink(CollectorLink):
             getattr(replay_buffer, "buffer_id", 0))
         self.host_slots = self._handle.host_slots
         self._ring_depth = ring_depth
+        self._replay_buffer: ReplayBuffer | None = replay_buffer
         # The learner's own packs (``take``); it holds the handle too.
         self._learner_packer: Packer | None = Packer(self._handle, replay_buffer)
         if writer_patience is not None:
@@ -296,7 +297,21 @@ class ChannelLink(CollectorLink):
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         self._looks.look(timeout / 2)  # the stretches below count from here on
-        return super().liveness(waiting, timeout)
+        gone = super().liveness(waiting, timeout)
+        return None if gone is None else self._adds_failing(gone)
+
+    def _adds_failing(self, gone: Gone) -> Gone:
+        """``gone`` (a collector process found dead), saying so when every add to the
+        replay buffer raises ``WriterDied`` (a process died inside an add, holding
+        its write lock), with that error as its cause: a collector that exits on it
+        (one restarted after the process killed inside that add) says why only on
+        its own standard error, and the learner said "is gone" and no more."""
+        rb = self._replay_buffer
+        died = None if rb is None else rb.dead_writer()
+        if died is None:
+            return gone
+        return Gone(f"{gone.reason}, and every add to the replay buffer raises "
+                    f"WriterDied: {died}", gone.cause or died)
 
     def _silence(self, who: str, waiting: bool, timeout: float,
                  why: str = "alive but not serving: hung inside a pack?") -> Gone | None:
@@ -365,7 +380,7 @@ class ChannelLink(CollectorLink):
         if self._handle is not None:
             self._handle.close()
             # Our last references: the channels' semaphores are freed with them.
-            self._handle = self._learner_packer = None
+            self._handle = self._learner_packer = self._replay_buffer = None
         return []
 
 
@@ -506,8 +521,8 @@ class ExternalCollector(ChannelLink):
         unreleased = done.unreleased
         if pid and pid != os.getpid() and not self._attached_lives(pid) and (
                 unreleased is None or unreleased or not done.backlog):
-            return self._watched_exit(pid) or Gone(f"the collector process (pid {pid}) is "
-                                                   f"gone")
+            return self._adds_failing(self._watched_exit(pid) or Gone(
+                f"the collector process (pid {pid}) is gone"))
         if unreleased:
             # A live collector inside its put shows this for microseconds; a process
             # attached before it, killed inside its put, for good (at one position
