@@ -19,6 +19,7 @@ from __future__ import annotations
 import _multiprocessing
 import multiprocessing as mp
 import os
+import platform
 import struct
 import time
 from collections import deque
@@ -33,6 +34,13 @@ import torch
 
 from ..signals import start_resource_tracker
 from .shared import small_shared_zeros
+
+# Whether this CPU shows another process one process's stores in the order made
+# (x86's total store order), which ``restore_taken``'s reading of a put's count, its
+# release and its ``released`` cell rests on: Python has no fence to order them on a
+# weakly ordered CPU (ARM, POWER), where nothing is given back (the run goes on a
+# request behind, as before ``restore_taken``).
+STORES_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 
 
 class ChannelClosed(Exception):
@@ -245,9 +253,12 @@ class Channel:
         between counting its record and releasing its item (that put's item would
         be counted as taken too); read again until one is found, for at most
         ``patience_s`` seconds (a producer stopped inside its put): 0 then, nothing
-        given back. 0 too on a closed channel, and where the semaphore's value
-        cannot be read (macOS).
+        given back. 0 too on a closed channel, where the semaphore's value cannot
+        be read (macOS), and on a CPU that may show the put's stores out of order
+        (``STORES_IN_ORDER`` False).
         """
+        if not STORES_IN_ORDER:
+            return 0
         counters = self._counters
         deadline = time.monotonic() + patience_s
         while True:
