@@ -477,7 +477,7 @@ def env_int(name: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``torchrun ... -m replay_fsm.distributed``: one rank of a multi-node run."""
-    from .trainers.cli import add_demo_run_options, learner_threads  # torch-free
+    from .trainers.cli import add_demo_run_options, as_option, learner_threads
     ap = argparse.ArgumentParser(prog="python -m replay_fsm.distributed",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--ticks", type=int, default=100, help="learner ticks")
@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo.runner import output_folder
         output_folder(config.out)  # an --out that is a file raises on, for torchrun
     except (TypeError, ValueError) as exc:  # DemoConfig's, env_int's, local_device's...
-        ap.error(str(exc))
+        ap.error(as_option(str(exc), args))
     summary = rank_main(config)
     # Another rank's stop signal (this rank's own exits in rank_main): Ctrl-C's code,
     # whichever signal it was (the ranks agree on a flag, not on the signal).

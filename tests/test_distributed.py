@@ -138,14 +138,14 @@ def test_a_rank_started_without_torchrun_says_so(
 
 
 @pytest.mark.parametrize("env, argv, message", [
-    ({}, ["--ticks", "-3"], "ticks must be an int >= 1, got -3"),
+    ({}, ["--ticks", "-3"], "--ticks must be an int >= 1, got -3"),
     ({"RANK": "x"}, [], "RANK must be an int >= 0, got 'x'"),
     ({"RANK": "1", "WORLD_SIZE": "1"}, [], "RANK 1 is not in [0, WORLD_SIZE 1)"),  # hung
     ({"RANK": "256", "WORLD_SIZE": "300"}, [], "rank must be in [0, 256), got 256"),
-    ({}, ["--sample-count", "0"], "sample_count"),
+    ({}, ["--sample-count", "0"], "--sample-count must be"),
     ({}, ["--device", "bogus"], "bogus"),
-    ({}, ["--ring-depth", "1"], "ring_depth must be"),
-    ({}, ["--peer-timeout", "1e10"], "peer_timeout must be at most"),
+    ({}, ["--ring-depth", "1"], "--ring-depth must be"),
+    ({}, ["--peer-timeout", "1e10"], "--peer-timeout must be at most"),
     ({}, ["--learner-threads", "-1"], "--learner-threads must be >= 0"),
     ({}, ["--out", ""], "--out '' names no folder; write --out . for the current folder"),
 ] + ([] if torch.cuda.is_available() else [

@@ -95,6 +95,18 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
+def as_option(text: str, args: argparse.Namespace) -> str:
+    """``text`` with the setting it opens with (``num_envs must be >= 1``, as the
+    configs and the pipeline name their fields) written as the option that sets it
+    (``--num-envs must be >= 1``), where the command has that option: its user sets
+    options, not fields."""
+    name = text.split(" ", 1)[0]
+    if (name in vars(args) and name not in ("command", "fn", "file")
+            and text.startswith(f"{name} must ")):
+        return f"--{name.replace('_', '-')}{text[len(name):]}"
+    return text
+
+
 MAX_LEARNER_THREADS = 256
 
 
