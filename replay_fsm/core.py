@@ -273,9 +273,16 @@ def as_seconds(name: str, value: object, *, none_ok: bool = False) -> float | No
 def seconds_of(value: object) -> float:
     """``value`` as a float where it is a real number (numpy's included) and not a
     bool, else nan, which every bound on seconds refuses; an int past float's range
-    is inf."""
+    is inf. numpy's timedelta64 registers as an integer but counts its own unit
+    (float() of 2 ns was 2.0 seconds, of 2 s a TypeError): it is no integer to
+    ``operator.index``, so it is refused too."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return math.nan
+    if isinstance(value, numbers.Integral):
+        try:
+            value = operator.index(value)
+        except TypeError:
+            return math.nan
     try:
         return float(value)
     except OverflowError:

@@ -213,6 +213,19 @@ def test_seconds_take_any_real_number_numpys_included_and_no_bool() -> None:
     assert as_seconds("stall_timeout", None, none_ok=True) is None
 
 
+def test_a_numpy_timedelta_is_no_number_of_seconds() -> None:
+    """numpy registers timedelta64 as an integer: np.timedelta64(2, 'ns') passed as
+    2.0 seconds (a billion times its length), np.timedelta64(2, 's') raised float()'s
+    TypeError, where a bound in seconds refuses what it cannot read (helper-108)."""
+    import numpy as np
+
+    for bad in (np.timedelta64(2, "ns"), np.timedelta64(2, "s"), np.timedelta64(1, "Y"),
+                np.timedelta64("NaT")):
+        with pytest.raises(ValueError, match=r"^liveness_timeout must be a finite number "
+                                             r"of seconds > 0, got "):
+            as_seconds("liveness_timeout", bad)
+
+
 def test_seeds_use_the_whole_63_bit_range_and_no_more() -> None:
     core = Core(2, base_seed=MAX_SEED)  # the largest seed is allowed
     assert core.request(0).seed == MAX_SEED
