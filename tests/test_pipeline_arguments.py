@@ -82,6 +82,28 @@ def test_a_device_other_than_the_backend_instances_is_refused_naming_both() -> N
         build_backend("cuda:0", on_second)
 
 
+def test_a_type_with_one_device_is_that_device_with_an_index_or_without() -> None:
+    """Pipeline(device="cpu:0", backend=CpuBackend()) was refused as "device 'cpu:0'
+    differs from the device of the backend instance, 'cpu'", and "mps:0" beside an
+    AcceleratorBackend("mps") as well: torch has one CPU and one MPS device, which
+    either name (helper-108)."""
+    from replay_fsm.transfer import build_backend
+    from replay_fsm.transfer.cpu import CpuBackend
+    from replay_fsm.transfer.emulated import EmulatedBackend
+
+    for device in ("cpu:0", torch.device("cpu", 0)):
+        with Pipeline(buffer(), sample_count=8, device=device, backend=CpuBackend()) as pipe:
+            assert pipe.device == torch.device("cpu")
+    on_mps = EmulatedBackend("cpu")
+    on_mps.device = torch.device("mps")  # by the devices alone: no MPS needed
+    assert build_backend("mps:0", on_mps) is on_mps
+    index_less = EmulatedBackend("cpu")
+    index_less.device = torch.device("cuda")  # the current one: cuda:0 may be another
+    with pytest.raises(ValueError, match="^device 'cuda:0' differs from the device of "
+                                         "the backend instance, 'cuda' "):
+        build_backend("cuda:0", index_less)
+
+
 def test_a_collector_link_instance_gives_its_kind() -> None:
     rb = buffer()
     with Pipeline(rb, sample_count=8, collector=ThreadCollector(rb, 2, 8)) as pipe:

@@ -87,8 +87,9 @@ def build_backend(device: str | torch.device | None,
     """The backend for ``device``: an instance passed in, a registered name, or the
     device's default. ``device`` None: an instance's own device, else the CPU. Given
     with an instance, it must name the instance's device (one without an index,
-    "cuda", names any device of its type): the instance copies to its own device,
-    and a ``device`` it ignored silently would be a wish not granted.
+    "cuda", names any device of its type; "cpu:0" is "cpu", "mps:0" "mps"): the
+    instance copies to its own device, and a ``device`` it ignored silently would be
+    a wish not granted.
 
     Raises:
         ValueError: an unknown device or backend name, an option the backend does not
@@ -106,7 +107,7 @@ def build_backend(device: str | torch.device | None,
         own = _with_device(backend).device
         if device is not None:
             dev, own = parse_device(device), parse_device(own)
-            if dev.type != own.type or dev.index not in (None, own.index):
+            if not _names(dev, own):
                 raise ValueError(
                     f"device {str(dev)!r} differs from the device of the backend "
                     f"instance, {str(own)!r} ({type(backend).__name__}), which is where "
@@ -134,6 +135,17 @@ def build_backend(device: str | torch.device | None,
         raise TypeError(f"backend {name!r}: its factory returned "
                         f"{type(built).__name__}, not a TransferBackend instance")
     return _with_device(built)
+
+
+# Device types torch has one device of: any index names that one.
+_ONE_DEVICE = ("cpu", "mps")
+
+
+def _names(device: torch.device, own: torch.device) -> bool:
+    """Whether ``device`` names ``own``, a backend instance's device: the same type,
+    and the same index, no index, or a type with one device ("cpu:0" is "cpu")."""
+    return device.type == own.type and (device.index in (None, own.index)
+                                        or device.type in _ONE_DEVICE)
 
 
 def _with_device(backend: TransferBackend) -> TransferBackend:
