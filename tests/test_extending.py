@@ -144,6 +144,27 @@ def test_a_backend_written_wrongly_is_named_with_what_to_fix() -> None:
             unregister_backend(name)
 
 
+def test_a_factory_missing_an_option_is_not_said_to_refuse_the_device() -> None:
+    """A factory ``(device, *, size)`` built with no backend_options was said to be
+    one that "does not take the device: missing a required argument: 'size'" (the
+    device-less factory's words, given wherever no option was; helper-108)."""
+
+    def sized(device: str, *, size: int) -> SubmitOnly:
+        return SubmitOnly(device)
+
+    register_backend("sized", sized)
+    try:
+        with pytest.raises(ValueError, match=r"^backend 'sized' needs backend_options, "
+                                             r"and none were given: missing a required "
+                                             r"argument: 'size'; its signature: "):
+            Pipeline(buffer(), sample_count=8, backend="sized")
+        with Pipeline(buffer(), sample_count=8, backend="sized",
+                      backend_options={"size": 1}) as pipe:
+            assert pipe.device == torch.device("cpu")
+    finally:
+        unregister_backend("sized")
+
+
 def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:
     """``backend="cuda"`` with ``device="cpu"``: torch's "Torch not compiled with CUDA
     enabled" here, and a silent cuda:0 on a machine with CUDA."""

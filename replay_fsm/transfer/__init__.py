@@ -93,9 +93,9 @@ def build_backend(device: str | torch.device | None,
 
     Raises:
         ValueError: an unknown device or backend name, an option the backend does not
-            take (or a factory that does not take the device), options given with an
-            instance, a device other than the instance's, or a device this machine
-            lacks.
+            take or one it needs (or a factory that does not take the device), options
+            given with an instance, a device other than the instance's, or a device
+            this machine lacks.
         TypeError: ``backend`` is neither a name nor a TransferBackend, a registered
             factory built something else, or the backend has no ``device`` (an
             ``__init__`` of its own that neither set it nor called the base's).
@@ -121,15 +121,23 @@ def build_backend(device: str | torch.device | None,
     name = backend or default_backend(dev)
     factory = factory_of(name)
     try:
-        inspect.signature(factory).bind(dev, **options)
-    except TypeError as exc:
-        what = (f"does not take the options {sorted(options)}" if options else
-                "is built as factory(device, **backend_options) and does not take the "
-                "device")
-        raise ValueError(f"backend {name!r} {what}: {exc}; its signature: "
-                         f"{inspect.signature(factory)}") from exc
-    except ValueError:  # no signature to check (a builtin callable): let it decide
-        pass
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # no signature to check (a builtin): let it decide
+        signature = None
+    if signature is not None:
+        try:
+            signature.bind(dev, **options)
+        except TypeError as exc:
+            try:
+                signature.bind_partial(dev)
+            except TypeError:
+                what = ("is built as factory(device, **backend_options) and does not "
+                        "take the device")
+            else:  # the device is taken: an option is not, or one it needs is missing
+                what = (f"does not take the options {sorted(options)}" if options else
+                        "needs backend_options, and none were given")
+            raise ValueError(f"backend {name!r} {what}: {exc}; its signature: "
+                             f"{signature}") from exc
     built = factory(dev, **options)
     if not isinstance(built, TransferBackend):
         raise TypeError(f"backend {name!r}: its factory returned "
