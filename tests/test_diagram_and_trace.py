@@ -494,6 +494,20 @@ def test_a_log_cut_short_inside_its_last_line_says_so(tmp_path: Path) -> None:
     assert "cut short" not in str(info.value)
 
 
+def test_a_line_of_text_is_not_said_to_be_a_log_cut_short(tmp_path: Path) -> None:
+    """A one-line text file with no end of line ('hello') was "not JSON lines: line 1:
+    Expecting value (the file's last line, with no end of line: the log was cut
+    short)" (helper-108): a record begins with '{', and a cut one too."""
+    for text in ("hello", "not a log\nat all"):
+        path = tmp_path / "notes.txt"
+        path.write_text(text)
+        with pytest.raises(TraceFileError) as info:
+            load(path)
+        assert str(info.value).startswith(f"{path} is not JSON lines: line 1: Expecting "
+                                          "value")
+        assert "cut short" not in str(info.value)
+
+
 @pytest.mark.parametrize("key,value,word,names", [
     ("to", "pending", "state", "idle, requested, submitted, ready, hot, failed, closed"),
     ("from", "pending", "state", "idle, requested, submitted, ready, hot, failed, closed"),

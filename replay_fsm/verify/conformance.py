@@ -119,7 +119,7 @@ def load(path: str | Path) -> list[dict[str, Any]]:
         raise TraceFileError(f"{path} is not text (JSON lines): byte {exc.start} is not "
                              f"{exc.encoding}") from exc
     stripped = text.lstrip()
-    number = 0  # the file's line being read (json's own lineno counts in that line)
+    number, line = 0, ""  # the file's line being read (json's lineno counts in that line)
     try:
         if stripped.startswith("["):
             records = json.loads(text)
@@ -133,8 +133,10 @@ def load(path: str | Path) -> list[dict[str, Any]]:
         whole = _one_document(stripped)  # one object over several lines: what it is
         if isinstance(whole, dict):
             raise TraceFileError(_not_a_log(path, whole)) from exc
+        # a record cut inside: a last line with no end of line that begins as one
         cut = (" (the file's last line, with no end of line: the log was cut short)"
-               if number and number == text.count("\n") + 1 else "")
+               if number and number == text.count("\n") + 1
+               and line.lstrip().startswith("{") else "")
         raise TraceFileError(f"{path} is not {_kind(stripped)}: line "
                              f"{number or exc.lineno}: {exc.msg}{cut}") from exc
     except (ValueError, RecursionError) as exc:  # a number too long, nesting too deep
