@@ -970,3 +970,28 @@ def test_a_restart_gives_back_the_item_a_predecessor_surely_dead_took() -> None:
         assert h.requests.unreleased == 1 - given_back, namespace
     got = h.requests.get(timeout=0)
     assert got is not None and decode(PackRequest, got[0]).tick == 0
+
+
+@IN_ORDER
+def test_a_restart_without_the_claim_lock_gives_nothing_back() -> None:
+    """An attach that could not take the claim lock (held for its whole look) goes
+    on without it; two such restarts at once would each give the same item back, a
+    get then taking an item no record is behind (helper-109). Without the lock,
+    nothing is given back: the restart reads a request behind, as before."""
+    import subprocess
+
+    from replay_fsm.data import owner
+
+    rb, h = make()
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    h.requests.put(request(0, 0, 32))
+    assert h.requests._items.acquire(timeout=1.0)  # its get took the item, and it died
+    h.packer_state[0] = gone.pid
+    h.packer_state[3:6] = torch.tensor([gone.pid | 1 << owner.PID_BITS, *owner.me()[1:]])
+    assert h.claim_lock.acquire(timeout=1.0)  # held by another attach
+    try:
+        Packer.attach(h, rb)
+    finally:
+        h.claim_lock.release()
+    assert h.requests.unreleased == 1

@@ -431,10 +431,12 @@ class Packer:
                 # Set before the pid: a learner that sees this process sees them.
                 handle.packer_state[READ_BEFORE] = handle.requests.taken
                 handle.packer_state[PREDECESSOR] = pid
-                if not record[0] or owner.lives(record) is False:  # surely gone
-                    # Killed inside its get, it took a request's item and never
-                    # counted the request read: this process reads that request
-                    # next, with its own item again, not every request one behind.
+                if locked and (not record[0] or owner.lives(record) is False):
+                    # Surely gone. Killed inside its get, it took a request's item
+                    # and never counted the request read: this process reads that
+                    # request next, with its own item again, not every request one
+                    # behind. Only under the claim lock: two restarts attaching at
+                    # once would each give the same item back.
                     handle.requests.restore_taken(LEARNER_CHECK_S)
             handle.packer_state[RECORD:RECORD + 3] = torch.tensor(owner.me())
             handle.packer_state[BEAT] = time.monotonic_ns()
