@@ -925,3 +925,38 @@ def test_a_collector_gone_while_every_add_raises_writer_died_is_said_to_be(
     finally:
         rb._owner.words.zero_()
         link.stop(1.0)
+
+
+def test_a_packer_thread_exited_while_every_add_raises_writer_died_is_said_to_be(
+        ) -> None:
+    """Every kind of collector's verdict says so when every add raises WriterDied,
+    not only an external collector's "is gone": the thread collector's "the packer
+    thread exited" said no more (the check ran in two of the verdicts of one kind)."""
+    from replay_fsm.data import owner
+    from replay_fsm.errors import WriterDied
+
+    rb = ReplayBuffer(64, 3, 2)
+    link = links.ThreadCollector(rb, 2, 4)
+    writer = subprocess.Popen(["true"])
+    writer.wait()  # killed inside its add: exited and reaped
+    failed: list[BaseException] = []
+    link.start(failed.append)
+    try:
+        link.handle.close()  # the packer thread sees it and returns
+        thread = link._thread
+        assert thread is not None
+        thread.join(MARGIN_S)
+        assert not thread.is_alive()
+        assert link.liveness(True, 60.0) == links.Gone("the packer thread exited")
+        _, pid_namespace, time_namespace = owner.me()
+        rb._owner.words[:] = torch.tensor([writer.pid | 1 << owner.PID_BITS,
+                                           pid_namespace, time_namespace])
+        gone = link.liveness(True, 60.0)
+        assert gone is not None and gone.reason.startswith(
+            "the packer thread exited, and every add to the replay buffer raises "
+            f"WriterDied: process {writer.pid} died inside an add"), gone
+        assert isinstance(gone.cause, WriterDied)
+    finally:
+        rb._owner.words.zero_()
+        link.stop(1.0)
+    assert not failed

@@ -297,15 +297,22 @@ class ChannelLink(CollectorLink):
 
     def liveness(self, waiting: bool, timeout: float) -> Gone | None:
         self._looks.look(timeout / 2)  # the stretches below count from here on
-        gone = super().liveness(waiting, timeout)
+        gone = self._verdict(waiting, timeout)
         return None if gone is None else self._adds_failing(gone)
 
+    def _verdict(self, waiting: bool, timeout: float) -> Gone | None:
+        """Why the other side cannot serve requests (arguments as ``liveness``'s);
+        None while it can. Here a watched process's exit; each kind of collector
+        extends it, its checks in the order their verdicts come first, and
+        ``liveness`` adds to any verdict what the replay buffer says of every add."""
+        return super().liveness(waiting, timeout)
+
     def _adds_failing(self, gone: Gone) -> Gone:
-        """``gone`` (a collector process found dead), saying so when every add to the
-        replay buffer raises ``WriterDied`` (a process died inside an add, holding
-        its write lock), with that error as its cause: a collector that exits on it
-        (one restarted after the process killed inside that add) says why only on
-        its own standard error, and the learner said "is gone" and no more."""
+        """``gone`` (any verdict), saying so when every add to the replay buffer
+        raises ``WriterDied`` (a process died inside an add, holding its write lock),
+        with that error as its cause: a collector that exits on it (one restarted
+        after the process killed inside that add) says why only on its own standard
+        error, and the learner said "is gone" and no more."""
         rb = self._replay_buffer
         died = None if rb is None else rb.dead_writer()
         if died is None:
@@ -412,10 +419,10 @@ class ThreadCollector(ChannelLink):
         self._thread = threading.Thread(target=serve, name="replay_fsm-packer", daemon=True)
         self._thread.start()
 
-    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+    def _verdict(self, waiting: bool, timeout: float) -> Gone | None:
         if self._thread is not None and not self._thread.is_alive():
             return Gone("the packer thread exited", self._error)
-        return super().liveness(waiting, timeout) or self._silence(
+        return super()._verdict(waiting, timeout) or self._silence(
             "the packer thread", waiting, timeout)
 
     def stop(self, timeout: float) -> list[str]:
@@ -447,12 +454,12 @@ class ProcessCollector(ChannelLink):
         _PACKERS.add(self.process)  # first: a Ctrl-C start_ignoring raises comes after
         start_ignoring(self.process)  # the learner decides what Ctrl-C means
 
-    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
+    def _verdict(self, waiting: bool, timeout: float) -> Gone | None:
         proc = self.process
         if not proc.is_alive():
             return Gone(f"the packer process (pid {proc.pid}) exited with code "
                         f"{proc.exitcode}")
-        gone = super().liveness(waiting, timeout) or self._silence(
+        gone = super()._verdict(waiting, timeout) or self._silence(
             f"the packer process (pid {proc.pid})", waiting, timeout)
         if gone is None and self._handle is not None and not self._handle.done.backlog:
             waited = self._attach_overdue()
@@ -507,8 +514,8 @@ class ExternalCollector(ChannelLink):
         # pack-done message not received: when liveness first found each so.
         self._lost_since: dict[tuple[int, int], int] = {}
 
-    def liveness(self, waiting: bool, timeout: float) -> Gone | None:
-        gone = super().liveness(waiting, timeout)
+    def _verdict(self, waiting: bool, timeout: float) -> Gone | None:
+        gone = super()._verdict(waiting, timeout)
         if gone is not None:
             return gone
         if self._handle is None:
@@ -521,8 +528,8 @@ class ExternalCollector(ChannelLink):
         unreleased = done.unreleased
         if pid and pid != os.getpid() and not self._attached_lives(pid) and (
                 unreleased is None or unreleased or not done.backlog):
-            return self._adds_failing(self._watched_exit(pid) or Gone(
-                f"the collector process (pid {pid}) is gone"))
+            return self._watched_exit(pid) or Gone(
+                f"the collector process (pid {pid}) is gone")
         if unreleased:
             # A live collector inside its put shows this for microseconds; a process
             # attached before it, killed inside its put, for good (at one position
