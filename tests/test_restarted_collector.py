@@ -29,7 +29,7 @@ from .drive import packed, reference
 from .support import finishes_within
 
 # restore_taken gives nothing back where the CPU may reorder a put's stores
-IN_ORDER = pytest.mark.skipif(not STORES_IN_ORDER, reason="x86 only: restore_taken "
+IN_ORDER = pytest.mark.skipif(not STORES_IN_ORDER, reason="64-bit x86 only: restore_taken "
                               "gives nothing back on a weakly ordered CPU")
 
 pytestmark = pytest.mark.slow

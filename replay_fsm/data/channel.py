@@ -35,12 +35,22 @@ import torch
 from ..signals import start_resource_tracker
 from .shared import small_shared_zeros
 
-# Whether this CPU shows another process one process's stores in the order made
-# (x86's total store order), which ``restore_taken``'s reading of a put's count, its
-# release and its ``released`` cell rests on: Python has no fence to order them on a
-# weakly ordered CPU (ARM, POWER), where nothing is given back (the run goes on a
+
+def orders_stores(machine: str, pointer_bits: int) -> bool:
+    """Whether a CPU of ``platform.machine()`` name ``machine``, under an interpreter
+    of ``pointer_bits``-bit pointers, shows another process one process's stores in
+    the order made, each whole: x86's total store order, and a 64-bit interpreter's
+    8-byte stores of the channel's counters in one instruction (a 32-bit one may
+    split them in two, and a count read between its halves is off by 2**32 once the
+    counts pass it). Python has no fence to order them on a weakly ordered CPU (ARM,
+    POWER)."""
+    return machine.lower() in ("x86_64", "amd64") and pointer_bits == 64
+
+
+# Whether ``restore_taken``'s reading of a put's count, its release and its
+# ``released`` cell holds here; where not, nothing is given back (the run goes on a
 # request behind, as before ``restore_taken``).
-STORES_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+STORES_IN_ORDER = orders_stores(platform.machine(), struct.calcsize("P") * 8)
 
 
 class ChannelClosed(Exception):
