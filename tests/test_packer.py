@@ -985,6 +985,35 @@ def test_a_restart_gives_back_the_item_a_predecessor_surely_dead_took() -> None:
 
 
 @IN_ORDER
+def test_a_restart_given_its_dead_predecessors_pid_is_a_restart() -> None:
+    """A collector restarted with the pid its dead predecessor had (given again, or
+    a restarted container's first process) was taken for that process attaching
+    again: no predecessor recorded, so the requests the dead one read were never
+    known lost, and the item it took inside its get was never given back (helper-109).
+    The record tells them apart; the same process attaching again is no restart."""
+    import os
+
+    from replay_fsm.data import owner
+
+    rb, h = make()
+    token, pid_namespace, time_namespace = owner.me()
+    h.requests.put(request(0, 0, 32))
+    assert h.requests.get(timeout=0) is not None  # the dead one read tick 0's request
+    h.requests.put(request(1, 1, 32))
+    assert h.requests._items.acquire(timeout=1.0)  # and took tick 1's item, and died
+    h.packer_state[0] = os.getpid()
+    h.packer_state[3:6] = torch.tensor([token + (1 << owner.PID_BITS), pid_namespace,
+                                        time_namespace])  # my pid, another start
+    Packer.attach(h, rb)
+    assert h.predecessor == (1, os.getpid())
+    assert h.requests.unreleased == 0  # given back
+    Packer.attach(h, rb)  # this process again: no restart
+    assert h.predecessor == (1, os.getpid()) and h.requests.unreleased == 0
+    got = h.requests.get(timeout=0)
+    assert got is not None and decode(PackRequest, got[0]).tick == 1
+
+
+@IN_ORDER
 def test_a_restart_without_the_claim_lock_gives_nothing_back() -> None:
     """An attach that could not take the claim lock (held for its whole look) goes
     on without it; two such restarts at once would each give the same item back, a

@@ -381,7 +381,8 @@ class Packer:
         """Become the packer of ``handle`` in this (collector) process; the learner
         side then watches this process's pid for liveness. One packer process per
         handle: its request channel has one reader. A collector restarted after its
-        packer process died attaches again, and records how many requests the dead
+        packer process died attaches again (with the dead one's pid or another), and
+        records how many requests the dead
         one had read (``PackerHandle.predecessor``): those it never sees. The learner
         packs one of them whose chunks nobody claimed (learner_packs), in any wait
         or poll for it (the oldest requested tick or a later one); one the dead
@@ -415,17 +416,21 @@ class Packer:
         locked = handle.claim_lock.acquire(timeout=LEARNER_CHECK_S)
         try:
             pid, record = handle.packer_pid, handle.packer_record
+            # This process attached before, unless its record is another's: a
+            # collector restarted with its dead predecessor's pid (given it again, or
+            # in another pid namespace, as a restarted container's first process).
+            again = pid == os.getpid() and (not record[0] or record == owner.me())
             # Judged by its record: its pid may name another process since (a collector
             # restarted after a SIGKILL); from another pid namespace (a restarted
             # container) it cannot be judged, and the restart attaches.
-            if pid not in (0, os.getpid()) and (
+            if pid and not again and (
                     owner.lives(record) if record[0] else process_alive(pid)):
                 raise ProtocolError(
                     f"process {pid} is attached to this packer handle already: one "
                     "packer process per pipeline (the request channel has one reader); "
                     "let that process serve every request, or give each collector a "
                     "pipeline of its own")
-            if pid not in (0, os.getpid()):
+            if pid and not again:
                 # Another process's packer was attached, and is gone: what it read off
                 # the request channel and left undone is lost with it (``stranded``).
                 # Set before the pid: a learner that sees this process sees them.
