@@ -427,6 +427,21 @@ def add_beside_own_pause(handle: PackerHandle, rb: ReplayBuffer, attached: Any,
     print("collector: its pause and its add ended", file=sys.stderr, flush=True)
 
 
+def attach_and_let_go(handle: PackerHandle, rb: ReplayBuffer, answers: Any) -> None:
+    """Attach to ``handle`` (which starts this process's learner-watch thread), let
+    the packer go, and put how many watch threads run and whether the packer is
+    gone once collected."""
+    import gc
+    import weakref
+
+    packer = Packer.attach(handle, rb)
+    gone = weakref.ref(packer)
+    watches = sum(t.name == "replay_fsm-learner-watch" for t in threading.enumerate())
+    del packer
+    gc.collect()
+    answers.put((watches, gone() is None))
+
+
 def attach_and_count_watches(handles: list[PackerHandle], rb: ReplayBuffer,
                              attaches: int, answers: Any) -> None:
     """Attach to ``handles[0]`` ``attaches`` times, then put how many learner-watch

@@ -739,6 +739,27 @@ def test_attaching_again_starts_no_more_learner_watch_threads() -> None:
     assert proc.exitcode == 0
 
 
+def test_the_learner_watch_thread_keeps_no_packer_alive() -> None:
+    """The learner-watch thread ran a bound method of the first packer attached in
+    the process, which it kept, with its handle's channels and host slots, for the
+    process's life (helper-104). It holds the learner's pid and the buffer only."""
+    from .collectors import attach_and_let_go
+
+    rb, h = make()
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    proc = ctx.Process(target=attach_and_let_go, args=(h, rb, answers))
+    proc.start()
+    try:
+        assert answers.get(timeout=120) == (1, True)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    assert proc.exitcode == 0
+
+
 def test_a_pipelines_handle_refuses_another_buffer_of_the_same_width() -> None:
     """A collector that built its own buffer (same width, other dims) instead of using
     the learner's: attaching it to the pipeline's handle raises, where the batches

@@ -613,7 +613,7 @@ def test_the_orphan_watch_ends_a_process_only_on_two_looks_in_a_row(
     from types import SimpleNamespace
 
     import replay_fsm.data.packer as packer_module
-    from replay_fsm.data.packer import ORPHAN_EXIT_CODE, ORPHANED_ADD_S, Packer
+    from replay_fsm.data.packer import ORPHAN_EXIT_CODE, ORPHANED_ADD_S, LearnerWatch
 
     class Exited(Exception):
         pass
@@ -631,8 +631,7 @@ def test_the_orphan_watch_ends_a_process_only_on_two_looks_in_a_row(
     monkeypatch.setattr(packer_module.time, "sleep",
                         lambda s: now.__setitem__(0, now[0] + int(60e9)))
     monkeypatch.setattr(packer_module.os, "_exit", exit_)
-    watch = SimpleNamespace(_learner_alive=lambda: False, replay_buffer=rb,
-                            _learner_pid=1)
+    monkeypatch.setattr(packer_module, "learner_lives", lambda pid, is_parent: False)
     with pytest.raises(Exited) as info:
-        Packer._watch_orphaned_adds(watch)  # type: ignore[arg-type]
+        LearnerWatch(1, False, rb).run()  # type: ignore[arg-type]
     assert info.value.args == (ORPHAN_EXIT_CODE,) and looks == [0.0]

@@ -115,6 +115,57 @@ def _takes_retrying(gather: Callable[..., Any]) -> bool:
                for p in parameters)
 
 
+def learner_lives(pid: int, is_parent: bool) -> bool:
+    """Whether the learner, ``pid`` (0: none recorded), still runs, as a packer
+    process sees it; ``is_parent``: it spawned this process, which is orphaned the
+    moment it exits, even while it lingers as a zombie nobody has reaped yet."""
+    if pid in (0, os.getpid()):
+        return True  # a packer thread in the learner's own process
+    if is_parent:
+        return os.getppid() == pid
+    return process_alive(pid)
+
+
+class LearnerWatch:
+    """A collector process's daemon thread, one per learner and replay buffer
+    (``Packer.attach``): once the learner is gone, an add of this process still
+    waiting for the write lock ORPHANED_ADD_S later waits for ever, and the process
+    exits. It holds the learner's pid and the buffer, not the packer that started it
+    (which kept that packer's channels for the process's life)."""
+
+    def __init__(self, learner_pid: int, learner_is_parent: bool,
+                 replay_buffer: ReplayBuffer) -> None:
+        self._learner_pid = learner_pid
+        self._learner_is_parent = learner_is_parent
+        self.replay_buffer = replay_buffer
+
+    def run(self) -> None:
+        """The thread's loop: ORPHANED_ADD_S counts from when the add began, or from
+        when the learner was found gone if that is later."""
+        while learner_lives(self._learner_pid, self._learner_is_parent):
+            time.sleep(LEARNER_CHECK_S)
+        gone_ns = time.monotonic_ns()
+        rb = self.replay_buffer
+        # Found so at two looks in a row: one look can fall between a pause of this
+        # process ending and the add it held off taking the lock.
+        looks = 0
+        while looks < 2:
+            waited = rb.add_waiting_s()
+            stuck = min(waited, (time.monotonic_ns() - gone_ns) / 1e9) >= ORPHANED_ADD_S
+            looks = looks + 1 if waited and stuck else 0
+            if looks < 2:
+                time.sleep(LEARNER_CHECK_S)
+        with contextlib.suppress(Exception):  # standard error closed, say: exit all the same
+            sys.stderr.write(
+                f"replay_fsm: the learner (pid {self._learner_pid}) is gone and an add of "
+                f"this process (pid {os.getpid()}) has waited {waited:.0f} s for the "
+                f"replay buffer's write lock, which a pause of the learner's "
+                f"(adds_paused(), a save's last pass) holds for good: exiting with code "
+                f"{ORPHAN_EXIT_CODE}\n")
+            sys.stderr.flush()
+        os._exit(ORPHAN_EXIT_CODE)
+
+
 @dataclass
 class PackerHandle:
     """What the learner side gives a packer: channels, host slots, a pid cell, the
@@ -455,43 +506,18 @@ class Packer:
 
     def _start_learner_watch(self) -> None:
         """Start this process's daemon thread that watches the learner for this
-        learner and replay buffer (``_watch_orphaned_adds``), unless one runs."""
+        learner and replay buffer (``LearnerWatch``), unless one runs."""
         key = (self._learner_pid, id(self.replay_buffer))  # the thread keeps it alive
         with _WATCHES_LOCK:
             running = _WATCHES.get(key)
             if running is not None and running.is_alive():
                 return
-            thread = threading.Thread(target=self._watch_orphaned_adds, daemon=True,
+            watch = LearnerWatch(self._learner_pid, self._learner_is_parent,
+                                 self.replay_buffer)
+            thread = threading.Thread(target=watch.run, daemon=True,
                                       name="replay_fsm-learner-watch")
             thread.start()
             _WATCHES[key] = thread
-
-    def _watch_orphaned_adds(self) -> None:
-        """A collector process's daemon thread: once the learner is gone, an add of this
-        process still waiting for the write lock ORPHANED_ADD_S later (since it began,
-        or since the learner was found gone) waits for ever: the process exits."""
-        while self._learner_alive():
-            time.sleep(LEARNER_CHECK_S)
-        gone_ns = time.monotonic_ns()
-        rb = self.replay_buffer
-        # Found so at two looks in a row: one look can fall between a pause of this
-        # process ending and the add it held off taking the lock.
-        looks = 0
-        while looks < 2:
-            waited = rb.add_waiting_s()
-            stuck = min(waited, (time.monotonic_ns() - gone_ns) / 1e9) >= ORPHANED_ADD_S
-            looks = looks + 1 if waited and stuck else 0
-            if looks < 2:
-                time.sleep(LEARNER_CHECK_S)
-        with contextlib.suppress(Exception):  # standard error closed, say: exit all the same
-            sys.stderr.write(
-                f"replay_fsm: the learner (pid {self._learner_pid}) is gone and an add of "
-                f"this process (pid {os.getpid()}) has waited {waited:.0f} s for the "
-                f"replay buffer's write lock, which a pause of the learner's "
-                f"(adds_paused(), a save's last pass) holds for good: exiting with code "
-                f"{ORPHAN_EXIT_CODE}\n")
-            sys.stderr.flush()
-        os._exit(ORPHAN_EXIT_CODE)
 
     @property
     def closed(self) -> bool:
@@ -618,12 +644,7 @@ class Packer:
         return True
 
     def _learner_alive(self) -> bool:
-        pid = self._learner_pid
-        if pid in (0, os.getpid()):
-            return True  # a packer thread in the learner's own process
-        if self._learner_is_parent:
-            return os.getppid() == pid
-        return process_alive(pid)
+        return learner_lives(self._learner_pid, self._learner_is_parent)
 
     def _orphaned(self) -> None:
         """The learner is gone: stop serving and leave no named object behind."""
