@@ -1057,3 +1057,108 @@ def test_a_restart_without_the_claim_lock_gives_nothing_back() -> None:
     finally:
         h.claim_lock.release()
     assert h.requests.unreleased == 1
+
+
+def _get_killed_after_its_count(ch: Channel) -> None:
+    """What a consumer killed inside its get, between counting its record taken and
+    freeing the record's place, did: took the item, counted the record, freed
+    nothing."""
+    assert ch._items.acquire(timeout=1.0)
+    ch._counters[0] += 1
+
+
+@IN_ORDER
+def test_a_consumer_killed_inside_its_get_after_its_count_has_its_place_given_back(
+        ) -> None:
+    """A consumer killed between counting a record taken and freeing its place left
+    the ring a place short for good: each such death one more, until the producer's
+    put waited for ever (a restarted collector's: the learner failed with "request
+    channel stayed full" after 4 kills at ring_depth 2, helper-112). A consumer in
+    its place gives the place back, once: the ring holds ``capacity`` records
+    again."""
+    ch = Channel(4, 1)
+    assert ch.put([1]) and ch.put([2])
+    _get_killed_after_its_count(ch)
+    assert ch._spaces.get_value() == ch.capacity - ch.backlog - 1  # one place lost
+    assert ch.lost_spaces == 1
+    assert ch.restore_spaces(1.0) == 1
+    assert ch.lost_spaces == 0
+    assert [ch.put([k], timeout=0) for k in (3, 4, 5, 6)] == [True, True, True, False]
+    assert ch.restore_spaces(1.0) == 0  # nothing lost: nothing given back
+    assert [ch.get(timeout=0) for _ in range(5)] == [
+        ([2], None), ([3], None), ([4], None), ([5], None), None]
+
+
+def test_on_a_cpu_that_may_reorder_a_puts_stores_no_place_is_given_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """As restore_taken: the reading that proves no put holds a place it has not
+    counted rests on x86's store order; elsewhere the place stays lost."""
+    from replay_fsm.data import channel as channel_module
+
+    monkeypatch.setattr(channel_module, "STORES_IN_ORDER", False)
+    ch = Channel(4, 1)
+    assert ch.put([1]) and ch.put([2])
+    _get_killed_after_its_count(ch)
+    assert ch.restore_spaces(1.0) == 0
+    assert ch.lost_spaces == 1
+
+
+@IN_ORDER
+def test_a_put_between_taking_its_place_and_counting_its_record_is_not_taken_for_a_lost_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A put takes a place, then counts its record: in between, the spaces semaphore
+    is one short as after a dead consumer's get. That place must not be given back
+    too (a later put would then write over a record not read yet, INV-DATA), so the
+    shortfall is read only once no put may hold a place it has not counted: waited
+    out, or, past the patience, nothing is given back."""
+    import time
+    from types import SimpleNamespace
+
+    from replay_fsm.data import channel as channel_module
+
+    ch = Channel(4, 1)
+
+    def begin_a_put() -> None:  # Channel.put up to its acquire
+        ch._counters[4] += 1
+        assert ch._spaces.acquire(timeout=1.0)
+
+    def end_the_put(value: int) -> None:  # and from there
+        i = ch._counters[1] % ch.capacity
+        ch._bytes[i * ch._record.size:(i + 1) * ch._record.size] = ch._record.pack(
+            value, -1)
+        ch._counters[1] += 1
+        ch._counters[5] = ch._counters[4]
+        ch._items.release()
+        ch._counters[3] = ch._counters[1]
+
+    assert ch.put([1])
+    begin_a_put()
+    assert ch.lost_spaces == 1
+    assert ch.restore_spaces(0.01) is None  # the put never ends: nothing given back
+
+    def the_put_ends(seconds: float) -> None:  # the producer runs while this one sleeps
+        end_the_put(2)
+    monkeypatch.setattr(channel_module, "time", SimpleNamespace(
+        monotonic=time.monotonic, sleep=the_put_ends))
+    assert ch.restore_spaces(60.0) == 0  # read after the put ended: no place lost
+    assert ch.lost_spaces == 0
+    assert [ch.get(timeout=0) for _ in range(3)] == [([1], None), ([2], None), None]
+
+    # Both: a dead consumer's get lost record 3's place, and a put of record 4 has
+    # taken its place and not counted its record yet.
+    assert ch.put([3])
+    _get_killed_after_its_count(ch)
+    begin_a_put()
+    assert ch.lost_spaces == 2
+
+    def the_put_ends_once(seconds: float) -> None:
+        end_the_put(4)
+        monkeypatch.setattr(channel_module, "time", time)
+    monkeypatch.setattr(channel_module, "time", SimpleNamespace(
+        monotonic=time.monotonic, sleep=the_put_ends_once))
+    assert ch.restore_spaces(60.0) == 1  # the dead get's place; the put's its own
+    assert ch.lost_spaces == 0
+    assert [ch.put([k], timeout=0) for k in (5, 6, 7, 8)] == [True, True, True, False]
+    assert [ch.get(timeout=0) for _ in range(5)] == [
+        ([4], None), ([5], None), ([6], None), ([7], None), None]
+

@@ -3,8 +3,9 @@
 Records are fixed-width int64 rows (plus an optional text field) in a ring; two
 semaphores count items and free spaces, so a message is neither lost nor
 duplicated, and ``put`` blocks only when the ring is full. A consumer killed inside
-its ``get`` takes an item and leaves its record unread: the consumer that takes its
-place gives the item back (``restore_taken``). Spawn-safe: the ring
+its ``get`` takes an item and leaves its record unread, or counts its record taken
+and never frees its place: the consumer that takes its place gives the item, and the
+place, back (``restore_taken``, ``restore_spaces``). Spawn-safe: the ring
 is a shared tensor and the semaphores are the spawn context's. Cheaper than an
 ``mp.Queue``: no pickling and no feeder thread.
 
@@ -48,8 +49,9 @@ def orders_stores(machine: str, pointer_bits: int) -> bool:
 
 
 # Whether ``restore_taken``'s reading of a put's count, its release and its
-# ``released`` cell holds here; where not, nothing is given back (the run goes on a
-# request behind, as before ``restore_taken``).
+# ``released`` cell holds here, and ``restore_spaces``'s of its ``begun`` cell, its
+# place taken, its count and its ``settled`` cell; where not, nothing is given back
+# (the run goes on a request behind, or a place short, as before).
 STORES_IN_ORDER = orders_stores(platform.machine(), struct.calcsize("P") * 8)
 
 
@@ -66,10 +68,13 @@ class Channel:
         self.capacity, self.width, self.text_bytes = capacity, width, text_bytes
         self._buf = small_shared_zeros(capacity, width + 1, dtype=torch.int64)
         self._text = small_shared_zeros(capacity, max(text_bytes, 1), dtype=torch.uint8)
-        # [head, tail, closed, released]: head is the consumer's; tail (records put)
-        # and released (puts that have released their record's item) the producer's,
-        # equal while no put is between its count and its release (``restore_taken``).
-        self._idx = small_shared_zeros(4, dtype=torch.int64)
+        # [head, tail, closed, released, begun, settled]: head is the consumer's; the
+        # rest but closed the producer's: tail (records put) and released (puts that
+        # have released their record's item), equal while no put is between its count
+        # and its release (``restore_taken``); begun (puts that went for a place) and
+        # settled (those that counted their record, or gave up), equal while no put
+        # may hold a place its record is not counted in (``restore_spaces``).
+        self._idx = small_shared_zeros(6, dtype=torch.int64)
         self._items = ctx.Semaphore(0)
         self._spaces = ctx.Semaphore(capacity)
         self._views()
@@ -151,6 +156,20 @@ class Channel:
             return None
         return max(0, self.backlog - items)
 
+    @property
+    def lost_spaces(self) -> int | None:
+        """Places of the ring that neither hold a record nor are free: a consumer
+        killed inside its ``get`` between counting its record taken and freeing the
+        record's place loses one for good (``restore_spaces``), and once every place
+        is lost, ``put`` waits for ever. A live get there, and a put between taking
+        a place and counting its record, show one for microseconds. None where the
+        semaphore's value cannot be read (macOS)."""
+        try:
+            spaces = self._spaces.get_value()
+        except NotImplementedError:
+            return None
+        return max(0, self.capacity - (self._counters[1] - self._counters[0]) - spaces)
+
     def put(self, values: Sequence[int], text: str | None = None,
             timeout: float | None = None) -> bool:
         """Append one record; False if no space came within ``timeout``.
@@ -160,22 +179,29 @@ class Channel:
             ValueError: a record the channel cannot carry (see ``_pack``); it took
                 no space.
         """
-        counters = self._counters  # [head, tail, closed], read inline: per message
+        counters = self._counters  # [head, tail, closed, ...], read inline: per message
         if counters[2]:
             raise ChannelClosed()
         record, data = self._pack(values, text)  # before it takes a space
-        if not self._spaces.acquire(timeout=timeout):
-            return False
-        if counters[2]:
-            self._spaces.release()
-            raise ChannelClosed()
-        i = counters[1] % self.capacity
-        if data is not None:
-            self._text_np[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
-        size = self._record.size
-        self._bytes[i * size:(i + 1) * size] = record
-        tail = counters[1] + 1
-        counters[1] = tail
+        begun = counters[4] + 1
+        counters[4] = begun  # before the acquire: ``restore_spaces`` waits from here
+        try:
+            if not self._spaces.acquire(timeout=timeout):
+                return False
+            if counters[2]:
+                self._spaces.release()
+                raise ChannelClosed()
+            i = counters[1] % self.capacity
+            if data is not None:
+                self._text_np[i, : len(data)] = np.frombuffer(data, dtype=np.uint8)
+            size = self._record.size
+            self._bytes[i * size:(i + 1) * size] = record
+            tail = counters[1] + 1
+            counters[1] = tail
+        finally:
+            # Its place is counted in the backlog now, or it took none, or (a
+            # signal's exception on the way) it is lost for good: no put holds it.
+            counters[5] = begun
         self._items.release()
         counters[3] = tail
         return True
@@ -290,6 +316,56 @@ class Channel:
         for _ in range(taken):
             self._items.release()
         return taken
+
+    def restore_spaces(self, patience_s: float) -> int | None:
+        """Give back the places that consumers killed inside their ``get`` lost
+        (between counting a record taken and freeing its place), so that the ring
+        holds ``capacity`` records again; returns how many were given back. Without
+        it, each such death leaves one place fewer for good, and once none is left
+        the producer's ``put`` waits for ever.
+
+        For a consumer that takes the place of one gone, between its own gets (its
+        first, or any later): no other consumer may be alive (a live one between
+        its count and its release would be counted as killed there, and the place
+        it frees later would be one too many: a put would then write over a record
+        not read yet). What the spaces semaphore lacks is measured at an instant
+        when no put may hold a place whose record it has not counted (that place
+        would be counted as lost too): a put marks itself begun before it goes for
+        a place and settled once its record is counted (or it gave up); read again
+        until begun and settled are equal and begun is unmoved after the
+        semaphore's read, for at most ``patience_s`` seconds. None when no such
+        instant came (a put waiting for a place, which only this consumer's next
+        get may free, or a producer stopped inside its put): nothing given back,
+        ask again after a get. 0 on a closed channel, where the semaphore's value
+        cannot be read (macOS), and on a CPU that may show the put's stores out of
+        order (``STORES_IN_ORDER`` False).
+        """
+        if not STORES_IN_ORDER:
+            return 0
+        counters = self._counters
+        deadline = time.monotonic() + patience_s
+        while True:
+            begun, settled, tail = counters[4], counters[5], counters[1]
+            try:
+                spaces = self._spaces.get_value()
+            except NotImplementedError:
+                return 0
+            # Every put that had begun had counted its record (settled after its
+            # count), and none began before the semaphore's read (begun is stored
+            # before the acquire): the backlog and the free places are one instant's.
+            if begun == settled and counters[4] == begun:
+                break
+            if counters[2]:
+                return 0
+            if time.monotonic() > deadline:
+                return None
+            time.sleep(0.001)
+        lost = self.capacity - (tail - counters[0]) - spaces
+        if counters[2] or lost <= 0:
+            return 0
+        for _ in range(lost):
+            self._spaces.release()
+        return lost
 
     def unlink(self) -> None:
         """Remove the semaphores' names from the system and from the resource
