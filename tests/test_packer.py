@@ -18,7 +18,7 @@ from replay_fsm.data.sampling import expected_batch, sample_indices
 from replay_fsm.wire import PackDone, PackRequest, decode, encode
 
 from .collectors import constant_rows, fill_and_serve, serve
-from .support import finishes_within
+from .support import MARGIN_S, finishes_within
 
 # restore_taken gives nothing back where the CPU may reorder a put's stores
 IN_ORDER = pytest.mark.skipif(not STORES_IN_ORDER, reason="64-bit x86 only: restore_taken "
@@ -1162,3 +1162,107 @@ def test_a_put_between_taking_its_place_and_counting_its_record_is_not_taken_for
     assert [ch.get(timeout=0) for _ in range(5)] == [
         ([4], None), ([5], None), ([6], None), ([7], None), None]
 
+
+def _dead_predecessor(h: PackerHandle, namespace_step: int = 0) -> None:
+    """Record as the attached packer a process that is gone (exited and reaped), of
+    this pid namespace or, ``namespace_step`` away, of another (not to be judged)."""
+    import subprocess
+
+    from replay_fsm.data import owner
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    token, pid_namespace, time_namespace = owner.me()
+    h.packer_state[0] = gone.pid
+    h.packer_state[3:6] = torch.tensor([gone.pid | 1 << owner.PID_BITS,
+                                        pid_namespace + namespace_step, time_namespace])
+
+
+@IN_ORDER
+def test_a_restart_gives_back_the_place_a_predecessor_surely_dead_lost() -> None:
+    """The attach of a collector in place of one killed inside its get, after it
+    counted the request read and before it freed its place, gives the place back:
+    four such kills at ring_depth 2 had left the learner no place to send a
+    request in. Only while every reader before is surely dead: once an attach could
+    not judge its predecessor (another pid namespace), that one may live between
+    its count and its release and free its place itself, one too many; no later
+    restart gives a place back."""
+    rb, h = make()
+    h.requests.put(request(0, 0, 32))
+    _get_killed_after_its_count(h.requests)
+    _dead_predecessor(h)
+    Packer.attach(h, rb)
+    assert h.requests.lost_spaces == 0
+
+    rb, h = make()
+    h.requests.put(request(0, 0, 32))
+    _get_killed_after_its_count(h.requests)
+    _dead_predecessor(h, namespace_step=1)
+    Packer.attach(h, rb)  # cannot judge it: the place may be its own to free
+    assert h.requests.lost_spaces == 1
+    _dead_predecessor(h)
+    Packer.attach(h, rb)  # surely dead, but the one before it may live
+    assert h.requests.lost_spaces == 1
+
+
+@IN_ORDER
+def test_after_a_restart_without_the_claim_lock_no_place_is_given_back() -> None:
+    """An attach that could not take the claim lock may have run beside another
+    (both then read the request channel, one unrecorded): no later restart gives a
+    lost place back, since that reader may free it itself."""
+    rb, h = make()
+    assert h.claim_lock.acquire(timeout=1.0)  # held by another attach
+    try:
+        Packer.attach(h, rb)
+    finally:
+        h.claim_lock.release()
+    h.requests.put(request(0, 0, 32))
+    _get_killed_after_its_count(h.requests)
+    _dead_predecessor(h)
+    Packer.attach(h, rb)
+    assert h.requests.lost_spaces == 1
+    assert h.requests.get(timeout=0) is None  # the request it counted read: not again
+
+
+
+@IN_ORDER
+def test_a_restart_while_the_learner_waits_for_a_place_gives_it_back_once_it_got_one(
+        ) -> None:
+    """The learner, sending a request while the collector was dead, waits for a
+    place: the one the dead collector lost, and the rest taken by requests. No instant
+    without a put under way comes while the restart attaches (only its gets free a
+    place), so nothing can be given back then; the restart gives the place back at a
+    later service call, once the learner's put has its place."""
+    import threading
+    import time
+
+    def within(done: Callable[[], bool]) -> bool:
+        deadline = time.monotonic() + MARGIN_S
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.001)
+        return True
+
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6  # a request read waits for rows: nothing is packed
+    for tick in range(3):
+        assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
+    _get_killed_after_its_count(requests)  # read tick 0, never freed its place
+    assert requests.put(request(3, 1, 32, min_ptr=unreached))  # no place free now
+    sent = threading.Event()
+
+    def send() -> None:
+        if requests.put(request(4, 0, 32, min_ptr=unreached), timeout=MARGIN_S):
+            sent.set()
+    learner = threading.Thread(target=send, daemon=True)
+    learner.start()
+    assert within(lambda: requests._counters[4] == 5)  # its put began: it waits
+    _dead_predecessor(h)
+    packer = Packer.attach(h, rb)
+    assert requests.lost_spaces == 1 and not sent.is_set()
+    assert within(lambda: not packer.service(timeout=0.01) and requests.lost_spaces == 0)
+    learner.join(MARGIN_S)
+    assert sent.is_set() and requests.taken == 2  # tick 1 read, and waits for rows
+    assert requests.backlog + requests._spaces.get_value() == requests.capacity

@@ -398,6 +398,82 @@ def test_a_restart_after_a_collector_killed_inside_its_get_packs_every_request(
         stop(pipe, new)
 
 
+class _DieFreeingItsPlace:
+    """The request channel's spaces semaphore in a collector killed inside its get:
+    the release that frees the request's place is never made (the request was
+    counted taken just before)."""
+
+    def __init__(self, semaphore: Any) -> None:
+        self._semaphore = semaphore
+
+    def release(self, *args: Any, **kwargs: Any) -> None:
+        os._exit(9)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._semaphore, name)
+
+
+def die_freeing_its_place(handle: PackerHandle, rb: ReplayBuffer) -> None:
+    """Attach, then die inside the get of the first request, between counting it
+    taken and freeing its place in the channel (as a SIGKILL there would)."""
+    packer = Packer.attach(handle, rb)
+    handle.requests._spaces = _DieFreeingItsPlace(handle.requests._spaces)
+    while not packer.closed:
+        packer.service(timeout=0.05)
+
+
+@IN_ORDER
+def test_collectors_killed_inside_their_get_after_the_count_leave_no_place_lost(
+        ) -> None:
+    """Each collector killed between counting a request read and freeing its place
+    left the request channel a place short for good: at ring_depth 2 (4 places) the
+    fourth kill left none, and the learner's next request failed the run after 10 s
+    with "request channel stayed full for 10 s; the packer is stuck" (helper-112: 1 of
+    1, kills 1 to 4 leaving 3, 2, 1, 0 places free). Each restart gives its
+    predecessor's place back: five such kills, the learner packing each request the
+    dead one read, and the collector attached after them serves every tick (timed
+    waits, which never pack, all end), each batch its tick's (INV-DATA)."""
+    ctx = mp.get_context("spawn")
+    rb = buffer()
+    pipe = Pipeline(rb, sample_count=N, collector="external", liveness_timeout=60)
+    handle = pipe.packer_handle()
+    kills = handle.requests.capacity + 1
+    pipe.start_prepare(0, N)
+    new = None
+    try:
+        for tick in range(kills):
+            dead = ctx.Process(target=die_freeing_its_place, args=(handle, rb))
+            dead.start()
+            dead.join(MARGIN_S)
+            assert dead.exitcode == 9, dead.exitcode
+            assert handle.requests.taken == tick + 1  # it counted the request read
+            batch = pipe.sample_large_batch(tick, N)  # nobody else ever packs it
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+            pipe.start_prepare(tick + 1, N)
+            pipe.after_tick()
+        attached = ctx.Event()
+        new = ctx.Process(target=serve, args=(handle, rb, attached))
+        new.start()
+        assert attached.wait(MARGIN_S)
+        assert handle.requests.lost_spaces == 0
+        for tick in range(kills, kills + 4):
+            def ready() -> bool:
+                while not pipe.wait_until_ready(tick, N, timeout=0.2):  # noqa: B023
+                    pass
+                return True
+            ok, _ = finishes_within(ready, 20.0)
+            assert ok, f"tick {tick} never came"
+            batch = pipe.sample_large_batch(tick, N)
+            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+            pipe.start_prepare(tick + 1, N)
+            pipe.after_tick()
+    finally:
+        if new is None:
+            pipe.close()
+        else:
+            stop(pipe, new)
+
+
 def test_a_later_tick_the_dead_collector_read_is_packed_after_a_take_that_could_not_look(
         ) -> None:
     """Ring depth 3, tick 1 read by the dead collector, tick 0 not acquired: a timed

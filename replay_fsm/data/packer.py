@@ -65,8 +65,10 @@ GENERATION, NEXT, WRITTEN, FAILED, SNAPSHOT_PTR, START_NS, PACKER_OWES = range(7
 # packer_state's cells: the attached packer's pid and heartbeat, the learner's pid,
 # the attached packer's owner record (3 cells), then, set when a packer attaches after
 # another process's (gone: attach refuses a live one), how many requests had been read
-# off the request channel then and that predecessor's pid.
-PID, BEAT, LEARNER, RECORD, READ_BEFORE, PREDECESSOR = 0, 1, 2, 3, 6, 7
+# off the request channel then and that predecessor's pid; last, set for good by an
+# attach that could not make sure no other reader of the request channel lives (its
+# predecessor could not be judged dead, or the claim lock stayed taken).
+PID, BEAT, LEARNER, RECORD, READ_BEFORE, PREDECESSOR, UNSURE = 0, 1, 2, 3, 6, 7, 8
 # This process's learner-watch threads, one per (learner pid, replay buffer object):
 # a collector that attaches again (a retry, one pipeline after another) reuses its
 # thread, where each attach started one more, each looking every LEARNER_CHECK_S for
@@ -199,7 +201,7 @@ class PackerHandle:
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int, buffer_id: int = 0
                ) -> PackerHandle:
-        state = small_shared_zeros(PREDECESSOR + 1, dtype=torch.int64)
+        state = small_shared_zeros(UNSURE + 1, dtype=torch.int64)
         state[LEARNER] = os.getpid()
         return cls(
             # Twice the ring: besides one live request per slot, at most ring_depth
@@ -426,6 +428,10 @@ class Packer:
         # Requests this side wrote chunks of and did not fail in itself (another
         # writer of the same request may have failed, and posted the error).
         self.packed_count = 0
+        # Whether places of the request channel that the process attached before
+        # this one lost are still to be given back: the attach could not measure
+        # them (``_restore_places``, at each service call until it can).
+        self.places_owed = False
 
     @classmethod
     def attach(cls, handle: PackerHandle, replay_buffer: ReplayBuffer) -> Packer:
@@ -449,10 +455,20 @@ class Packer:
         request with the next one's item, a request behind, so the run goes on while
         the learner sends more; a wait for the newest with nothing more sent, which
         the learner does not pack itself, fails the run after liveness_timeout
-        (``CollectorDied``: "no get can take"). The restart must attach before the
-        learner's next wait or poll: one that finds the attached collector dead and
-        none attached in its place fails the run (``CollectorDied``: "the collector
-        process (pid P) is gone").
+        (``CollectorDied``: "no get can take"). One killed in the few bytecodes
+        after counting a request taken and before freeing its place in the channel
+        left the channel a place short: the restart gives the place back
+        (``Channel.restore_spaces``; at a later ``service`` call where the learner
+        was sending a request all along) where it gives an item back, unless an
+        attach to this handle before it could not judge its own predecessor dead,
+        or ran without the claim lock (a reader that may still live would free its
+        place itself, one too many: a request written over before it is read); the
+        place then stays lost, and once every place of the channel is, the
+        learner's next request fails the run ("request channel stayed full ...: N of
+        its M places were lost"). The restart must attach before the learner's next
+        wait or poll: one that finds the attached collector dead and none attached
+        in its place fails the run (``CollectorDied``: "the collector process (pid
+        P) is gone").
         A process the learner ``watch``es is not restarted: its death fails the run
         whatever attached since ("... exited with code C").
 
@@ -494,6 +510,16 @@ class Packer:
                     # behind. Only under the claim lock: two restarts attaching at
                     # once would each give the same item back.
                     handle.requests.restore_taken(LEARNER_CHECK_S)
+                    if not handle.packer_state[UNSURE]:
+                        # Or it counted the request read and never freed its place:
+                        # given back only while every reader before is surely gone
+                        # (one alive would free its place itself, one too many).
+                        packer.places_owed = handle.requests.restore_spaces(
+                            LEARNER_CHECK_S) is None
+                else:
+                    handle.packer_state[UNSURE] = 1
+            elif not locked:
+                handle.packer_state[UNSURE] = 1  # another attach may run beside it
             handle.packer_state[RECORD:RECORD + 3] = torch.tensor(owner.me())
             handle.packer_state[BEAT] = time.monotonic_ns()
             handle.packer_state[PID] = os.getpid()
@@ -535,6 +561,8 @@ class Packer:
         now = self._beat[0] = time.monotonic_ns()
         if self._left_by_learner(now):
             return False
+        if self.places_owed:
+            self._restore_places()
         try:
             if self._pending is None:
                 got = self.handle.requests.get(timeout=0)
@@ -561,6 +589,18 @@ class Packer:
             return True
         except ChannelClosed:
             return False
+
+    def _restore_places(self) -> None:
+        """Give back the places of the request channel that the process attached
+        before this one lost, which the attach could not measure: a request was
+        being sent all along, the learner waiting for a place that only this
+        process's gets free. Asked again at every call, between gets, while this
+        process is the channel's one reader (no attach beside it since)."""
+        handle = self.handle
+        if handle.packer_state[UNSURE] or handle.packer_pid != os.getpid():
+            self.places_owed = False
+            return
+        self.places_owed = handle.requests.restore_spaces(0.0) is None
 
     def serve_due(self) -> int:
         """Serve every waiting request whose ``min_snapshot_ptr`` is reached; returns
