@@ -439,6 +439,31 @@ def test_a_full_request_channel_fails_the_send_after_ten_seconds(
     assert waited == [10.0]
 
 
+def test_a_request_channel_full_of_lost_places_fails_the_send_saying_so(
+        link: ExternalCollector, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Collector processes killed inside their get, after counting a request read
+    and before freeing its place, each left the channel a place short, and a restart
+    that could not give them back let them add up: the send said "the packer is
+    stuck" of a collector serving every request (helper-112). It says where the
+    places went."""
+    requests = link.handle.requests
+    for _ in range(requests.capacity):  # every place taken, no record counted in it
+        assert requests._spaces.acquire(timeout=1.0)
+
+    def put(values, text=None, timeout=None):  # type: ignore[no-untyped-def]
+        return False  # as the real one, after its 10 s
+
+    monkeypatch.setattr(requests, "put", put)
+    with pytest.raises(RuntimeError) as info:
+        send(link)
+    assert str(info.value) == (
+        "request channel stayed full for 10 s: 4 of its 4 places were lost by "
+        "collector processes killed inside their get (between counting a request "
+        "read and freeing its place) and not given back by a restart (which gives "
+        "them back only on an x86 CPU, where every collector process attached "
+        "before it is surely gone)")
+
+
 def test_receive_waits_no_longer_than_asked(link: ExternalCollector) -> None:
     finished, got = finishes_within(lambda: link.receive(0.01))
     link.stop(1.0)  # wakes a receive that waits on: it raises ChannelClosed in there

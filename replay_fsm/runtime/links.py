@@ -252,6 +252,17 @@ class ChannelLink(CollectorLink):
             raise
         if not put:
             self._sent.pop(request.slot, None)
+            lost = requests.lost_spaces
+            if lost:
+                # No put of the learner's is under way, and a live get holds a place
+                # so for microseconds: places missing after 10 s full are lost.
+                raise RuntimeError(
+                    f"request channel stayed full for 10 s: {lost} of its "
+                    f"{requests.capacity} places were lost by collector processes "
+                    "killed inside their get (between counting a request read and "
+                    "freeing its place) and not given back by a restart (which "
+                    "gives them back only on an x86 CPU, where every collector "
+                    "process attached before it is surely gone)")
             raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
 
     def receive(self, timeout: float) -> PackDone | None:
