@@ -289,3 +289,30 @@ def test_a_spawned_child_holding_the_slots_is_recognised_from_its_start() -> Non
         for proc in (collector, other):
             proc.kill()
             proc.join(30)
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
+def test_slots_made_without_share_memory_are_recognised_once_torch_shares_them() -> None:
+    """A seed user may skip share_memory_(): torch moves the slots into shared memory
+    in place when it pickles them for a spawned child. The holders made before then
+    look for the slots' files again, and know that child, and its exit, as for slots
+    shared from the start (it was left to stall_timeout, 60 s)."""
+    slots = [torch.zeros(4, 3) for _ in range(2)]
+    holders = SlotHolders(slots)
+    assert holders.dead() is None  # nothing in shared memory yet
+    collector = mp.get_context("spawn").Process(target=hold_slots, args=(slots, 60.0),
+                                                name="collector")
+    collector.start()
+    try:
+        assert all(s.is_shared() for s in slots)
+        holders.scan()
+        assert [p.pid for p in holders.collectors] == [collector.pid]
+        collector.kill()
+        collector.join(30)
+        gone = holders.dead()
+        assert gone is not None and gone.reason == (
+            f"the collector process collector (pid {collector.pid}, it holds "
+            "collector_pack_shared_slots) exited with code -9")
+    finally:
+        collector.kill()
+        collector.join(30)

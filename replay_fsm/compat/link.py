@@ -74,25 +74,41 @@ class SlotHolders:
     """The learner's child processes that map or hold open the host slots' shared
     memory: the collector(s).
 
-    Where ``/proc`` is missing (not Linux) or the slots are not in shared memory,
-    nothing is recognised and ``dead`` is always None.
+    Slots made without ``share_memory_()`` are looked for again once they are in
+    shared memory: torch moves them there, in place, when it pickles them for a
+    spawned child. Where ``/proc`` is missing (not Linux) or the slots never reach
+    shared memory (a thread collector's), nothing is recognised and ``dead`` is
+    always None.
     """
 
     def __init__(self, host_slots: HostSlots) -> None:
-        try:
-            mine = _shared_mappings("self")
-        except OSError:
-            mine = {}
-        addresses = [int(s.data_ptr()) for s in host_slots]
-        self._files = {key for key, (lo, hi) in mine.items()
-                       if any(lo <= a < hi for a in addresses)}
+        self._slots = host_slots
+        self._files = self._slot_files()
+        # Invariant: True only while no file was found because a slot is not shared.
+        self._unshared = not self._files and not self._all_shared()
         self.collectors: list[Any] = []
         self._others: set[int] = set()
         self._scanned_ns = 0
 
+    def _all_shared(self) -> bool:
+        return all(s.is_shared() for s in self._slots)
+
+    def _slot_files(self) -> set[tuple[int, int]]:
+        """(st_dev, st_ino) of the shared-memory files this process maps the slots from."""
+        try:
+            mine = _shared_mappings("self")
+        except OSError:
+            return set()
+        addresses = [int(s.data_ptr()) for s in self._slots]
+        return {key for key, (lo, hi) in mine.items()
+                if any(lo <= a < hi for a in addresses)}
+
     def scan(self) -> None:
         """Recognise children that hold the slots (others again at most every RESCAN_S:
         a child may be handed the slots after it started)."""
+        if self._unshared and self._all_shared():
+            self._unshared = False
+            self._files = self._slot_files()
         if not self._files:
             return
         now = time.monotonic_ns()
