@@ -99,6 +99,30 @@ def test_one_tensor_of_rows_as_the_slots_is_refused_by_name(slots: torch.Tensor)
         "or one of shape (2, sample_count, width)")
 
 
+@pytest.mark.parametrize("slots, error, what", [
+    ([np.zeros((N, WIDTH), np.float32)] * 2, TypeError, "a list of ndarray"),
+    (np.zeros((2, N, WIDTH), np.float32), TypeError, "ndarray"),
+    ((torch.zeros(N, WIDTH) for _ in range(2)), TypeError, "generator"),
+    ({0: torch.zeros(N, WIDTH), 1: torch.zeros(N, WIDTH)}, TypeError, "dict"),
+    ([torch.zeros(N, WIDTH, device="meta")] * 2, ValueError, "tensors on meta"),
+    (torch.zeros(2, N, WIDTH, device="meta"), ValueError, "a tensor on meta"),
+])
+def test_slots_that_are_not_tensors_in_host_memory_are_refused_by_name(
+        slots: Any, error: type[Exception], what: str) -> None:
+    """The collector packs into the slots on the CPU: anything else was an
+    AttributeError ('numpy.ndarray' object has no attribute 'data_ptr'), a generator
+    consumed before its shapes were read ('host slots have shapes []'), and slots on
+    another device were taken, the collector failing at its first pack (helper-113)."""
+    with pytest.raises(error) as info:
+        CPUPinnedDoubleBufferReplayPipeline(
+            SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
+            collector_pack_request_queue=queue.Queue(),
+            collector_pack_ready_queue=queue.Queue(), collector_pack_shared_slots=slots)
+    assert str(info.value) == (
+        f"collector_pack_shared_slots must be 2 CPU tensors of (sample_count, width), as "
+        f"a list, or one CPU tensor of (2, sample_count, width), got {what}")
+
+
 def test_one_tensor_of_two_slots_is_taken_as_the_slots() -> None:
     slots = torch.zeros(2, N, WIDTH).share_memory_()
     pipe = CPUPinnedDoubleBufferReplayPipeline(

@@ -40,6 +40,9 @@ from .transfer import SeedBackend, build_backend_for
 
 T = TypeVar("T")
 CLOSED = "Cannot prepare replay batch after pipeline.close()"
+_SLOTS_WANTED = (f"collector_pack_shared_slots must be {RING_DEPTH} CPU tensors of "
+                 f"(sample_count, width), as a list, or one CPU tensor of ({RING_DEPTH}, "
+                 "sample_count, width), got ")
 
 
 class _Copies(Observer):
@@ -52,6 +55,24 @@ class _Copies(Observer):
              tick: int | None = None, slot: int | None = None, **args: Any) -> None:
         if name == "copy" and slot is not None:
             self._copied(slot, start_ns, end_ns)
+
+
+def _not_host_slots(slots: Any) -> Exception | None:
+    """The error for ``collector_pack_shared_slots`` that the collector cannot pack
+    into: not tensors (TypeError), or tensors outside host memory (ValueError)."""
+    listed = [slots] if isinstance(slots, torch.Tensor) else slots
+    what = type(slots).__name__
+    if isinstance(listed, (list, tuple)):
+        kinds = sorted({type(s).__name__ for s in listed if not isinstance(s, torch.Tensor)})
+        what = f"a {what} of {', '.join(kinds)}"
+        if not kinds:
+            devices = sorted({str(s.device) for s in listed if s.device.type != "cpu"})
+            if not devices:
+                return None
+            what = (f"a tensor on {devices[0]}" if listed is not slots
+                    else f"tensors on {', '.join(devices)}")
+            return ValueError(_SLOTS_WANTED + what)
+    return TypeError(_SLOTS_WANTED + what)
 
 
 class CPUPinnedDoubleBufferReplayPipeline:
@@ -71,8 +92,10 @@ class CPUPinnedDoubleBufferReplayPipeline:
 
     Raises:
         ValueError: UniLab's buffer without packed storage, a queue or the slots
-            missing (the seed's messages), slots of the wrong shape, a bad timeout.
-        TypeError: ``replay_buffer`` is neither kind of buffer.
+            missing (the seed's messages), slots of the wrong shape or dtype or
+            outside host memory, a bad timeout.
+        TypeError: ``replay_buffer`` is neither kind of buffer, or the slots are not
+            tensors.
     """
 
     def __init__(self, replay_buffer: Any, *, device: str | torch.device, sample_count: int,
@@ -110,6 +133,9 @@ class CPUPinnedDoubleBufferReplayPipeline:
                 or collector_pack_shared_slots is None):
             raise ValueError("collector_thread pack executor requires collector pack IPC "
                              "queues and slots")
+        refused = _not_host_slots(collector_pack_shared_slots)
+        if refused is not None:
+            raise refused
         if (isinstance(collector_pack_shared_slots, torch.Tensor)
                 and collector_pack_shared_slots.dim() != 3):
             raise ValueError(
