@@ -1035,6 +1035,37 @@ def test_a_restart_given_its_dead_predecessors_pid_is_a_restart() -> None:
 
 
 @IN_ORDER
+@pytest.mark.parametrize("proc", ["failed once", "unreadable"])
+def test_a_process_attaching_again_after_a_record_of_no_process_is_no_restart(
+        proc: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process whose first attach recorded no process (``owner.me()`` failed that
+    once, out of descriptors, say, or /proc cannot be read) attaches again: that is
+    no restart. Taken for one, it refused itself as another live process, or would
+    give back the item its own get is taking (INV-DATA). "failed once" kills the
+    mutant of ``Packer.attach`` that tells the same process by its record alone
+    (``record == owner.me()``), which every other test let live."""
+    import os
+
+    from replay_fsm.data import owner
+
+    rb, h = make()
+    monkeypatch.setattr(owner, "_me", owner.UNKNOWN if proc == "unreadable" else None)
+    with monkeypatch.context() as failing:
+        if proc == "failed once":
+            def out_of_descriptors(pid: int | str) -> tuple[int, bytes, int]:
+                raise OSError(24, "Too many open files")
+            failing.setattr(owner, "_stat", out_of_descriptors)
+        Packer.attach(h, rb)
+    assert h.packer_pid == os.getpid() and h.packer_record == owner.UNKNOWN
+    if proc == "failed once":
+        assert owner.me() != owner.UNKNOWN  # and reads this process now
+    h.requests.put(request(0, 0, 32))
+    assert h.requests._items.acquire(timeout=1.0)  # a get of this process, under way
+    Packer.attach(h, rb)
+    assert h.predecessor == (0, 0) and h.requests.unreleased == 1  # nothing given back
+
+
+@IN_ORDER
 def test_a_restart_without_the_claim_lock_gives_nothing_back() -> None:
     """An attach that could not take the claim lock (held for its whole look) goes
     on without it; two such restarts at once would each give the same item back, a
