@@ -220,3 +220,42 @@ def threads_running_on(prefix: str, before: set[int | None]) -> list[str]:
             if thread.is_alive():
                 running.append(thread.name)
     return running
+
+
+def stall_the_warm_ups(monkeypatch: Any) -> None:
+    """The environments of the SAC trainer's and the demo's thread collectors hang
+    at their second step, until the run ends that collector: rows stop coming while
+    the learner waits for the warm-up's. Each SAC collector hangs (it looks whether it
+    is told to stop); the demo's once, until the run ends its collector."""
+    import time
+
+    from replay_fsm.demo import env, runner
+    from replay_fsm.trainers import collector
+
+    sac_step, sac_calls = collector._Collector.step, {}
+
+    def sac_hanging(self: Any, action: Any) -> None:
+        sac_calls[id(self)] = sac_calls.get(id(self), 0) + 1
+        if sac_calls[id(self)] == 2:
+            until = time.monotonic() + MARGIN_S
+            while not self.stopped and time.monotonic() < until:
+                time.sleep(0.01)  # an environment hung until the trainer stops it
+        sac_step(self, action)
+
+    demo_step, demo_calls, release = env.PointMass.step, [0], threading.Event()
+
+    def demo_hanging(self: Any, action: Any) -> Any:
+        demo_calls[0] += 1
+        if demo_calls[0] == 2:
+            release.wait(MARGIN_S)
+        return demo_step(self, action)
+
+    end_worker = runner.end_worker
+
+    def releasing(*args: Any, **kwargs: Any) -> None:
+        release.set()
+        end_worker(*args, **kwargs)
+
+    monkeypatch.setattr(collector._Collector, "step", sac_hanging)
+    monkeypatch.setattr(env.PointMass, "step", demo_hanging)
+    monkeypatch.setattr(runner, "end_worker", releasing)

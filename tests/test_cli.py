@@ -14,7 +14,7 @@ import torch
 
 from replay_fsm.cli import main
 
-from .support import MARGIN_S
+from .support import MARGIN_S, stall_the_warm_ups
 
 
 def one_line_error(capsys: pytest.CaptureFixture[str], code: int, expected: int = 2) -> str:
@@ -404,6 +404,70 @@ def test_sac_passes_its_liveness_timeout_to_the_run(
     err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--liveness-timeout",
                                        "-1", "--out", str(tmp_path), "--no-progress"]))
     assert "--liveness-timeout must be a finite number of seconds > 0, got -1.0" in err
+
+
+STALLED = (r"tick 0 waits for {rows} rows \({what}\); the replay buffer has had \d+ for "
+           r"\d+\.\d s \(--liveness-timeout\): is whatever adds the rows still running\?$")
+
+
+@pytest.mark.usefixtures("sac_extras")
+def test_a_warm_up_that_stops_filling_names_the_options_to_change(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """A collector whose environments hang in the warm-up: sac and demo said "tick 0
+    waits for 64 rows (min_snapshot_ptr)", a parameter of the pipeline that no option
+    sets; the rows come from --warmup-steps (sac) and --sample-count (demo). The
+    bound is named as the option too, in --sampling sync's CollectorDied as well."""
+    import re
+
+    stall_the_warm_ups(monkeypatch)
+    sac = ["sac", "--env", "Pendulum-v1", "--collector", "thread", "--num-envs", "2",
+           "--batch-size", "32", "--updates-per-tick", "2", "--ticks", "3",
+           "--warmup-steps", "64", "--hidden", "32", "--liveness-timeout", "1",
+           "--no-progress"]
+    err = one_line_error(capsys, main([*sac, "--out", str(tmp_path / "sac")]))
+    assert re.search("replay-fsm sac: error: " + STALLED.format(
+        rows=64, what=r"the warm-up's --warmup-steps, then --env-steps-per-tick x "
+        r"--num-envs more a tick"), err), err
+    err = one_line_error(capsys, main([*sac, "--sampling", "sync",
+                                       "--out", str(tmp_path / "sync")]))
+    assert re.search(r"replay-fsm sac: error: the SAC collector added no row for 1 s "
+                     r"\(--liveness-timeout\) while the learner waited for 64 rows "
+                     r"\(it has written \d+\)$", err), err
+    err = one_line_error(capsys, main(["demo", "--collector", "thread", "--ticks", "2",
+                                       "--sample-count", "1024", "--liveness-timeout", "1",
+                                       "--no-progress", "--out", str(tmp_path / "demo")]))
+    assert re.search("replay-fsm demo: error: " + STALLED.format(
+        rows=4096, what=r"the warm-up, 4 x --sample-count"), err), err
+
+
+def test_a_setting_a_message_names_is_written_as_its_option() -> None:
+    """The library's messages name their fields (a stall's "(liveness_timeout)", a
+    copy's "liveness_timeout 5 s"); the command line writes each field its user set
+    with an option as that option, and leaves alone what only looks like one: a
+    quoted value, a path, a longer name, a plain word of the prose."""
+    import argparse
+
+    from replay_fsm.trainers.cli import as_option
+
+    args = argparse.Namespace(command="demo", fn=None, liveness_timeout=1.0,
+                              sample_count=8, ticks=3)
+    for text, said in (
+            ("tick 0 waits for 32 rows (the warm-up, 4 x sample_count); the replay "
+             "buffer has had 0 for 1.0 s (liveness_timeout): is whatever adds the rows "
+             "still running?",
+             "tick 0 waits for 32 rows (the warm-up, 4 x --sample-count); the replay "
+             "buffer has had 0 for 1.0 s (--liveness-timeout): is whatever adds the "
+             "rows still running?"),
+            ("did not complete within 1 s (liveness_timeout); a larger liveness_timeout.",
+             "did not complete within 1 s (--liveness-timeout); a larger "
+             "--liveness-timeout."),
+            ("ticks must be an int >= 1, got 0", "--ticks must be an int >= 1, got 0"),
+            ("cannot write out/sample_count/x.json or 'sample_count' or "
+             "sample_count.json or sample_counts or the ticks",
+             "cannot write out/sample_count/x.json or 'sample_count' or "
+             "sample_count.json or sample_counts or the ticks")):
+        assert as_option(text, args) == said
 
 
 def test_python_dash_m_replay_fsm_is_the_command() -> None:

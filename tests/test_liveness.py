@@ -379,21 +379,24 @@ def test_a_wait_for_rows_that_stopped_coming_raises_data_stalled(collector: str)
             pipe.wait_until_ready(0, 8, timeout=0)
 
 
-def test_a_stall_names_the_bound_as_its_caller_calls_it() -> None:
-    """``replay-fsm sac`` and ``demo`` set stall_timeout from --liveness-timeout; their
-    DataStalled said "(stall_timeout)", which the command line has no option for. The
+def test_a_stall_names_the_bound_and_the_rows_as_its_caller_calls_them() -> None:
+    """The SAC trainer and the demo set stall_timeout from their liveness_timeout; their
+    DataStalled said "(stall_timeout)", which their users have no setting for. The
     caller names the bound (``stall_timeout_name``), the pipeline knowing nothing of
-    the command line (helper-104)."""
+    that layer (helper-104); and the rows its requests wait for, which it sets from a
+    warm-up of its own, said "(min_snapshot_ptr)" (``min_snapshot_ptr_name``)."""
     with Pipeline(buffer(), sample_count=8, collector="thread", liveness_timeout=60,
-                  stall_timeout=0.3, stall_timeout_name="--liveness-timeout") as pipe:
-        assert pipe.stall_timeout_name == "--liveness-timeout"
+                  stall_timeout=0.3, stall_timeout_name="liveness_timeout",
+                  min_snapshot_ptr_name="the warm-up, warmup_steps") as pipe:
+        assert pipe.stall_timeout_name == "liveness_timeout"
+        assert pipe.min_snapshot_ptr_name == "the warm-up, warmup_steps"
         pipe.start_prepare(0, 8, min_snapshot_ptr=500)  # the buffer has 100 rows
         ok, got = finishes_within(lambda: pytest.raises(DataStalled, pipe.sample_large_batch,
                                                         0, 8))
         assert ok, "sample_large_batch still waited for rows after MARGIN_S"
-        got[0].match(r"^tick 0 waits for 500 rows \(min_snapshot_ptr\); the replay buffer "
-                     r"has had 100 for \d+\.\d s \(--liveness-timeout\): is whatever "
-                     r"adds the rows still running\?$")
+        got[0].match(r"^tick 0 waits for 500 rows \(the warm-up, warmup_steps\); the "
+                     r"replay buffer has had 100 for \d+\.\d s \(liveness_timeout\): is "
+                     r"whatever adds the rows still running\?$")
 
 
 def test_rows_still_coming_keep_a_wait_for_rows_going() -> None:

@@ -32,6 +32,7 @@ def test_the_defaults() -> None:
         assert [tuple(h.shape) for h in pipe.host_slots] == [(8, 11)] * 2
         assert pipe.pending == ()
         assert pipe.stall_timeout == 60.0 and pipe.stall_timeout_name == "stall_timeout"
+        assert pipe.min_snapshot_ptr_name == "min_snapshot_ptr"
         pipe.start_prepare(0, 8)
         pipe.sample_large_batch(0, 8)
         assert pipe.statistics().checks == 0  # checked mode is off
@@ -139,6 +140,10 @@ def test_tracing_keeps_a_tracer_of_the_capacity_asked() -> None:
      "stall_timeout_name must be a non-empty str, got ''"),
     ({"stall_timeout_name": None}, TypeError,
      "stall_timeout_name must be a non-empty str, got None"),
+    ({"min_snapshot_ptr_name": ""}, TypeError,
+     "min_snapshot_ptr_name must be a non-empty str, got ''"),
+    ({"min_snapshot_ptr_name": 3}, TypeError,
+     "min_snapshot_ptr_name must be a non-empty str, got 3"),
     ({"trace": "no"}, TypeError, "trace must be True or False, got 'no'"),
     ({"checked": 1}, TypeError, "checked must be True or False, got 1"),
     ({"collector": 3}, TypeError,

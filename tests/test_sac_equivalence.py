@@ -320,6 +320,32 @@ def test_a_ctrl_c_as_the_collector_process_starts_leaves_it_the_semaphores_it_op
         assert worker.exitcode == 0  # joined, having left when told
 
 
+def test_a_warm_up_that_stops_filling_names_the_configs_fields(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A collector whose environments hang in the warm-up: a SACConfig's user was told
+    of "--liveness-timeout", an option of the command line, and of min_snapshot_ptr,
+    the pipeline's parameter the trainer sets; they set liveness_timeout and
+    warmup_steps. In both samplings (the command line's names: test_cli)."""
+    from replay_fsm import CollectorDied, DataStalled
+    from replay_fsm.trainers.run import Trainer
+
+    from .support import stall_the_warm_ups
+
+    stall_the_warm_ups(monkeypatch)
+    config = replace(SMALL, collector="thread", liveness_timeout=1.0)
+    with Trainer(config) as trainer, pytest.raises(DataStalled) as stalled:
+        trainer.run(2)
+    stalled.match(r"^tick 0 waits for 64 rows \(the warm-up's warmup_steps, then "
+                  r"env_steps_per_tick x num_envs more a tick\); the replay buffer has "
+                  r"had \d+ for \d+\.\d s \(liveness_timeout\): is whatever adds the "
+                  r"rows still running\?$")
+    with Trainer(replace(config, sampling="sync")) as trainer, \
+            pytest.raises(CollectorDied) as died:
+        trainer.run(2)
+    died.match(r"^the SAC collector added no row for 1 s \(liveness_timeout\) while the "
+               r"learner waited for 64 rows \(it has written \d+\)$")
+
+
 @pytest.mark.slow  # the collector's start-up, then a liveness bound of 10 s
 def test_a_stopped_collector_is_killed_at_once_not_waited_for() -> None:
     """A collector process that stops (SIGSTOP, stuck) fails the run once no row came
@@ -347,7 +373,7 @@ def test_a_stopped_collector_is_killed_at_once_not_waited_for() -> None:
         worker.join = recorded
         os.kill(worker.pid, signal.SIGSTOP)
         try:
-            with pytest.raises(DataStalled, match=r"for 10\.\d s \(--liveness-timeout\)"):
+            with pytest.raises(DataStalled, match=r"for 10\.\d s \(liveness_timeout\)"):
                 trainer.run(SMALL.ticks)
         finally:
             if worker.is_alive():
@@ -463,7 +489,7 @@ def test_the_synchronous_wait_for_rows_lasts_while_rows_come(
     monkeypatch.setattr(collector, "time", clock)
     if fails:
         with pytest.raises(CollectorDied, match=r"^the SAC collector added no row for 1 s "
-                                                r"\(--liveness-timeout\) while the learner "
+                                                r"\(liveness_timeout\) while the learner "
                                                 r"waited for 30 rows \(it has written 10\)$"):
             collector.wait_rows(rb, 30, _Alive(), 1.0)  # type: ignore[arg-type]
         # the first poll past the bound (0.5 s of the hour counted, then 0.4 s each)

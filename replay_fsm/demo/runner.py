@@ -86,8 +86,7 @@ def run(config: DemoConfig | None = None,
             worker = _make_collector(config, rb, pipe, stop)
             _start_collector(pipe, worker)
             learner = Learner.create(dev, config.seed)
-            warm = (4 * config.sample_count if config.collect_steps is None
-                    else config.collect_steps * config.envs)
+            warm = warm_up(config)[0]
             t_start = time.perf_counter()
             bar = tqdm(total=config.ticks, disable=not config.progress, unit="tick",
                        dynamic_ncols=True)
@@ -185,6 +184,14 @@ def _after(error: Exception | None) -> Iterator[None]:
         raise
 
 
+def warm_up(config: DemoConfig) -> tuple[int, str]:
+    """The rows every request of the run waits for (``min_snapshot_ptr``), and what a
+    ``DataStalled`` calls them: the config's fields they come from."""
+    if config.collect_steps is None:
+        return 4 * config.sample_count, "the warm-up, 4 x sample_count"
+    return config.collect_steps * config.envs, "the warm-up, collect_steps x envs"
+
+
 def output_folder(out: str | Path) -> Path:
     """``out`` as the run's output folder, which may not exist yet.
 
@@ -219,9 +226,11 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
                     checked=config.checked, trace=True,
                     liveness_timeout=config.liveness_timeout,
                     # as the SAC trainer's: rows that stopped coming fail the run
-                    # after --liveness-timeout too (min_snapshot_ptr: the warm-up)
+                    # after liveness_timeout too (min_snapshot_ptr: the warm-up). A
+                    # stall names the config's fields (the CLI's options as_option)
                     stall_timeout=config.liveness_timeout,
-                    stall_timeout_name="--liveness-timeout",  # what a stall names
+                    stall_timeout_name="liveness_timeout",
+                    min_snapshot_ptr_name=warm_up(config)[1],
                     trace_capacity=trace_capacity(config.ticks))
     return out_dir, rb, pipe
 

@@ -130,11 +130,14 @@ class RowWatch:
     """One wait's watch on the rows its tick needs: while the buffer holds fewer than
     that, a row added is the writer's sign of life. ``timeout`` None: no bound.
     ``name``: what the ``DataStalled`` calls the bound, the setting its user can
-    change (the pipeline's ``stall_timeout_name``)."""
+    change (the pipeline's ``stall_timeout_name``); ``rows_name``: what it calls the
+    rows the tick waits for (``min_snapshot_ptr_name``)."""
 
-    def __init__(self, timeout: float | None, name: str = "stall_timeout") -> None:
+    def __init__(self, timeout: float | None, name: str = "stall_timeout",
+                 rows_name: str = "min_snapshot_ptr") -> None:
         self.timeout = timeout
         self.name = name
+        self.rows_name = rows_name
         self._seen: tuple[int, int] | None = None  # (rows ever written, since ns)
 
     def verdict(self, tick: int, needed: int, rows: int, now_ns: int) -> DataStalled | None:
@@ -150,6 +153,6 @@ class RowWatch:
         if silent <= self.timeout:
             return None
         return DataStalled(
-            f"tick {tick} waits for {needed} rows (min_snapshot_ptr); the replay buffer "
+            f"tick {tick} waits for {needed} rows ({self.rows_name}); the replay buffer "
             f"has had {rows} for {silent:.1f} s ({self.name}): is whatever adds the "
             "rows still running?")

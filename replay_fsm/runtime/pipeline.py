@@ -133,9 +133,13 @@ class Pipeline:
             before the learner raises ``DataStalled``: whatever writes the rows
             stopped. None waits for rows for ever.
         stall_timeout_name: what the ``DataStalled`` message calls that bound. A
-            layer that sets ``stall_timeout`` from a setting of its own (the
-            commands' ``--liveness-timeout``) names that one, so its user is told
-            what to change, and the pipeline knows nothing of that layer.
+            layer that sets ``stall_timeout`` from a setting of its own (the SAC
+            trainer's and the demo's ``liveness_timeout``) names that one, so its user
+            is told what to change, and the pipeline knows nothing of that layer.
+        min_snapshot_ptr_name: what the ``DataStalled`` message calls the rows a
+            request waits for; likewise a layer that sets ``min_snapshot_ptr`` from
+            settings of its own (the SAC trainer's warm-up, ``warmup_steps``) names
+            them.
         checked: record reader and writer intervals per slot and raise on any
             overlap the invariants forbid; poison released device slots with NaN.
         trace: record transitions and spans (see ``tracer``) for Perfetto export.
@@ -161,7 +165,8 @@ class Pipeline:
             ``ReplayBuffer``'s interface, a flag that is not a bool, a count that is
             not an int, a collector that is neither a name nor a ``CollectorLink``, a
             collector name for a source that needs one, ``backend_options`` not a
-            mapping, a ``stall_timeout_name`` that is not a non-empty str).
+            mapping, a ``stall_timeout_name`` or ``min_snapshot_ptr_name`` that is not
+            a non-empty str).
     """
 
     def __init__(self, replay_buffer: ReplaySource, *,
@@ -172,16 +177,18 @@ class Pipeline:
                  backend_options: dict[str, Any] | None = None,
                  liveness_timeout: float = 5.0, attach_timeout: float = 60.0,
                  stall_timeout: float | None = 60.0,
-                 stall_timeout_name: str = "stall_timeout", checked: bool = False,
+                 stall_timeout_name: str = "stall_timeout",
+                 min_snapshot_ptr_name: str = "min_snapshot_ptr", checked: bool = False,
                  trace: bool = False, trace_capacity: int = 1 << 16,
                  packer_threads: int | None = 1, learner_packs: bool = True) -> None:
         sample_count = as_count("sample_count", sample_count, 1)
         as_seconds("liveness_timeout", liveness_timeout)
         as_seconds("attach_timeout", attach_timeout)
         as_seconds("stall_timeout", stall_timeout, none_ok=True)
-        if not isinstance(stall_timeout_name, str) or not stall_timeout_name:
-            raise TypeError(f"stall_timeout_name must be a non-empty str, got "
-                            f"{stall_timeout_name!r}")
+        for name, text in (("stall_timeout_name", stall_timeout_name),
+                           ("min_snapshot_ptr_name", min_snapshot_ptr_name)):
+            if not isinstance(text, str) or not text:
+                raise TypeError(f"{name} must be a non-empty str, got {text!r}")
         missing = [a for a in ("layout", "width", "ptr", "size", "gather")
                    if not hasattr(replay_buffer, a)]
         if missing:
@@ -207,6 +214,7 @@ class Pipeline:
         self.liveness_timeout = float(liveness_timeout)
         self.stall_timeout = None if stall_timeout is None else float(stall_timeout)
         self.stall_timeout_name = stall_timeout_name
+        self.min_snapshot_ptr_name = min_snapshot_ptr_name
         # One lock serialises every step; the condition waits on it. ``with
         # self._lock`` enters it in C, where ``with self._cv`` adds a Python frame.
         self._lock = threading.RLock()
@@ -915,7 +923,8 @@ class Pipeline:
                 if state in AVAILABLE:
                     break
             if state is SlotState.REQUESTED:
-                rows = rows or RowWatch(self.stall_timeout, self.stall_timeout_name)
+                rows = rows or RowWatch(self.stall_timeout, self.stall_timeout_name,
+                                        self.min_snapshot_ptr_name)
             self._judge_locked(tick, slot, state, now, rows)
             if deadline is not None and now / 1e9 >= deadline:
                 break  # a wait past its deadline at once (timeout 0) is judged once too

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from importlib.util import find_spec
 
@@ -96,15 +97,23 @@ def main(args: argparse.Namespace) -> int:
 
 
 def as_option(text: str, args: argparse.Namespace) -> str:
-    """``text`` with the setting it opens with (``num_envs must be >= 1``, as the
-    configs and the pipeline name their fields) written as the option that sets it
-    (``--num-envs must be >= 1``), where the command has that option: its user sets
-    options, not fields."""
+    """``text`` with the settings it names written as the options that set them: the
+    configs and the pipeline name their fields (``num_envs must be >= 1``, a stall's
+    ``(liveness_timeout)``), where the command's user set ``--num-envs`` and
+    ``--liveness-timeout``. Rewritten: the field that opens a ``... must`` message
+    (of any option of this command), and wherever it stands as a word, not quoted nor
+    part of a path or a longer name, a field of an option whose name has an
+    underscore (``ticks`` or ``seed`` alone may be a word of the prose)."""
+    options = [name for name in vars(args) if name not in ("command", "fn", "file")]
     name = text.split(" ", 1)[0]
-    if (name in vars(args) and name not in ("command", "fn", "file")
-            and text.startswith(f"{name} must ")):
-        return f"--{name.replace('_', '-')}{text[len(name):]}"
-    return text
+    if name in options and text.startswith(f"{name} must "):
+        text = f"--{name.replace('_', '-')}{text[len(name):]}"
+    fields = sorted((name for name in options if "_" in name), key=len, reverse=True)
+    if not fields:
+        return text
+    word = re.compile(r"(?<![\w'\"./\\-])(" + "|".join(map(re.escape, fields))
+                      + r")(?![\w'\"/\\-]|\.\w)")
+    return word.sub(lambda found: "--" + found[1].replace("_", "-"), text)
 
 
 MAX_LEARNER_THREADS = 256

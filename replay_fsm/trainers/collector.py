@@ -312,7 +312,7 @@ def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
                                 f"{ptr} rows")
         if looks.look(real_ns=time.monotonic_ns()) - since > timeout * 1e9:
             raise CollectorDied(f"the SAC collector added no row for {timeout:g} s "
-                                f"(--liveness-timeout) while the learner waited for {ptr} "
+                                f"(liveness_timeout) while the learner waited for {ptr} "
                                 f"rows (it has written {seen})")
         time.sleep(0.0005)  # rows usually exist already; this runs only on a stall
         if rb.ptr != seen:

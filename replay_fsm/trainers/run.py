@@ -71,6 +71,8 @@ from .shared import EpisodeLog, WeightRing
 
 SAMPLING = ("pipeline", "sync")
 COLLECTORS = ("process", "thread")
+# What a DataStalled calls the rows a tick waits for, P(t) of the module doc
+ROWS_NAME = "the warm-up's warmup_steps, then env_steps_per_tick x num_envs more a tick"
 
 
 @dataclass(frozen=True)
@@ -198,9 +200,11 @@ class Trainer:
                                  ring_depth=config.ring_depth, collector="external",
                                  liveness_timeout=config.liveness_timeout,
                                  # as the synchronous trainer's wait_rows: no row added
-                                 # for liveness_timeout fails the run
+                                 # for liveness_timeout fails the run. A stall names
+                                 # this config's fields (the CLI's options as_option)
                                  stall_timeout=config.liveness_timeout,
-                                 stall_timeout_name="--liveness-timeout")
+                                 stall_timeout_name="liveness_timeout",
+                                 min_snapshot_ptr_name=ROWS_NAME)
         self.worker: Any = None
         self.stop: Any = None
         self._at_exit: Callable[[], None] | None = None  # ends the collector if never closed
