@@ -13,13 +13,14 @@ one lock. An illegal step raises a ProtocolError and changes nothing
 
 from __future__ import annotations
 
+import decimal
 import functools
 import math
 import numbers
 import operator
 from collections import deque
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, overload
 
 from transitions import Event as _MachineEvent
 from transitions import Machine, MachineError
@@ -252,10 +253,19 @@ def as_seed(value: object, name: str = "base_seed") -> int:
     return seed
 
 
+@overload
+def as_seconds(name: str, value: object) -> float: ...
+
+
+@overload
+def as_seconds(name: str, value: object, *, none_ok: bool) -> float | None: ...
+
+
 def as_seconds(name: str, value: object, *, none_ok: bool = False) -> float | None:
     """``value`` as a finite number of seconds > 0 (None too where ``none_ok``): any
     real number, numpy's floats and integers among them (a setting read from an array
-    or a config loaded with numpy), never a bool.
+    or a config loaded with numpy), and a ``decimal.Decimal`` (one read from a config
+    with ``parse_float=Decimal``), never a bool.
 
     Raises:
         ValueError: anything else, a bool (numpy's too), nan and inf included (the
@@ -275,7 +285,14 @@ def seconds_of(value: object) -> float:
     bool, else nan, which every bound on seconds refuses; an int past float's range
     is inf. numpy's timedelta64 registers as an integer but counts its own unit
     (float() of 2 ns was 2.0 seconds, of 2 s a TypeError): it is no integer to
-    ``operator.index``, so it is refused too."""
+    ``operator.index``, so it is refused too. A ``decimal.Decimal``, which is no
+    ``numbers.Real`` but a number of seconds all the same, is taken as its float (a
+    signalling NaN as nan)."""
+    if isinstance(value, decimal.Decimal):
+        try:
+            return float(value)
+        except ValueError:  # sNaN: float() refuses it where it takes NaN
+            return math.nan
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return math.nan
     if isinstance(value, numbers.Integral):

@@ -226,6 +226,31 @@ def test_a_numpy_timedelta_is_no_number_of_seconds() -> None:
             as_seconds("liveness_timeout", bad)
 
 
+def test_a_decimal_is_a_number_of_seconds() -> None:
+    """A bound read from a config parsed with Decimal (json's parse_float=Decimal) was
+    refused as "must be a finite number of seconds > 0, got Decimal('2')": a Decimal
+    is no numbers.Real. It is taken as its float; its nan, sNaN and infinity are
+    refused as float's are, and a wait's timeout takes it too."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    from replay_fsm.core import seconds_of
+
+    assert as_seconds("liveness_timeout", Decimal("2")) == 2.0
+    got = as_seconds("liveness_timeout", Decimal("0.25"))
+    assert got == 0.25 and type(got) is float
+    assert seconds_of(Decimal("0")) == 0.0  # a wait's timeout of 0
+    for bad in (Decimal("NaN"), Decimal("sNaN"), Decimal("Infinity"), Decimal("-1"),
+                Decimal("0"), Decimal("1e999999")):
+        with pytest.raises(ValueError, match=r"^liveness_timeout must be a finite number "
+                                             r"of seconds > 0, got Decimal\("):
+            as_seconds("liveness_timeout", bad)
+    for kept_out in (True, np.timedelta64(2, "s")):  # still refused
+        with pytest.raises(ValueError):
+            as_seconds("liveness_timeout", kept_out)
+
+
 def test_seeds_use_the_whole_63_bit_range_and_no_more() -> None:
     core = Core(2, base_seed=MAX_SEED)  # the largest seed is allowed
     assert core.request(0).seed == MAX_SEED

@@ -497,6 +497,27 @@ def test_the_demo_pipeline_takes_the_configs_liveness_timeout(
         DemoConfig(liveness_timeout=0)
 
 
+def test_the_configs_bounds_are_kept_as_floats() -> None:
+    """A peer_timeout or liveness_timeout read as a Decimal was refused ("must be a
+    finite number of seconds > 0, got Decimal('5')"); one of numpy's was taken, then
+    kept as it was, and a rank makes its process group with
+    timedelta(seconds=peer_timeout), which refuses it ("unsupported type for timedelta
+    seconds component: numpy.float32")."""
+    import datetime
+    from decimal import Decimal
+
+    import numpy as np
+
+    for value in (Decimal("5"), np.float32(5.0), np.int64(5)):
+        config = DemoConfig(peer_timeout=value, liveness_timeout=value)
+        for seconds in (config.peer_timeout, config.liveness_timeout):
+            assert type(seconds) is float and seconds == 5.0
+        assert datetime.timedelta(seconds=config.for_rank(1, 7, "cpu").peer_timeout)
+    with pytest.raises(ValueError, match=r"peer_timeout must be at most 1e\+09 s .*got "
+                                         r"Decimal\('1E\+10'\)$"):
+        DemoConfig(peer_timeout=Decimal("1e10"))
+
+
 def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """--liveness-timeout bounds the wait for rows that stopped coming too (README,

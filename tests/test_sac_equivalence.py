@@ -86,6 +86,26 @@ def test_a_numpy_integer_seed_is_a_seed() -> None:
     replace(SMALL, seed=np.int64(7)).validate()  # a seed from a numpy generator
 
 
+def test_a_bound_taken_as_seconds_is_kept_as_a_float() -> None:
+    """A liveness_timeout read as a Decimal was refused ("must be a finite number of
+    seconds > 0, got Decimal('2')"); one of numpy's was taken, then kept as it was,
+    where the synchronous wait computes with it and the result's JSON holds it
+    ("Object of type float32 is not JSON serializable"). Both are kept as floats."""
+    import json
+    from dataclasses import asdict
+    from decimal import Decimal
+
+    import numpy as np
+
+    for value in (Decimal("2"), np.float32(2.0)):
+        config = replace(SMALL, liveness_timeout=value)
+        config.validate()
+        assert type(config.liveness_timeout) is float and config.liveness_timeout == 2.0
+        json.dumps(asdict(config))
+    with pytest.raises(ValueError, match=r"got Decimal\('NaN'\)$"):  # as given
+        replace(SMALL, liveness_timeout=Decimal("NaN")).validate()
+
+
 def test_compare_interleaves_both_trainers_and_times_each_on_its_own_clock() -> None:
     from replay_fsm.trainers.run import compare
 

@@ -91,12 +91,16 @@ class DemoConfig:
                              + ", ".join(signal.Signals(s).name for s in STOP_SIGNALS)
                              + f"), got {self.interrupt_signal!r}")
         as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
-        as_seconds("peer_timeout", self.peer_timeout)
-        if float(self.peer_timeout) > MAX_PEER_TIMEOUT_S:  # a number: as_seconds took it
+        peer_timeout = as_seconds("peer_timeout", self.peer_timeout)
+        if peer_timeout > MAX_PEER_TIMEOUT_S:
             raise ValueError(f"peer_timeout must be at most {MAX_PEER_TIMEOUT_S:g} s (about "
                              f"31 years; torch holds a collective's timeout in nanoseconds), "
                              f"got {self.peer_timeout!r}")
-        as_seconds("liveness_timeout", self.liveness_timeout)
+        # Kept as floats: a Decimal or a numpy number, taken as seconds, is no timedelta's
+        # seconds, and no JSON number in a summary
+        object.__setattr__(self, "peer_timeout", peer_timeout)
+        object.__setattr__(self, "liveness_timeout",
+                           as_seconds("liveness_timeout", self.liveness_timeout))
         if self.collector not in ("process", "thread"):
             raise ValueError(f"collector must be 'process' or 'thread', got "
                              f"{self.collector!r}")

@@ -111,14 +111,14 @@ class PipelineReplayBuffer(ReplayBuffer):
         # Here, not at the first sample (after learning_starts steps), as the pipeline would.
         ring_depth = as_ring_depth(ring_depth)
         base_seed = None if base_seed is None else as_seed(base_seed)
-        as_seconds("liveness_timeout", liveness_timeout)
+        seconds = as_seconds("liveness_timeout", liveness_timeout)
         self.buffer_size = max(buffer_size // n_envs, 1)
         self.optimize_memory_usage = False
         self.handle_timeout_termination = handle_timeout_termination
         self.ring_depth = ring_depth
         self.base_seed = (int(np.random.randint(0, 2**31 - 1)) if base_seed is None
                           else base_seed)
-        self.liveness_timeout = liveness_timeout
+        self.liveness_timeout = seconds
         # What add checks against float32's rounding: the integer spaces' values.
         self._integer_obs = np.dtype(observation_space.dtype).kind in "iu"
         self._integer_action = np.dtype(action_space.dtype).kind in "iu"

@@ -39,6 +39,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import math
 import os
 import platform
 import time
@@ -57,7 +58,7 @@ from replay_fsm import (  # public API only
     Pipeline,
     ReplayBuffer,
 )
-from replay_fsm.core import as_seconds, as_seed
+from replay_fsm.core import as_seconds, as_seed, seconds_of
 from replay_fsm.files import check_writable, make_folder, write_text
 from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
@@ -102,6 +103,14 @@ class SACConfig:
     learner_threads: int | None = 1
     liveness_timeout: float = 30.0
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        # A bound validate() takes (a Decimal, a numpy number) is kept as a float: the
+        # trainer's waits compute with it, and the result's JSON holds it. A bad one
+        # stays as given, for validate() to name.
+        seconds = seconds_of(self.liveness_timeout)
+        if 0 < seconds < math.inf:
+            object.__setattr__(self, "liveness_timeout", seconds)
 
     @property
     def sample_count(self) -> int:
