@@ -165,6 +165,29 @@ def test_a_factory_missing_an_option_is_not_said_to_refuse_the_device() -> None:
         unregister_backend("sized")
 
 
+@pytest.mark.parametrize("name", ["emulated", "manual", "on-the-cpu"])
+def test_a_backend_by_name_that_copies_elsewhere_than_the_device_is_refused(
+        name: str) -> None:
+    """``backend="emulated"`` or ``"manual"`` with ``device="cuda"`` gave a pipeline on
+    the CPU, silently (its ``device`` said "cpu"); so did a registered factory that
+    ignores its device. Refused as a backend instance on another device is; the
+    device it copies to, or one that names it, is taken."""
+    register_backend("on-the-cpu", lambda device: SubmitOnly("cpu"))
+    try:
+        for device in ("cuda", "cuda:1", "meta"):
+            with pytest.raises(ValueError) as info:
+                Pipeline(buffer(), sample_count=8, device=device, backend=name)
+            assert str(info.value) == (
+                f"backend {name!r} copies to 'cpu', not to the device asked for, "
+                f"{device!r}: leave device out, or name a backend that copies to "
+                f"{device!r}")
+        for device in (None, "cpu", "cpu:0", torch.device("cpu")):
+            with Pipeline(buffer(), sample_count=8, device=device, backend=name) as pipe:
+                assert pipe.device == torch.device("cpu")
+    finally:
+        unregister_backend("on-the-cpu")
+
+
 def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:
     """``backend="cuda"`` with ``device="cpu"``: torch's "Torch not compiled with CUDA
     enabled" here, and a silent cuda:0 on a machine with CUDA."""

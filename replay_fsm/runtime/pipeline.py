@@ -105,7 +105,9 @@ class Pipeline:
         device: the learner's device ("cpu", "cuda", "cuda:1", "mps", ...). None: the
             device of a ``backend`` instance, else "cpu". Given with an instance, it
             must be the instance's device (ValueError naming both otherwise: the
-            instance copies to its own device, whatever ``device`` says).
+            instance copies to its own device, whatever ``device`` says), and with a
+            backend by name, the device it copies to ("emulated" and "manual": the
+            CPU).
         sample_count: rows per batch; every call must pass the same value.
         base_seed: tick t samples with seed ``base_seed + t`` (INV-DATA).
         ring_depth: slots in the ring (2 to 64); up to ring_depth - 1 ticks prefetch.
@@ -160,7 +162,8 @@ class Pipeline:
 
     Raises:
         ValueError: a bad argument (unknown device, backend, collector, ring depth,
-            count, timeout), or a ``device`` other than a backend instance's.
+            count, timeout), or a ``device`` other than the one the backend, an
+            instance or one built by name, copies to.
         TypeError: an argument of the wrong type (a replay buffer without
             ``ReplayBuffer``'s interface, a flag that is not a bool, a count that is
             not an int, a collector that is neither a name nor a ``CollectorLink``, a

@@ -89,13 +89,14 @@ def build_backend(device: str | torch.device | None,
     with an instance, it must name the instance's device (one without an index,
     "cuda", names any device of its type; "cpu:0" is "cpu", "mps:0" "mps"): the
     instance copies to its own device, and a ``device`` it ignored silently would be
-    a wish not granted.
+    a wish not granted. So must it name the device of a backend built by name
+    ("emulated" and "manual" copy to the CPU whatever they are given).
 
     Raises:
         ValueError: an unknown device or backend name, an option the backend does not
             take or one it needs (or a factory that does not take the device), options
-            given with an instance, a device other than the instance's, or a device
-            this machine lacks.
+            given with an instance, a device other than the instance's or than the one
+            a backend built by name copies to, or a device this machine lacks.
         TypeError: ``backend`` is neither a name nor a TransferBackend, a registered
             factory built something else, or the backend has no ``device`` (an
             ``__init__`` of its own that neither set it nor called the base's).
@@ -142,7 +143,12 @@ def build_backend(device: str | torch.device | None,
     if not isinstance(built, TransferBackend):
         raise TypeError(f"backend {name!r}: its factory returned "
                         f"{type(built).__name__}, not a TransferBackend instance")
-    return _with_device(built)
+    own = parse_device(_with_device(built).device)
+    if device is not None and not _names(dev, own):
+        raise ValueError(f"backend {name!r} copies to {str(own)!r}, not to the device "
+                         f"asked for, {str(dev)!r}: leave device out, or name a backend "
+                         f"that copies to {str(dev)!r}")
+    return built
 
 
 # Device types torch has one device of: any index names that one.
