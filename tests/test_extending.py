@@ -487,7 +487,39 @@ def test_a_liveness_or_check_alive_answer_of_the_wrong_type_is_named(answer: obj
     assert isinstance(failed, TransferFailed)
     assert str(failed) == (f"tick 4: the backend's check_alive returned {answer!r}; it "
                            "returns None while the copy engine can complete copies, else "
-                           "a str saying why not")
+                           "a non-empty str saying why not")
+
+
+@pytest.mark.parametrize("blank", ["", "  \n"])
+def test_a_liveness_or_check_alive_answer_that_says_nothing_is_named(blank: str) -> None:
+    """A backend's check_alive that answered "" failed the run as "TransferFailed:
+    tick 4: ", a link's liveness answering Gone("") as "CollectorDied: tick 4: ": a
+    failure with no reason at all. Named as the wrong answers they are, as True is."""
+    from replay_fsm.errors import CollectorDied, TransferFailed
+    from replay_fsm.runtime.links import Gone
+    from replay_fsm.runtime.liveness import Watchdog
+    from replay_fsm.spec import SlotState
+
+    class Link:
+        def liveness(self, waiting: bool, timeout: float) -> object:
+            return Gone(blank)
+
+    class Backend:
+        def check_alive(self) -> object:
+            return blank
+
+    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
+    assert isinstance(died, CollectorDied)
+    assert str(died) == (f"tick 4: the collector link's liveness returned Gone(reason="
+                         f"{blank!r}, cause=None); it returns None while the other side "
+                         "can serve requests, else a replay_fsm.runtime.links.Gone saying "
+                         "why not")
+    failed = dog.verdict(4, 0, SlotState.SUBMITTED, 0.0)
+    assert isinstance(failed, TransferFailed)
+    assert str(failed) == (f"tick 4: the backend's check_alive returned {blank!r}; it "
+                           "returns None while the copy engine can complete copies, else "
+                           "a non-empty str saying why not")
 
 
 def test_a_link_whose_liveness_answers_true_fails_the_run_as_collector_died() -> None:

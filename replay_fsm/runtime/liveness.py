@@ -53,7 +53,8 @@ class Watchdog:
                                      f"{type(exc).__name__}: {exc}")
                 died.__cause__ = exc
                 return died
-            if gone is not None and not isinstance(gone, Gone):  # True, a str: a bug
+            if gone is not None and not (isinstance(gone, Gone) and _says(gone.reason)):
+                # True, a str, a Gone with no reason: a bug, and no reason to report
                 return CollectorDied(
                     f"tick {tick}: the collector link's liveness returned {gone!r}; it "
                     "returns None while the other side can serve requests, else a "
@@ -78,11 +79,11 @@ class Watchdog:
                                         f"{type(exc).__name__}: {exc}")
                 failed.__cause__ = exc
                 return failed
-            if why is not None and not isinstance(why, str):  # True for "alive": a bug
+            if why is not None and not _says(why):  # True for "alive", "": a bug
                 return TransferFailed(
                     f"tick {tick}: the backend's check_alive returned {why!r}; it returns "
-                    "None while the copy engine can complete copies, else a str saying "
-                    "why not")
+                    "None while the copy engine can complete copies, else a non-empty str "
+                    "saying why not")
             if why is not None:
                 return TransferFailed(f"tick {tick}: {why}")
             if waited_s > self.timeout:
@@ -124,6 +125,12 @@ class Watchdog:
             self._busy_seen = (since, now_ns)
             return 0.0
         return (now_ns - self._busy_seen[1]) / 1e9
+
+
+def _says(reason: object) -> bool:
+    """Whether ``reason``, a hook's answer why the other side is gone, says anything:
+    a str with more than blanks (an empty one made the run fail as "tick 4: ")."""
+    return isinstance(reason, str) and bool(reason.strip())
 
 
 class RowWatch:

@@ -146,8 +146,9 @@ class TransferBackend(abc.ABC):
         before ``setup``. Default: nothing to record."""
 
     def check_alive(self) -> str | None:
-        """None while the copy engine can still complete copies, else why it cannot
-        (its thread died). Asked while a slot is SUBMITTED (INV-LIVE)."""
+        """None while the copy engine can still complete copies, else why it cannot,
+        a non-empty str (its thread died). Asked while a slot is SUBMITTED
+        (INV-LIVE)."""
         return None
 
     def release_slots(self) -> None:
