@@ -6,7 +6,9 @@ from __future__ import annotations
 import importlib
 import sys
 import textwrap
+import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -186,6 +188,84 @@ def test_a_backend_by_name_that_copies_elsewhere_than_the_device_is_refused(
                 assert pipe.device == torch.device("cpu")
     finally:
         unregister_backend("on-the-cpu")
+
+
+@pytest.mark.parametrize("reported", ["0", True, 0.0, None])
+def test_a_completion_reported_with_something_other_than_the_slot_is_named(
+        reported: object) -> None:
+    """A backend that called ``on_complete("0")`` failed the run with the core's
+    "'<=' not supported between instances of 'int' and 'str'", one that called
+    ``on_complete(None)`` with an empty message (an AssertionError), and
+    ``on_complete(True)`` completed slot 1. Each is named as the backend's wrong call;
+    a numpy integer is a slot."""
+    import numpy as np
+
+    from replay_fsm.errors import PipelineFailed
+
+    class Reports(TransferBackend):
+        def __init__(self, what: Any) -> None:
+            super().__init__()
+            self.what = what
+
+        def submit(self, order):  # type: ignore[no-untyped-def]
+            self.copy_now(order.slot)
+            self.on_complete(self.what(order.slot))
+
+    with Pipeline(small_buffer(), sample_count=8, backend=Reports(lambda slot: reported),
+                  learner_packs=False) as pipe:
+        pipe.start_prepare(0, 8)
+        with pytest.raises(PipelineFailed) as info:
+            pipe.sample_large_batch(0, 8)
+    assert isinstance(info.value.__cause__, TypeError)
+    assert str(info.value.__cause__) == (
+        f"the backend called on_complete with {reported!r} of type "
+        f"{type(reported).__name__}; it takes the slot of the copy it completed, the int "
+        "order.slot")
+    with Pipeline(small_buffer(), sample_count=8, backend=Reports(np.int64),
+                  learner_packs=False) as pipe:
+        assert [tick for tick, _ in pipe.ticks(0, 3)] == [0, 1, 2]
+
+
+class Allocates(TransferBackend):
+    """A backend whose ``allocate`` gives what ``slots(host_slots)`` makes."""
+
+    def __init__(self, slots: Any) -> None:
+        super().__init__()
+        self.slots = slots
+
+    def allocate(self, host_slots):  # type: ignore[no-untyped-def]
+        return self.slots(host_slots)
+
+    def submit(self, order):  # type: ignore[no-untyped-def]
+        self.copy_now(order.slot)
+        self.on_complete(order.slot)
+
+
+@pytest.mark.parametrize("slots, error, message", [
+    (lambda host: None, TypeError, "Allocates.allocate returned None of type NoneType: it "
+     "returns one tensor per host slot, shaped like it (a list, or one tensor of them)"),
+    (lambda host: [torch.zeros(8, 11)], ValueError, "Allocates.allocate returned 1 device "
+     "slots for 2 host slots: it returns one tensor per host slot, shaped like it"),
+    (lambda host: [torch.zeros(8, 11), None], TypeError, "Allocates's device slot 1 is None "
+     "of type NoneType, not a tensor: its allocate returns one tensor per host slot, "
+     "shaped like it"),
+    (lambda host: [torch.zeros(8, 11), torch.zeros(11, 8)], ValueError, "Allocates's "
+     "device slot 1 has shape (11, 8), not its host slot's (8, 11): its allocate returns "
+     "one tensor per host slot, shaped like it"),
+])
+def test_device_slots_that_are_not_tensors_shaped_like_the_host_slots_are_named(
+        slots: Any, error: type, message: str) -> None:
+    """A backend whose ``allocate`` returned None made the constructor raise "'NoneType'
+    object is not subscriptable" from the first view of a slot; one slot short, "list
+    index out of range". Named as what allocate returned; nothing is left running."""
+    before = set(threading.enumerate())
+    with pytest.raises(error) as info:
+        Pipeline(small_buffer(), sample_count=8, backend=Allocates(slots))
+    assert str(info.value) == message
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+    with Pipeline(small_buffer(), sample_count=8,  # one tensor of the slots: a ring
+                  backend=Allocates(lambda host: torch.zeros(2, 8, 11))) as pipe:
+        assert [tick for tick, _ in pipe.ticks(0, 3)] == [0, 1, 2]
 
 
 def test_the_cuda_backend_refuses_a_device_of_another_type() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import operator
 import os
 import sys
 import threading
@@ -86,6 +87,21 @@ def _seen_for(first_seen: list[int | None], slot: int, now: int) -> float:
     if since is None:
         since = first_seen[slot] = now
     return (now - since) / 1e9
+
+
+def _completed_slot(slot: object) -> int:
+    """What a backend passed ``on_complete`` as the slot of a copy it completed: an int
+    or a numpy integer, never a bool (True would complete slot 1).
+
+    Raises:
+        TypeError: anything else, named as the backend's wrong call.
+    """
+    if not isinstance(slot, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(slot)  # type: ignore[arg-type]
+    raise TypeError(f"the backend called on_complete with {slot!r} of type "
+                    f"{type(slot).__name__}; it takes the slot of the copy it completed, "
+                    "the int order.slot")
 
 
 def _shapes_text(shapes: list[tuple[int, ...]]) -> str:
@@ -330,7 +346,7 @@ class Pipeline:
             # took (registered host memory, a copy-engine thread) behind.
             self.backend.trace(trace)
             self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
-            self._views = [replay_buffer.layout.views(self.backend.device_slot(i))
+            self._views = [replay_buffer.layout.views(self._device_slot(i))
                            for i in range(self.ring_depth)]
             self._worker.start()
             self._link.start(self._on_packer_error)
@@ -340,6 +356,47 @@ class Pipeline:
             with contextlib.suppress(Exception):
                 self.close()
             raise
+
+    def _device_slot(self, slot: int) -> torch.Tensor:
+        """G[slot] as the backend's setup left it, checked: a tensor shaped like the
+        host slot. A backend's ``allocate`` (or ``device_slot``) of its own that gives
+        something else is named, not met as the TypeError of the first view of it
+        ("'NoneType' object is not subscriptable").
+
+        Raises:
+            TypeError: not a tensor, or ``device_slot`` raised (chained).
+            ValueError: a tensor of another shape.
+        """
+        kind = type(self.backend).__name__
+        if type(self.backend).device_slot is TransferBackend.device_slot:  # allocate's
+            slots = getattr(self.backend, "device_slots", None)
+            try:
+                count: int | None = len(slots)  # type: ignore[arg-type]
+            except TypeError:
+                count = None
+            if count is None:
+                raise TypeError(f"{kind}.allocate returned {slots!r:.80} of type "
+                                f"{type(slots).__name__}: it returns one tensor per host "
+                                "slot, shaped like it (a list, or one tensor of them)")
+            if count < len(self.host_slots):
+                raise ValueError(f"{kind}.allocate returned {count} device slots for "
+                                 f"{len(self.host_slots)} host slots: it returns one "
+                                 "tensor per host slot, shaped like it")
+        try:
+            got = self.backend.device_slot(slot)
+        except Exception as exc:
+            raise TypeError(f"{kind}.device_slot({slot}) raised {type(exc).__name__}: "
+                            f"{exc}; its allocate returns one tensor per host slot") from exc
+        if not isinstance(got, torch.Tensor):
+            raise TypeError(f"{kind}'s device slot {slot} is {got!r:.80} of type "
+                            f"{type(got).__name__}, not a tensor: its allocate returns one "
+                            "tensor per host slot, shaped like it")
+        expected = tuple(self.host_slots[slot].shape)
+        if tuple(got.shape) != expected:
+            raise ValueError(f"{kind}'s device slot {slot} has shape {tuple(got.shape)}, "
+                             f"not its host slot's {expected}: its allocate returns one "
+                             "tensor per host slot, shaped like it")
+        return got
 
     # -- collector side -------------------------------------------------------
 
@@ -1166,6 +1223,8 @@ class Pipeline:
     @step  # on the learner's thread too (the cpu backend; a test's ManualBackend)
     def _on_copy_complete(self, slot: int) -> None:
         try:
+            if type(slot) is not int:  # a backend's bug: named, not the core's TypeError
+                slot = _completed_slot(slot)
             with self._lock:
                 if self._core.failure is not None or self._closed:
                     return
