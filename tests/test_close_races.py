@@ -4,6 +4,7 @@ again after it; two closes at once must not run the stops side by side."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -243,6 +244,104 @@ def test_the_exit_hook_ends_the_emulated_copy_engine() -> None:
         assert not engine.is_alive()
     finally:
         pipe.close()
+
+
+class StopAtExitRaises(CpuBackend):
+    """A backend whose ``stop_at_exit`` raises, or stops the exit with ``stop``."""
+
+    def __init__(self, stop: BaseException | None = None) -> None:
+        super().__init__()
+        self.stop, self.stopped_at_exit = stop, False
+
+    def stop_at_exit(self, timeout: float) -> list[str]:
+        self.stopped_at_exit = True
+        raise self.stop or RuntimeError("the copy engine would not stop")
+
+
+def test_a_stop_at_exit_that_raises_is_reported_not_dropped(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend's stop_at_exit that raised at the interpreter's exit vanished: no word
+    on standard error, exit code 0. It is a RuntimeWarning now, once every pipeline
+    left open is stopped (the others were and are); a filter that makes warnings
+    errors raises it then, and never in place of a Ctrl-C taken on the way."""
+    import warnings
+    import weakref
+
+    import replay_fsm.runtime.pipeline as pipeline_module
+
+    def exit_with(*backends: CpuBackend) -> list[Pipeline]:
+        pipes = [Pipeline(buffer(), sample_count=N, backend=b) for b in backends]
+        monkeypatch.setattr(pipeline_module, "_OPEN", weakref.WeakSet(pipes))
+        return pipes
+
+    pipes = exit_with(StopAtExitRaises(), CpuBackend())
+    with pytest.warns(RuntimeWarning) as caught:
+        pipeline_module._stop_open_pipelines()
+    assert [str(w.message) for w in caught] == [
+        "replay_fsm: a Pipeline left open, stopped at the interpreter's exit: its "
+        "backend's stop_at_exit raised RuntimeError: the copy engine would not stop"]
+    assert not any(pipe._worker._thread.is_alive() for pipe in pipes)
+    (linked,) = exit_with(CpuBackend())
+    link: Any = linked._link
+    stop = link.stop
+
+    def stop_raises(timeout: float) -> list[str]:
+        stop(timeout)
+        raise OSError("the packer's channel is gone")
+
+    link.stop = stop_raises
+    with pytest.warns(RuntimeWarning) as caught:
+        pipeline_module._stop_open_pipelines()
+    assert [str(w.message) for w in caught] == [
+        "replay_fsm: a Pipeline left open, stopped at the interpreter's exit: a stop of its "
+        "collector link or an observer's close raised OSError: the packer's channel is gone"]
+    link.stop = stop
+    backends = [StopAtExitRaises(), StopAtExitRaises(KeyboardInterrupt())]
+    pipes += exit_with(*backends)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(KeyboardInterrupt):
+            pipeline_module._stop_open_pipelines()
+        assert all(backend.stopped_at_exit for backend in backends)
+        pipes += exit_with(StopAtExitRaises())
+        with pytest.raises(RuntimeWarning, match="stop_at_exit raised RuntimeError: the "
+                                                 "copy engine would not stop$"):
+            pipeline_module._stop_open_pipelines()
+    for pipe in [*pipes, linked]:
+        with contextlib.suppress(OSError):  # linked: the error its exit stop kept
+            pipe.close()
+
+
+def test_the_exit_hooks_report_comes_after_the_programs_own_error() -> None:
+    """At a real exit, the report follows the traceback of the error that ended the
+    program, whose exit code stays."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import torch
+        from replay_fsm import Pipeline, ReplayBuffer
+        from replay_fsm.transfer.cpu import CpuBackend
+
+        class Raises(CpuBackend):
+            def stop_at_exit(self, timeout):
+                raise RuntimeError("the copy engine would not stop")
+
+        rb = ReplayBuffer(256, 3, 2)
+        rb.add_packed(torch.randn(256, rb.width))
+        pipe = Pipeline(rb, sample_count=8, backend=Raises())
+        pipe.start_prepare(0, 8)
+        raise ValueError("the trainer's own error")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 1, done.stderr
+    error = done.stderr.index("ValueError: the trainer's own error")
+    report = done.stderr.index("RuntimeWarning: replay_fsm: a Pipeline left open, stopped "
+                               "at the interpreter's exit: its backend's stop_at_exit "
+                               "raised RuntimeError: the copy engine would not stop")
+    assert error < report, done.stderr
 
 
 class Boom(RuntimeError):

@@ -17,6 +17,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 import weakref
 from collections.abc import Iterator, Mapping
 from types import FrameType
@@ -65,18 +66,32 @@ def _stop_open_pipelines() -> None:
     """Stop every pipeline left open, each within its bounded stops (a Ctrl-C in one
     does not spare the others; the first is raised at the end). Their waits for a
     close on another thread share one STOP_TIMEOUT_S: closes stuck in a backend's
-    drain made an exit wait that long once per pipeline."""
+    drain made an exit wait that long once per pipeline. What a hook raised on the
+    way (a backend's ``stop_at_exit``, say) is reported as a RuntimeWarning once
+    every pipeline is stopped, not dropped; a warnings filter that makes it an error
+    raises it then (Python prints it as an exception ignored in an exit callback),
+    after a Ctrl-C's, never instead of one."""
     interrupted: BaseException | None = None
+    failures: list[str] = []
     deadline = time.monotonic() + STOP_TIMEOUT_S
     for pipe in list(_OPEN):
         try:
-            pipe._stop_at_exit(deadline)
-        except Exception:  # noqa: BLE001 - the process is ending: what can stop, stops
-            continue
+            failures += pipe._stop_at_exit(deadline)
+        except Exception as exc:  # noqa: BLE001 - the process is ending: what can stop, stops
+            failures.append(f"its stop raised {type(exc).__name__}: {exc}")
         except BaseException as exc:  # noqa: BLE001 - raised once every pipeline stopped
             interrupted = interrupted or exc
+    refused: Exception | None = None  # a warning a filter turned into an error
+    for failure in failures:
+        try:
+            warnings.warn(f"replay_fsm: a Pipeline left open, stopped at the interpreter's "
+                          f"exit: {failure}", RuntimeWarning, stacklevel=1)
+        except Exception as exc:  # noqa: BLE001 - the other reports, and a Ctrl-C, first
+            refused = refused or exc
     if interrupted is not None:
         raise interrupted
+    if refused is not None:
+        raise refused
 
 
 def _seen_for(first_seen: list[int | None], slot: int, now: int) -> float:
@@ -829,14 +844,17 @@ class Pipeline:
             if DEFERRED:  # a stop signal came during the core's close: raised now
                 raise_deferred()
 
-    def _stop_at_exit(self, deadline: float | None = None) -> None:
+    def _stop_at_exit(self, deadline: float | None = None) -> list[str]:
         """The interpreter's exit: stop the collector link, the transfer worker and then
         the backend's own threads (``stop_at_exit``), each bounded (STOP_TIMEOUT_S),
         not the backend's drain, which has no bound (a copy that never completes, a hung
         device) and is moot as the process ends. A close on another thread is waited
-        for until ``deadline`` (time.monotonic; None: STOP_TIMEOUT_S from now)."""
+        for until ``deadline`` (time.monotonic; None: STOP_TIMEOUT_S from now).
+        Returns what the hooks raised on the way, for the exit hook to report: every
+        stop still runs after one that raised, and there is no close to raise it."""
         if os.getpid() != self._pid or self._stopped:
-            return
+            return []
+        failures: list[str] = []
         # After a close running on another thread (a daemon's), not beside it; bounded
         # as well, since that close may be stuck in the backend's drain.
         wait = STOP_TIMEOUT_S if deadline is None else max(0.0, deadline - time.monotonic())
@@ -844,12 +862,20 @@ class Pipeline:
         try:
             if not self._stopped:
                 self._stop_sides()
+                kept = self._close_error  # a link's stop, an observer's close
+                if kept is not None:
+                    failures.append(f"a stop of its collector link or an observer's close "
+                                    f"raised {type(kept).__name__}: {kept}")
                 # After the worker: nothing submits to the backend any more.
-                with self._closing_step():
+                try:
                     self.backend.stop_at_exit(STOP_TIMEOUT_S)
+                except Exception as exc:  # noqa: BLE001 - reported, the others stopped
+                    failures.append(f"its backend's stop_at_exit raised "
+                                    f"{type(exc).__name__}: {exc}")
         finally:
             if got:
                 self._close_lock.release()
+        return failures
 
     def _stop_sides(self) -> list[str]:
         """Close the core (once: a close that a Ctrl-C cut short is finished by the
