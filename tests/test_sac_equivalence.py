@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 pytest.importorskip("gymnasium")
 
@@ -84,6 +85,60 @@ def test_a_numpy_integer_seed_is_a_seed() -> None:
     import numpy as np
 
     replace(SMALL, seed=np.int64(7)).validate()  # a seed from a numpy generator
+
+
+@pytest.mark.parametrize("change", [
+    {"seed": 7}, {"num_envs": 2}, {"ticks": 3}, {"learner_threads": 2}, {"lr": 1e-3},
+    {"gamma": 1.0}, {"tau": 0.5}])
+def test_numpy_numbers_are_kept_as_the_json_numbers_of_the_result(
+        change: dict[str, Any]) -> None:
+    """A numpy integer seed (or count) was taken, then kept as it was, and the run's
+    result ("Object of type int64 is not JSON serializable") could not be written
+    where it ends (helper-110: 1 of 1). Kept as an int, or a float for a rate."""
+    import json
+    from dataclasses import asdict
+
+    import numpy as np
+
+    (name, value), = change.items()
+    numpy = np.float64(value) if isinstance(value, float) else np.int64(value)
+    config = replace(SMALL, **{name: numpy})
+    config.validate()
+    kept = getattr(config, name)
+    assert type(kept) is type(value) and kept == value
+    json.dumps(asdict(config))
+
+
+@pytest.mark.parametrize("change, error, message", [
+    ({"num_envs": 2.5}, TypeError, r"num_envs must be an int \(or numpy integer\), got "
+                                   r"2.5 of type float"),  # was taken: 2.5 >= 1
+    ({"batch_size": "8"}, TypeError, "batch_size must be an int"),  # '<' not supported
+    ({"ticks": True}, TypeError, "ticks must be an int"),  # was taken as 1
+    ({"learner_threads": 2.0}, TypeError, "learner_threads must be an int"),
+    ({"lr": "x"}, TypeError, "lr must be a real number > 0, got 'x'"),  # was taken
+    ({"lr": 0}, ValueError, "lr must be > 0, got 0.0"),
+    ({"lr": float("nan")}, ValueError, "lr must be > 0, got nan"),
+    ({"gamma": 1.5}, ValueError, r"gamma must be in \[0, 1\], got 1.5"),
+    ({"tau": 0}, ValueError, r"tau must be in \(0, 1\], got 0.0"),
+    ({"progress": "no"}, TypeError, "progress must be a bool, got 'no'"),  # was taken
+    ({"env": None}, TypeError, "env must be a str, got None"),
+])
+def test_options_of_the_wrong_type_or_range_are_named(
+        change: dict[str, Any], error: type[Exception], message: str) -> None:
+    """From Python no parser checks a config's types: a float count, a str rate, a
+    str flag were taken (or failed later, in the trainer's own code)."""
+    with pytest.raises(error, match=message):
+        replace(SMALL, **change).validate()
+
+
+def test_a_torch_device_is_kept_as_its_name() -> None:
+    import json
+    from dataclasses import asdict
+
+    config = replace(SMALL, device=torch.device("cpu"))
+    config.validate()
+    assert config.device == "cpu"
+    json.dumps(asdict(config))
 
 
 def test_a_bound_taken_as_seconds_is_kept_as_a_float() -> None:

@@ -40,6 +40,7 @@ import atexit
 import contextlib
 import json
 import math
+import operator
 import os
 import platform
 import time
@@ -75,6 +76,30 @@ COLLECTORS = ("process", "thread")
 # What a DataStalled calls the rows a tick waits for, P(t) of the module doc
 ROWS_NAME = "the warm-up's warmup_steps, then env_steps_per_tick x num_envs more a tick"
 
+# SACConfig's fields that are counts (the seed, learner_threads also ints, checked on
+# their own), and those that are real numbers (each with its range, as a test on the
+# value and the words for it).
+INT_FIELDS = ("num_envs", "batch_size", "updates_per_tick", "env_steps_per_tick", "ticks",
+              "warmup_steps", "capacity", "ring_depth", "hidden")
+REAL_FIELDS: dict[str, tuple[Callable[[float], bool], str]] = {
+    "lr": (lambda x: 0 < x < math.inf, "> 0"),
+    "gamma": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "tau": (lambda x: 0 < x <= 1, "in (0, 1]"),
+}
+
+
+def _as_int(name: str, value: object) -> int:
+    """``value`` as a plain int: ints and numpy integers, never a bool or a float.
+
+    Raises:
+        TypeError: not an integer, naming ``name``.
+    """
+    if not isinstance(value, bool):
+        with contextlib.suppress(TypeError):
+            return operator.index(value)  # type: ignore[arg-type]
+    raise TypeError(f"{name} must be an int (or numpy integer), got {value!r} of type "
+                    f"{type(value).__name__}")
+
 
 @dataclass(frozen=True)
 class SACConfig:
@@ -105,12 +130,26 @@ class SACConfig:
     progress: bool = True
 
     def __post_init__(self) -> None:
-        # A bound validate() takes (a Decimal, a numpy number) is kept as a float: the
-        # trainer's waits compute with it, and the result's JSON holds it. A bad one
-        # stays as given, for validate() to name.
+        # A bound validate() takes (a Decimal, a numpy number) is kept as a float, and
+        # a count as an int (a numpy integer): the trainer's waits compute with them,
+        # and the result's JSON holds them (a numpy number is no JSON number). A bad
+        # one stays as given, for validate() to name.
         seconds = seconds_of(self.liveness_timeout)
         if 0 < seconds < math.inf:
             object.__setattr__(self, "liveness_timeout", seconds)
+        for name in (*INT_FIELDS, "seed", "learner_threads"):
+            value = getattr(self, name)
+            if value is not None and type(value) is not int:
+                with contextlib.suppress(TypeError):
+                    object.__setattr__(self, name, _as_int(name, value))
+        if isinstance(self.device, torch.device):
+            object.__setattr__(self, "device", str(self.device))
+        for name in REAL_FIELDS:
+            value = getattr(self, name)
+            if type(value) is not float and isinstance(value, (int, float, np.floating,
+                                                               np.integer)) \
+                    and not isinstance(value, (bool, np.bool_)):
+                object.__setattr__(self, name, float(value))
 
     @property
     def sample_count(self) -> int:
@@ -127,7 +166,23 @@ class SACConfig:
 
     def validate(self) -> None:
         """Raises:
+            TypeError: an option of the wrong type (a count that is not an int, a
+                rate that is not a real number, a flag that is not a bool), naming it.
             ValueError: an option out of range, naming it and the fix."""
+        for name in INT_FIELDS:
+            _as_int(name, getattr(self, name))  # the type: ranges below
+        for name, (within, words) in REAL_FIELDS.items():
+            value = getattr(self, name)
+            if type(value) is not float:
+                raise TypeError(f"{name} must be a real number {words}, got {value!r} "
+                                f"of type {type(value).__name__}")
+            if not within(value):
+                raise ValueError(f"{name} must be {words}, got {value!r}")
+        for name in ("env", "device", "sampling", "collector"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"{name} must be a str, got {getattr(self, name)!r}")
+        if not isinstance(self.progress, bool):
+            raise TypeError(f"progress must be a bool, got {self.progress!r}")
         positive = ("num_envs", "batch_size", "updates_per_tick", "env_steps_per_tick",
                     "ticks", "warmup_steps", "capacity", "hidden")
         for name in positive:
@@ -154,7 +209,8 @@ class SACConfig:
                              f"is drawn with seed + t), got {self.seed!r}")
         as_seconds("liveness_timeout", self.liveness_timeout)
         available_device(self.device)  # the library's error, before anything starts
-        if self.learner_threads is not None and self.learner_threads < 1:
+        if self.learner_threads is not None and _as_int(
+                "learner_threads", self.learner_threads) < 1:
             raise ValueError(f"learner_threads must be None or >= 1, got "
                              f"{self.learner_threads}")
         written = self.snapshot_ptr(self.ticks + self.ring_depth)
