@@ -466,3 +466,16 @@ def attach_and_count_watches(handles: list[PackerHandle], rb: ReplayBuffer,
     os.close(read)
     os.waitpid(pid, 0)
     answers.put((watches, child))
+
+
+def attach_or_refused(handle: PackerHandle, rb: ReplayBuffer, answers: Any) -> None:
+    """Attach to ``handle`` and put "attached", or put "refused" where the attach
+    raises ProtocolError (another process is attached and lives)."""
+    from replay_fsm import ProtocolError
+
+    try:
+        Packer.attach(handle, rb)
+    except ProtocolError:
+        answers.put("refused")
+    else:
+        answers.put("attached")

@@ -1297,3 +1297,77 @@ def test_a_restart_while_the_learner_waits_for_a_place_gives_it_back_once_it_got
     learner.join(MARGIN_S)
     assert sent.is_set() and requests.taken == 2  # tick 1 read, and waits for rows
     assert requests.backlog + requests._spaces.get_value() == requests.capacity
+
+
+@IN_ORDER
+def test_a_second_restart_at_once_is_refused_while_the_learner_waits_for_a_place(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart whose predecessor lost a place, the learner waiting for one, waited
+    out restore_spaces' patience (LEARNER_CHECK_S) holding the claim lock, and nothing
+    it could read then: only its own gets free a place. A second restart attaching
+    at once waits that long for the lock, then attached without it, read the dead
+    predecessor's pid (the first stores its own last), and both read the request
+    channel: two readers, which the lock is there to refuse (helper-115: two fork
+    children released by one barrier both attached in 19 of 20 trials, 0 of 20 at
+    565ea65). The attach reads once and leaves the rest to its ``service`` calls."""
+    import contextlib
+    import os
+    import threading
+    import time
+    from types import SimpleNamespace
+
+    from replay_fsm.data import channel as channel_module
+
+    from .collectors import attach_or_refused
+
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6  # a request read waits for rows: nothing is packed
+    for tick in range(3):
+        assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
+    _get_killed_after_its_count(requests)
+    assert requests.put(request(3, 1, 32, min_ptr=unreached))  # no place free now
+    sent = threading.Event()
+
+    def send() -> None:
+        with contextlib.suppress(ChannelClosed):
+            if requests.put(request(4, 0, 32, min_ptr=unreached), timeout=MARGIN_S):
+                sent.set()
+    learner = threading.Thread(target=send, daemon=True)
+    learner.start()
+    deadline = time.monotonic() + MARGIN_S
+    while requests._counters[4] != 5 and time.monotonic() < deadline:
+        time.sleep(0.001)  # its put began: it waits for a place
+    _dead_predecessor(h)
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+
+    came: list[bool] = []
+
+    def second_restart() -> None:
+        came.append(True)
+        child = ctx.Process(target=attach_or_refused, args=(h, rb, answers))
+        child.start()
+        child.join(MARGIN_S)
+
+    def the_second_comes(seconds: float) -> None:  # while the first waits, if it does
+        monkeypatch.setattr(channel_module, "time", time)
+        second_restart()
+    monkeypatch.setattr(channel_module, "time", SimpleNamespace(
+        monotonic=time.monotonic, sleep=the_second_comes))
+    try:
+        packer = Packer.attach(h, rb)
+        monkeypatch.setattr(channel_module, "time", time)
+        if not came:
+            second_restart()
+        assert answers.get(timeout=MARGIN_S) == "refused"
+        assert h.packer_pid == os.getpid() and not h.packer_state[8]  # not UNSURE
+        # The place is given back at a service call once the learner's put has one.
+        deadline = time.monotonic() + MARGIN_S
+        while requests.lost_spaces and time.monotonic() < deadline:
+            packer.service(timeout=0.01)
+        learner.join(MARGIN_S)
+        assert sent.is_set() and requests.lost_spaces == 0
+    finally:
+        h.close()
+        learner.join(MARGIN_S)

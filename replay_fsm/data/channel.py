@@ -333,12 +333,12 @@ class Channel:
         would be counted as lost too): a put marks itself begun before it goes for
         a place and settled once its record is counted (or it gave up); read again
         until begun and settled are equal and begun is unmoved after the
-        semaphore's read, for at most ``patience_s`` seconds. None when no such
-        instant came (a put waiting for a place, which only this consumer's next
-        get may free, or a producer stopped inside its put): nothing given back,
-        ask again after a get. 0 on a closed channel, where the semaphore's value
-        cannot be read (macOS), and on a CPU that may show the put's stores out of
-        order (``STORES_IN_ORDER`` False).
+        semaphore's read, for at most ``patience_s`` seconds (0: read once). None
+        when no such instant came (a put waiting for a place, which only this
+        consumer's next get may free, or a producer stopped inside its put):
+        nothing given back, ask again after a get. 0 on a closed channel, where the
+        semaphore's value cannot be read (macOS), and on a CPU that may show the
+        put's stores out of order (``STORES_IN_ORDER`` False).
         """
         if not STORES_IN_ORDER:
             return 0
@@ -357,7 +357,7 @@ class Channel:
                 break
             if counters[2]:
                 return 0
-            if time.monotonic() > deadline:
+            if time.monotonic() >= deadline:
                 return None
             time.sleep(0.001)
         lost = self.capacity - (tail - counters[0]) - spaces

@@ -513,9 +513,12 @@ class Packer:
                     if not handle.packer_state[UNSURE]:
                         # Or it counted the request read and never freed its place:
                         # given back only while every reader before is surely gone
-                        # (one alive would free its place itself, one too many).
+                        # (one alive would free its place itself, one too many). One
+                        # reading, no wait: a learner waiting for a place waits for
+                        # this process's gets, and a second restart waiting for the
+                        # lock that long would attach without it, beside this one.
                         packer.places_owed = handle.requests.restore_spaces(
-                            LEARNER_CHECK_S) is None
+                            0.0) is None
                 else:
                     handle.packer_state[UNSURE] = 1
             elif not locked:
