@@ -458,10 +458,10 @@ def test_a_request_channel_full_of_lost_places_fails_the_send_saying_so(
         send(link)
     assert str(info.value) == (
         "request channel stayed full for 10 s: 4 of its 4 places were lost by "
-        "collector processes killed inside their get (between counting a request "
-        "read and freeing its place) and not given back by a restart (which gives "
-        "them back only on an x86 CPU, where every collector process attached "
-        "before it is surely gone)")
+        "collector processes killed (or stopped) inside their get, between counting "
+        "a request read and freeing its place, and not given back by a restart "
+        "(which gives them back only under a 64-bit x86 Python, where every "
+        "collector process attached before it is surely gone)")
 
 
 def test_receive_waits_no_longer_than_asked(link: ExternalCollector) -> None:

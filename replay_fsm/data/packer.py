@@ -504,19 +504,22 @@ class Packer:
                 handle.packer_state[READ_BEFORE] = handle.requests.taken
                 handle.packer_state[PREDECESSOR] = pid
                 if locked and (not record[0] or owner.lives(record) is False):
-                    # Surely gone. Killed inside its get, it took a request's item
-                    # and never counted the request read: this process reads that
-                    # request next, with its own item again, not every request one
-                    # behind. Only under the claim lock: two restarts attaching at
-                    # once would each give the same item back.
-                    handle.requests.restore_taken(LEARNER_CHECK_S)
+                    # Surely gone, and given back only while every reader before it
+                    # is surely gone too (one alive inside its get would count its
+                    # record, or free its place, itself: one too many), and only
+                    # under the claim lock (two restarts at once would each give
+                    # the same back).
                     if not handle.packer_state[UNSURE]:
-                        # Or it counted the request read and never freed its place:
-                        # given back only while every reader before is surely gone
-                        # (one alive would free its place itself, one too many). One
-                        # reading, no wait: a learner waiting for a place waits for
-                        # this process's gets, and a second restart waiting for the
-                        # lock that long would attach without it, beside this one.
+                        # Killed inside its get, it took a request's item and never
+                        # counted the request read: this process reads that request
+                        # next, with its own item again, not every request one
+                        # behind. A short patience: a second restart waiting for the
+                        # lock for LEARNER_CHECK_S would attach without it, beside
+                        # this one.
+                        handle.requests.restore_taken(LEARNER_CHECK_S / 5)
+                        # Or it counted the request read and never freed its place.
+                        # One reading, no wait: a learner waiting for a place waits
+                        # for this process's gets (``service`` reads again).
                         packer.places_owed = handle.requests.restore_spaces(
                             0.0) is None
                 else:

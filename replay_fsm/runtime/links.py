@@ -259,10 +259,11 @@ class ChannelLink(CollectorLink):
                 raise RuntimeError(
                     f"request channel stayed full for 10 s: {lost} of its "
                     f"{requests.capacity} places were lost by collector processes "
-                    "killed inside their get (between counting a request read and "
-                    "freeing its place) and not given back by a restart (which "
-                    "gives them back only on an x86 CPU, where every collector "
-                    "process attached before it is surely gone)")
+                    "killed (or stopped) inside their get, between counting a "
+                    "request read and freeing its place, and not given back by a "
+                    "restart (which gives them back only under a 64-bit x86 Python, "
+                    "where every collector process attached before it is surely "
+                    "gone)")
             raise RuntimeError("request channel stayed full for 10 s; the packer is stuck")
 
     def receive(self, timeout: float) -> PackDone | None:
