@@ -470,6 +470,34 @@ def test_a_setting_a_message_names_is_written_as_its_option() -> None:
         assert as_option(text, args) == said
 
 
+@pytest.mark.usefixtures("sac_extras")
+def test_a_value_the_user_typed_is_not_written_as_an_option(
+        capsys: pytest.CaptureFixture[str], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A folder named as a field, given as a relative --out, is shown as it is: demo
+    said "--sample-count is a file; --out names the output folder" of ``--out
+    sample_count`` (3 of 3), sac "--num-envs is a file, not a folder" of ``--out
+    num_envs/r.json``, and gymnasium's "Environment `batch_size` doesn't exist" of
+    ``--env batch_size`` became "`--batch-size`" (helper-116)."""
+    import argparse
+
+    from replay_fsm.trainers.cli import as_option
+
+    monkeypatch.chdir(tmp_path)
+    for taken in ("sample_count", "num_envs"):
+        (tmp_path / taken).write_text("mine")
+    err = one_line_error(capsys, main(["demo", "--ticks", "2", "--out", "sample_count",
+                                       "--no-progress"]))
+    assert "error: sample_count is a file; --out names the output folder" in err, err
+    err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--ticks", "2",
+                                       "--out", "num_envs/r.json", "--no-progress"]))
+    assert "error: num_envs is a file, not a folder" in err, err
+    args = argparse.Namespace(command="sac", fn=None, env="batch_size", batch_size=256,
+                              liveness_timeout=30.0, out="sac-out")
+    assert as_option("Environment `batch_size` doesn't exist. (liveness_timeout)",
+                     args) == "Environment `batch_size` doesn't exist. (--liveness-timeout)"
+
+
 def test_python_dash_m_replay_fsm_is_the_command() -> None:
     out = subprocess.run([sys.executable, "-m", "replay_fsm", "diagram"],
                          capture_output=True, text=True, timeout=120)

@@ -103,12 +103,18 @@ def as_option(text: str, args: argparse.Namespace) -> str:
     ``--liveness-timeout``. Rewritten: the field that opens a ``... must`` message
     (of any option of this command), and wherever it stands as a word, not quoted nor
     part of a path or a longer name, a field of an option whose name has an
-    underscore (``ticks`` or ``seed`` alone may be a word of the prose)."""
+    underscore (``ticks`` or ``seed`` alone may be a word of the prose), unless it is
+    a word of a value the user typed: ``--out sample_count`` names a folder, which a
+    message may show as it is ("sample_count is a file"), and ``--env batch_size`` a
+    task gymnasium quotes with backticks."""
     options = [name for name in vars(args) if name not in ("command", "fn", "file")]
     name = text.split(" ", 1)[0]
     if name in options and text.startswith(f"{name} must "):
         text = f"--{name.replace('_', '-')}{text[len(name):]}"
-    fields = sorted((name for name in options if "_" in name), key=len, reverse=True)
+    typed = {word for value in vars(args).values() if isinstance(value, str)
+             for word in re.findall(r"\w+", value)}
+    fields = sorted((name for name in options if "_" in name and name not in typed),
+                    key=len, reverse=True)
     if not fields:
         return text
     word = re.compile(r"(?<![\w'\"./\\-])(" + "|".join(map(re.escape, fields))
