@@ -602,6 +602,32 @@ def test_a_liveness_or_check_alive_answer_that_says_nothing_is_named(blank: str)
                            "a non-empty str saying why not")
 
 
+def test_a_gone_with_no_reason_keeps_its_cause_chained() -> None:
+    """A link's Gone("", cause) failed the run as "tick 4: " with the cause chained;
+    since 34c5f1b it is named as a wrong answer, and the cause, the one account of
+    the death there is, was no longer chained (its traceback lost; helper-116)."""
+    from replay_fsm.errors import CollectorDied
+    from replay_fsm.runtime.links import Gone
+    from replay_fsm.runtime.liveness import Watchdog
+    from replay_fsm.spec import SlotState
+
+    cause = ConnectionResetError("the collector's socket closed")
+
+    class Link:
+        def liveness(self, waiting: bool, timeout: float) -> object:
+            return Gone("", cause)
+
+    class Backend:
+        def check_alive(self) -> object:
+            return None
+
+    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
+    assert isinstance(died, CollectorDied)
+    assert "liveness returned Gone(reason=''" in str(died)
+    assert died.__cause__ is cause
+
+
 def test_a_link_whose_liveness_answers_true_fails_the_run_as_collector_died() -> None:
     """Through a real pipeline: the learner's wait raised AttributeError, not the
     run's failure (helper-106)."""

@@ -54,11 +54,14 @@ class Watchdog:
                 died.__cause__ = exc
                 return died
             if gone is not None and not (isinstance(gone, Gone) and _says(gone.reason)):
-                # True, a str, a Gone with no reason: a bug, and no reason to report
-                return CollectorDied(
+                # True, a str, a Gone with no reason: a bug, and no reason to report;
+                # a Gone's cause, the one account of it there is, is chained all the same
+                wrong = CollectorDied(
                     f"tick {tick}: the collector link's liveness returned {gone!r}; it "
                     "returns None while the other side can serve requests, else a "
                     "replay_fsm.runtime.links.Gone saying why not")
+                wrong.__cause__ = gone.cause if isinstance(gone, Gone) else None
+                return wrong
             if gone is not None:
                 died = CollectorDied(f"tick {tick}: {gone.reason}")
                 died.__cause__ = gone.cause
