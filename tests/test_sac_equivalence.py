@@ -118,7 +118,10 @@ def test_numpy_numbers_are_kept_as_the_json_numbers_of_the_result(
     ({"lr": "x"}, TypeError, "lr must be a real number > 0, got 'x'"),  # was taken
     ({"lr": 0}, ValueError, "lr must be > 0, got 0.0"),
     ({"lr": float("nan")}, ValueError, "lr must be > 0, got nan"),
-    ({"gamma": 1.5}, ValueError, r"gamma must be in \[0, 1\], got 1.5"),
+    ({"gamma": 1.5}, ValueError, r"gamma must be in \(0, 1\], got 1.5"),
+    # SAC refuses 0 too: validate took it, the trainer then said "need 0 < gamma <= 1,
+    # 0 < tau <= 1 and lr > 0" (helper-116)
+    ({"gamma": 0.0}, ValueError, r"gamma must be in \(0, 1\], got 0.0"),
     ({"tau": 0}, ValueError, r"tau must be in \(0, 1\], got 0.0"),
     ({"progress": "no"}, TypeError, "progress must be a bool, got 'no'"),  # was taken
     ({"env": None}, TypeError, "env must be a str, got None"),

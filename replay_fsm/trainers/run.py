@@ -83,7 +83,7 @@ INT_FIELDS = ("num_envs", "batch_size", "updates_per_tick", "env_steps_per_tick"
               "warmup_steps", "capacity", "ring_depth", "hidden")
 REAL_FIELDS: dict[str, tuple[Callable[[float], bool], str]] = {
     "lr": (lambda x: 0 < x < math.inf, "> 0"),
-    "gamma": (lambda x: 0 <= x <= 1, "in [0, 1]"),
+    "gamma": (lambda x: 0 < x <= 1, "in (0, 1]"),  # as SAC itself takes it
     "tau": (lambda x: 0 < x <= 1, "in (0, 1]"),
 }
 
