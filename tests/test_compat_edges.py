@@ -136,6 +136,31 @@ def test_one_tensor_of_two_slots_is_taken_as_the_slots() -> None:
         pipe.close()
 
 
+def test_a_sequence_of_tensors_other_than_a_list_is_taken_as_the_slots() -> None:
+    """The signature takes a ``Sequence[torch.Tensor]``: a ``UserList`` of the slots
+    served the seed's protocol as a list does (8 ticks, every batch bit for bit, 1 of
+    1), until dffe562 refused it as "got UserList" (helper-116). Its elements are
+    still checked."""
+    from collections import UserList
+
+    slots = UserList([torch.zeros(N, WIDTH).share_memory_() for _ in range(2)])
+    pipe = CPUPinnedDoubleBufferReplayPipeline(
+        SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
+        collector_pack_request_queue=queue.Queue(), collector_pack_ready_queue=queue.Queue(),
+        collector_pack_shared_slots=slots)
+    try:
+        assert [s.data_ptr() for s in pipe.pipeline.host_slots] == [
+            s.data_ptr() for s in slots]
+    finally:
+        pipe.close()
+    with pytest.raises(TypeError, match="got a UserList of ndarray$"):
+        CPUPinnedDoubleBufferReplayPipeline(
+            SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
+            collector_pack_request_queue=queue.Queue(),
+            collector_pack_ready_queue=queue.Queue(),
+            collector_pack_shared_slots=UserList([np.zeros((N, WIDTH), np.float32)] * 2))
+
+
 # -- errors in the seed's numbering -------------------------------------------------
 
 def test_a_failure_names_the_seeds_tick_id_and_is_raised_again_as_the_same_error() -> None:

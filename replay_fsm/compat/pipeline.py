@@ -59,10 +59,12 @@ class _Copies(Observer):
 
 def _not_host_slots(slots: Any) -> Exception | None:
     """The error for ``collector_pack_shared_slots`` that the collector cannot pack
-    into: not tensors (TypeError), or tensors outside host memory (ValueError)."""
+    into: not tensors (TypeError), or tensors outside host memory (ValueError). Any
+    sequence of tensors is a list of them (the signature's ``Sequence``: a
+    ``UserList`` served the seed's protocol as a list does); a str is none."""
     listed = [slots] if isinstance(slots, torch.Tensor) else slots
     what = type(slots).__name__
-    if isinstance(listed, (list, tuple)):
+    if isinstance(listed, Sequence) and not isinstance(listed, (str, bytes)):
         kinds = sorted({type(s).__name__ for s in listed if not isinstance(s, torch.Tensor)})
         what = f"a {what} of {', '.join(kinds)}"
         if not kinds:
