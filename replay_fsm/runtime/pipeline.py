@@ -407,10 +407,15 @@ class Pipeline:
                             f"{type(got).__name__}, not a tensor: its allocate returns one "
                             "tensor per host slot, shaped like it")
         expected = tuple(self.host_slots[slot].shape)
-        if tuple(got.shape) != expected:
-            raise ValueError(f"{kind}'s device slot {slot} has shape {tuple(got.shape)}, "
-                             f"not its host slot's {expected}: its allocate returns one "
-                             "tensor per host slot, shaped like it")
+        shape = tuple(got.shape)
+        # Wider rows are a backend's padding (its submit copies into the first
+        # columns, and the batch's views read only those).
+        if len(shape) != len(expected) or shape[0] != expected[0] or any(
+                g < e for g, e in zip(shape[1:], expected[1:], strict=True)):
+            raise ValueError(f"{kind}'s device slot {slot} has shape {shape}, not its "
+                             f"host slot's {expected}: its allocate returns one tensor "
+                             "per host slot, shaped like it (as many rows; at least as "
+                             "many columns)")
         return got
 
     # -- collector side -------------------------------------------------------
