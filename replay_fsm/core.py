@@ -33,6 +33,7 @@ from .spec import (
     Actor,
     Event,
     SlotState,
+    Transition,
     actor_of,
     guard_of,
     transition_for,
@@ -143,8 +144,10 @@ assert tuple(TransitionRecord.__annotations__) == (
     "slot", "tick", "generation", "source", "dest", "event", "actor")
 
 
-# The predicates behind the table's guard names; each returns None when the guard
-# holds, else the reason in words. ``spec.GUARDS`` names exactly these keys (tested).
+# The predicates behind the table's guard names (methods of ``Core``, which read its
+# fields: a guard runs at every step, and a property read is a Python call); each
+# returns None when the guard holds, else the reason in words. ``spec.GUARDS`` names
+# exactly these keys (tested).
 Guard = Callable[["Core", _Slot, Step], "str | None"]
 GUARDS: dict[str, Guard] = {}
 
@@ -154,36 +157,6 @@ def _guard(name: str) -> Callable[[Guard], Guard]:
         GUARDS[name] = fn
         return fn
     return register
-
-
-@_guard("tick_is_next_in_ring_order")
-def _next_in_ring_order(core: Core, slot: _Slot, step: Step) -> str | None:
-    nxt = core.next_tick
-    if nxt is not None and step.tick != nxt:
-        return f"INV-ORDER: ticks must be consecutive: expected tick {nxt}"
-    return None
-
-
-@_guard("pack_done_matches_request")
-def _matches_request(core: Core, slot: _Slot, step: Step) -> str | None:
-    done = step.done
-    assert done is not None
-    if slot.tick != done.tick or (done.generation >= 0
-                                  and done.generation != slot.generation):
-        return (f"INV-ORDER: pack done for tick {done.tick} generation {done.generation} does not "
-                f"match the request (tick {slot.tick} generation {slot.generation})")
-    return None
-
-
-@_guard("tick_is_next_to_acquire_and_no_slot_hot")
-def _next_to_acquire(core: Core, slot: _Slot, step: Step) -> str | None:
-    expected = core.oldest_tick  # not core.pending: a tuple of them all, at every acquire
-    if expected is None or expected != step.tick:
-        return f"INV-ORDER: ticks are acquired in request order; next is {expected}"
-    if core.hot_slot is not None:
-        return (f"INV-HOT: slot {core.hot_slot} (tick {core.hot_tick}) is still hot; "
-                "release it first")
-    return None
 
 
 def as_ring_depth(value: object) -> int:
@@ -455,7 +428,8 @@ class Core:
                 ``base_seed + tick`` or ``min_snapshot_ptr`` leaves the 63-bit range;
                 nothing changed.
         """
-        tick = as_tick(tick)
+        if type(tick) is not int or tick < 0:  # as_tick's common case, without its call
+            tick = as_tick(tick)
         if self.base_seed + tick > MAX_SEED:
             raise ValueError(f"tick {tick}: its seed base_seed + tick = "
                              f"{self.base_seed + tick} must be < 2**63")
@@ -478,7 +452,9 @@ class Core:
 
     def acquire(self, tick: int, *, actor: Actor | None = None) -> int:
         """Learner: make the READY slot of ``tick`` HOT; returns the slot index."""
-        slot = self._admit(_step((_ACQUIRE, as_tick(tick), None, None)), actor)
+        if type(tick) is not int or tick < 0:  # as_tick's common case, without its call
+            tick = as_tick(tick)
+        slot = self._admit(_step((_ACQUIRE, tick, None, None)), actor)
         self._transition(slot, _ACQUIRE, actor)
         self._pending.popleft()
         self._hot = slot.index
@@ -580,6 +556,37 @@ class Core:
                 assert self._slots[i].tick is None
         assert len(self._pending) + (self._hot is not None) <= self.ring_depth
 
+    # -- the table's guards (registered in GUARDS) -----------------------------
+
+    @_guard("tick_is_next_in_ring_order")
+    def _next_in_ring_order(self, slot: _Slot, step: Step) -> str | None:
+        nxt = self._next_tick
+        if nxt is not None and step.tick != nxt:
+            return f"INV-ORDER: ticks must be consecutive: expected tick {nxt}"
+        return None
+
+    @_guard("pack_done_matches_request")
+    def _matches_request(self, slot: _Slot, step: Step) -> str | None:
+        done = step.done
+        assert done is not None
+        if slot.tick != done.tick or (done.generation >= 0
+                                      and done.generation != slot.generation):
+            return (f"INV-ORDER: pack done for tick {done.tick} generation "
+                    f"{done.generation} does not match the request (tick {slot.tick} "
+                    f"generation {slot.generation})")
+        return None
+
+    @_guard("tick_is_next_to_acquire_and_no_slot_hot")
+    def _next_to_acquire(self, slot: _Slot, step: Step) -> str | None:
+        # oldest_tick's answer (not ``pending``: a tuple of them all, at every acquire)
+        expected = self._pending[0][0] if self._pending else None
+        if expected is None or expected != step.tick:
+            return f"INV-ORDER: ticks are acquired in request order; next is {expected}"
+        if self._hot is not None:
+            return (f"INV-HOT: slot {self._hot} (tick {self.hot_tick}) is still hot; "
+                    "release it first")
+        return None
+
     # -- internals ------------------------------------------------------------
 
     def _check_usable(self, event: Event, actor: Actor | None) -> None:
@@ -628,7 +635,7 @@ class Core:
             raise IllegalTransition(f"can't handle event {event.value} (actor="
                                     f"{(owner or actor or Actor.LEARNER).value}): no slot "
                                     f"is HOT; states: {states}")
-        row = transition_for(slot.state, event)
+        row = _ROW.get((slot.state, event))  # transition_for's, without its call
         guard = _GUARD_FN[event]
         # The guard is pure, so it is asked even where the row is missing: its reason
         # ("ticks are acquired in request order") says more than "no such row".
@@ -686,3 +693,8 @@ _OWNER: dict[Event, Actor | None] = {e: actor_of(e) for e in Event}
 _GUARD_FN: dict[Event, Guard | None] = {
     e: None if guard_of(e) is None else GUARDS[guard_of(e)]  # type: ignore[index]
     for e in Event}
+# Per (state, event), the table's row (``transition_for``'s answer), read once: the
+# core asks at every step, and a dict's ``get`` is no Python call.
+_ROW: dict[tuple[SlotState, Event], Transition] = {
+    (s, e): row for s in SlotState for e in Event
+    if (row := transition_for(s, e)) is not None}
