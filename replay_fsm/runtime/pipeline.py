@@ -317,6 +317,10 @@ class Pipeline:
         # Only a backend that overrides pump needs the learner thread (and the lock
         # released around it) while the learner waits.
         self._pumps = type(self.backend).pump is not TransferBackend.pump
+        # Likewise the read hooks, called at every acquire and release: the base's do
+        # nothing (the CPU backend's reads need no fence).
+        self._fences_reads = type(self.backend).before_read is not TransferBackend.before_read
+        self._ends_reads = type(self.backend).after_read is not TransferBackend.after_read
         # Per slot: the request the learner may still pack itself (learner_packs), the
         # rows its tick waits for (min_snapshot_ptr), the pack-done message of the
         # tick it holds, and when its copy began.
@@ -361,8 +365,10 @@ class Pipeline:
             # took (registered host memory, a copy-engine thread) behind.
             self.backend.trace(trace)
             self.backend.setup(host_slots, self._on_copy_complete, self._on_backend_error)
-            self._views = [replay_buffer.layout.views(self._device_slot(i))
-                           for i in range(self.ring_depth)]
+            # G[i], read once, checked, as the views are: a release marks its reads
+            # over on it.
+            self._device_slots = [self._device_slot(i) for i in range(self.ring_depth)]
+            self._views = [replay_buffer.layout.views(g) for g in self._device_slots]
             self._worker.start()
             self._link.start(self._on_packer_error)
         except BaseException:
@@ -489,11 +495,15 @@ class Pipeline:
             IllegalTransition: out of order, or the ring is full.
             PipelineFailed, PipelineClosed.
         """
-        self._validate(sample_count)
+        # The common cases of _validate and as_tick inline: one of the learner's
+        # three calls a tick, and each Python call costs most with cold caches.
+        if type(sample_count) is not int or sample_count != self.sample_count:
+            self._validate(sample_count)
+        if type(tick_id) is not int or tick_id < 0:
+            tick_id = as_tick(tick_id)
         if min_snapshot_ptr is not None:
             min_snapshot_ptr = as_count("min_snapshot_ptr", min_snapshot_ptr)
-        return self._call("start_prepare", self._request, as_tick(tick_id),
-                          min_snapshot_ptr)
+        return self._call("start_prepare", self._request, tick_id, min_snapshot_ptr)
 
     @step
     def _request(self, tick_id: int, min_snapshot_ptr: int | None) -> bool:
@@ -605,8 +615,11 @@ class Pipeline:
                 a bad tick.
             CollectorDied, DataStalled, TransferFailed, PipelineFailed, PipelineClosed.
         """
-        self._validate(sample_count)
-        return self._call("sample_large_batch", self._acquire, as_tick(tick_id))
+        if type(sample_count) is not int or sample_count != self.sample_count:
+            self._validate(sample_count)  # as start_prepare: the common cases inline
+        if type(tick_id) is not int or tick_id < 0:
+            tick_id = as_tick(tick_id)
+        return self._call("sample_large_batch", self._acquire, tick_id)
 
     def after_tick(self) -> None:
         """Release the hot batch (no-op when none is hot); its slot can be reused.
@@ -625,14 +638,15 @@ class Pipeline:
                 return
             if self._checker is not None:
                 self._checker.released(slot)
-            try:
-                self.backend.after_read(slot)  # the end of this HOT period's reads
-            except Exception as exc:  # noqa: BLE001 - else the tick stayed HOT for ever
-                self._hook_failed("after_read", exc)
+            if self._ends_reads:
+                try:
+                    self.backend.after_read(slot)  # the end of this HOT period's reads
+                except Exception as exc:  # noqa: BLE001 - else the tick stayed HOT for ever
+                    self._hook_failed("after_read", exc)
             # A graph that saved the batch's views must fail autograd's in-place check
             # from here on, whoever refills the slot: a packer process's writes (into a
             # zero-copy CPU slot) are not counted in this process.
-            torch.autograd.graph.increment_version(self.backend.device_slot(slot))
+            torch.autograd.graph.increment_version(self._device_slots[slot])
             self._core.release()
 
     def ticks(self, start: int, stop: int, *, min_snapshot_ptr: int | None = None
@@ -837,7 +851,7 @@ class Pipeline:
             # Let go of the slots so their memory is freed now (the learner's
             # batches keep theirs): the closed pipeline may live on, in reference
             # cycles too.
-            self._views = []
+            self._views, self._device_slots = [], []
             self.host_slots = self._link.host_slots = []
             with self._closing_step():
                 self.backend.release_slots()
@@ -980,7 +994,8 @@ class Pipeline:
     def _wait_locked(self, tick: int, deadline: float | None) -> int | None:
         """Wait until ``tick``'s slot is READY or HOT and return it; None when it is
         not: ``deadline`` passed first, or an observer failed the run on the wait's
-        span. The caller checked the pipeline is usable."""
+        span. The caller checked the pipeline is usable, holding the lock since: it is
+        checked again only once the lock was let go."""
         slot = self._core.slot_of(tick)
         if slot is None:
             raise ProtocolError(f"tick {tick} was not requested; call start_prepare first")
@@ -993,7 +1008,10 @@ class Pipeline:
                 raise_wait_stop()
             if self._pumps:
                 self._pump_locked()
-            self._raise_if_unusable()
+            if started is not None or self._pumps:
+                # The lock was let go since the caller's check (a slice's wait, a take,
+                # a pump): a failure or a close may have come meanwhile.
+                self._raise_if_unusable()
             state = self._core.state(slot)
             if state in AVAILABLE:
                 break
@@ -1022,9 +1040,10 @@ class Pipeline:
             wait = WAIT_SLICE_S if deadline is None else min(WAIT_SLICE_S,
                                                              deadline - now / 1e9)
             self._cv.wait(timeout=max(wait, 0.0))
-        if started is not None:
-            self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
-                       slot=slot)
+        if started is None:
+            return slot  # available at the first look, the lock held since: no wait
+        self._span("wait", Actor.LEARNER, started, time.monotonic_ns(), tick=tick,
+                   slot=slot)
         return slot if self._core.state(slot) in AVAILABLE else None
 
     def _judge_locked(self, tick: int, slot: int, state: SlotState, now: int,
@@ -1162,10 +1181,11 @@ class Pipeline:
                 refused = self._core.refusal(Step(Event.ACQUIRE, tick))
                 if refused is not None:
                     raise refused
-            try:
-                self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
-            except Exception as exc:  # noqa: BLE001 - else the batch went out unfenced
-                self._hook_failed("before_read", exc)
+            if self._fences_reads:
+                try:
+                    self.backend.before_read(slot)  # INV-RAW: reads wait for the copy
+                except Exception as exc:  # noqa: BLE001 - else the batch went out unfenced
+                    self._hook_failed("before_read", exc)
             if self._checker is not None:
                 self._checker.acquiring(slot)
             # Last: the slot is HOT only once its read fence is in place (a
