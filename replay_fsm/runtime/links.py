@@ -240,7 +240,10 @@ class ChannelLink(CollectorLink):
             self._first_request_ns = time.monotonic_ns()
         # The ring has ring_depth places and at most ring_depth requests are pending:
         # a full channel means the packer stopped taking requests.
-        requests = self.handle.requests
+        handle = self._handle  # ``handle``'s, without the property's call (per tick)
+        if handle is None:
+            raise ChannelClosed()
+        requests = handle.requests
         number = requests.sent  # the learner is the channel's one producer
         # Recorded before the put: its pack-done message may be received (the worker's
         # thread forgets it then) before this thread runs again after the put.
