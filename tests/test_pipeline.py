@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import sys
 import threading
 
 import pytest
@@ -924,3 +925,42 @@ def test_pack_record_is_only_for_a_batch_ready_or_hot() -> None:
             assert str(info.value) == f"tick {tick} has no batch ready or hot"
         pipe.backend.complete(0)  # type: ignore[attr-defined]
         assert pipe.pack_record(2).tick == 2
+
+
+# The ceiling below: the Python calls the learner's three calls made a tick when it was
+# last lowered (82 before 2026-12-07; README, Performance).
+LEARNER_CALLS_PER_TICK = 63
+
+
+@pytest.mark.skipif("MUTANT_UNDER_TEST" in os.environ,
+                    reason="mutmut's trampolines add a Python call to every function")
+def test_the_learners_three_calls_make_no_more_python_calls_than_the_ceiling() -> None:
+    """``sample_large_batch``, ``after_tick`` and ``start_prepare`` on a batch already
+    there (ring depth 2, thread collector), their Python function calls counted with
+    ``sys.setprofile`` (this thread's only): with its caches cold, as in a learner
+    whose step streams megabytes between them, each call's frame and code come back
+    from memory, and the calls cost about 4 x a bare double buffer's hand-off. A change
+    that adds calls to them raises ``LEARNER_CALLS_PER_TICK`` knowingly."""
+    counts: list[int] = []
+    calls = 0
+
+    def count(frame: object, event: str, arg: object) -> None:
+        nonlocal calls
+        if event == "call":
+            calls += 1
+
+    with Pipeline(buffer(), sample_count=8, ring_depth=2) as pipe:
+        pipe.start_prepare(0, 8)
+        for tick in range(30):
+            pipe.wait_until_ready(tick, 8)
+            calls = 0
+            sys.setprofile(count)
+            try:
+                pipe.sample_large_batch(tick, 8)
+                pipe.after_tick()
+                pipe.start_prepare(tick + 1, 8)
+            finally:
+                sys.setprofile(None)
+            counts.append(calls)
+    steady = sorted(counts[10:])  # the first requests set clocks up
+    assert steady[len(steady) // 2] <= LEARNER_CALLS_PER_TICK, counts
