@@ -271,6 +271,26 @@ def test_device_slots_that_are_not_tensors_shaped_like_the_host_slots_are_named(
         assert [tick for tick, _ in pipe.ticks(0, 3)] == [0, 1, 2]
 
 
+@pytest.mark.parametrize("hook", ["before_read", "after_read"])
+def test_a_hook_set_on_a_backend_instance_is_called(hook: str) -> None:
+    """The pipeline calls the read hooks and pump only where the backend overrides
+    the base's no-ops (looked at once, for the learner's calls' cost); one set on
+    the instance, not the class, was never called (helper-111's trim)."""
+    from replay_fsm.transfer.cpu import CpuBackend
+
+    backend, calls = CpuBackend(), []
+    setattr(backend, hook, lambda *args: calls.append(args))
+    rb = small_buffer()
+    with Pipeline(rb, sample_count=8, backend=backend, collector="thread") as pipe:
+        for _ in pipe.ticks(0, 3):
+            pass
+    assert [args[0] for args in calls] == [0, 1, 0]  # each tick's slot
+    pumping = CpuBackend()
+    pumping.pump = lambda: None  # type: ignore[method-assign]
+    with Pipeline(rb, sample_count=8, backend=pumping) as pipe:
+        assert pipe._pumps  # the learner's waits run it
+
+
 class Padded(Allocates):
     """Device slots with rows wider than the host's (alignment), filled in their
     first columns."""

@@ -119,6 +119,13 @@ def _completed_slot(slot: object) -> int:
                     "the int order.slot")
 
 
+def _overrides(backend: TransferBackend, hook: str) -> bool:
+    """Whether ``backend``'s ``hook`` is other than the base's no-op: its class's
+    own, or one set on the instance before the pipeline was built."""
+    return (getattr(type(backend), hook) is not getattr(TransferBackend, hook)
+            or hook in getattr(backend, "__dict__", ()))
+
+
 def _shapes_text(shapes: list[tuple[int, ...]]) -> str:
     """``shapes`` as an error names them: more than four of one shape (one tensor of rows
     iterated as slots) once, with their count."""
@@ -316,11 +323,11 @@ class Pipeline:
         self._slot_bytes = int(host_slots[0].numel() * host_slots[0].element_size())
         # Only a backend that overrides pump needs the learner thread (and the lock
         # released around it) while the learner waits.
-        self._pumps = type(self.backend).pump is not TransferBackend.pump
+        self._pumps = _overrides(self.backend, "pump")
         # Likewise the read hooks, called at every acquire and release: the base's do
         # nothing (the CPU backend's reads need no fence).
-        self._fences_reads = type(self.backend).before_read is not TransferBackend.before_read
-        self._ends_reads = type(self.backend).after_read is not TransferBackend.after_read
+        self._fences_reads = _overrides(self.backend, "before_read")
+        self._ends_reads = _overrides(self.backend, "after_read")
         # Per slot: the request the learner may still pack itself (learner_packs), the
         # rows its tick waits for (min_snapshot_ptr), the pack-done message of the
         # tick it holds, and when its copy began.
