@@ -142,6 +142,76 @@ def test_compare_revisions_refuses_a_library_from_elsewhere(
     assert "'no-such-revision-anywhere' is not a revision" in capsys.readouterr().err
 
 
+@pytest.mark.timeout(300)  # seconds here; a busy machine may take minutes
+def test_compare_revisions_paired_measures_both_revisions_in_one_process() -> None:
+    """--paired imports BASE's package and this checkout's (twice: the A/A control)
+    side by side in this process and reports A/B and A/A ratios per figure, each the
+    median of its rounds' ratios. With BASE the same code as this checkout, the run
+    says so, and its A/B is built as its A/A is: three copies of one code. No worktree
+    and no copy's modules are left behind."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    import statistics
+    compare = _load_benchmark("compare_revisions")
+    git = ["git", "-C", str(ROOT)]
+    worktrees = subprocess.run([*git, "worktree", "list"], check=True,
+                               capture_output=True, text=True).stdout
+    clean = not subprocess.run([*git, "status", "--porcelain", "--", "replay_fsm"],
+                               check=True, capture_output=True, text=True).stdout
+    result = compare.paired("HEAD", rounds=3, quick=True, collectors=("thread",))
+    assert result["mode"] == "paired" and result["base_sha"] == result["head_sha"]
+    sides = result["sides"]
+    assert [sides[s]["module"] for s in ("base", "this", "this_again")] == [
+        "replay_fsm_base", "replay_fsm", "replay_fsm_again"]
+    assert sides["this"]["package_digest"] == sides["this_again"]["package_digest"]
+    assert result["same_code"] is clean is (
+        sides["base"]["package_digest"] == sides["this"]["package_digest"])
+    assert set(result["figures"]) == {"warm_thread", "cold_thread", "cold_handoff"}
+    for key, f in result["figures"].items():
+        rounds = result["by_round"][key]
+        assert len(rounds) == 3
+        for ratio, over in (("ab", "base"), ("aa", "this_again")):
+            ratios = [r["this"] / r[over] for r in rounds]
+            assert f[f"{ratio}_ratio_median"] == statistics.median(ratios)
+            assert f[f"{ratio}_ratio_min"] == min(ratios) > 0
+            assert f[f"{ratio}_ratio_max"] == max(ratios)
+        for side in ("base", "this", "this_again"):
+            assert f[f"{side}_us"] == statistics.median(r[side] for r in rounds) > 0
+    assert not [m for m in sys.modules if m.split(".")[0] in ("replay_fsm_base",
+                                                               "replay_fsm_again")]
+    assert subprocess.run([*git, "worktree", "list"], check=True, capture_output=True,
+                          text=True).stdout == worktrees
+
+
+def test_compare_revisions_paired_blocks_and_ratios() -> None:
+    """Each round measures every side twice, ABCCBA, the first side rotating; a
+    figure's A/B is this checkout over BASE and its A/A this checkout over its second
+    copy; a pipeline holding another copy's object is found."""
+    compare = _load_benchmark("compare_revisions")
+    orders = [compare.block_order(r) for r in range(3)]
+    assert orders[0] == ["base", "this", "this_again", "this_again", "this", "base"]
+    assert sorted(o[0] for o in orders) == ["base", "this", "this_again"]
+    for order in orders:
+        assert order[3:] == order[2::-1] and sorted(order[:3]) == sorted(compare.SIDES)
+    f = compare.summarize([{"base": 20.0, "this": 10.0, "this_again": 10.0},
+                           {"base": 40.0, "this": 10.0, "this_again": 12.5}])
+    assert (f["ab_ratio_min"], f["ab_ratio_max"]) == (0.25, 0.5)
+    assert (f["aa_ratio_min"], f["aa_ratio_max"], f["aa_ratio_median"]) == (0.8, 1.0, 0.9)
+    assert f["base_us"] == 30.0
+
+    class Part:  # stands for a class of another copy of the package
+        pass
+    Part.__module__ = "replay_fsm_base.runtime.links"
+    holder = type("Pipe", (), {})()
+    holder.__class__.__module__ = "replay_fsm.runtime.pipeline"
+    holder.link = [Part()]  # type: ignore[attr-defined]
+    family = ("replay_fsm", "replay_fsm_base", "replay_fsm_again")
+    assert compare.foreign_parts(holder, "replay_fsm", family) == [
+        "replay_fsm_base.runtime.links." + Part.__qualname__]
+    assert compare.foreign_parts(holder, "replay_fsm_base", family) == [
+        "replay_fsm.runtime.pipeline.Pipe"]
+
+
 def test_compare_revisions_stops_a_measuring_process_that_outruns_its_time(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A measuring process past its time is stopped with its whole process group,
