@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         config = replace(config, **QUICK)
     result = compare(config)
     result["command"] = shlex.join([Path(sys.argv[0]).as_posix(), *(argv or sys.argv[1:])])
+    result["date"] = time.strftime("%Y-%m-%d", time.gmtime())  # as every benchmark's
     name = "sac_mujoco" + ("-quick" if args.quick else "")
     path = write(result, args.out / f"{name}.json")
     png = plot(result["runs"], args.out / f"{name}.png",

@@ -14,17 +14,19 @@ Writes ``benchmarks/results/sb3_buffer.json``.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from replay_fsm.trainers.run import machine
 
-RESULTS = Path(__file__).resolve().parent / "results"
+try:
+    from common import write_result
+except ImportError:
+    from benchmarks.common import write_result
+
 CASES: dict[str, dict[str, Any]] = {
     # SB3's defaults for SAC (256x256 networks, batch 256), one update per step.
     "SAC Pendulum-v1": {"algo": "SAC", "env": "Pendulum-v1", "steps": 2000,
@@ -79,11 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                          "speed_ratio": med["sb3"] / med["pipeline"]}
         print(f"{name}: {steps} steps, SB3 buffer {med['sb3']:.2f} s, PipelineReplayBuffer "
               f"{med['pipeline']:.2f} s, speed ratio {figures[name]['speed_ratio']:.3f}")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"sb3_buffer{'-quick' if args.quick else ''}.json"
-    path.write_text(json.dumps({"name": "sb3_buffer", "machine": machine(),
-                                "config": {"rounds": rounds, "cases": CASES},
-                                "figures": figures}, indent=2) + "\n")
+    # as every benchmark's: with the day it was measured and whether it was quick
+    path = write_result("sb3_buffer", {"rounds": rounds, "cases": CASES,
+                                       "loadavg": machine()["loadavg"]},
+                        figures, quick=args.quick)
     print(f"wrote {path}")
     return 0
 

@@ -522,3 +522,43 @@ def test_sb3_buffer_refuses_no_rounds(capsys: pytest.CaptureFixture[str]) -> Non
             sb3.main(["--rounds", rounds])
         assert exit_info.value.code == 2
         assert f"--rounds must be >= 1, got {rounds}" in capsys.readouterr().err
+
+
+def test_every_result_file_says_the_day_it_was_measured() -> None:
+    """Each kept result carries its date (README tables by machine order runs by it);
+    the files written before write_result recorded one got theirs from git, and say
+    so."""
+    import re
+    paths = [p for p in (ROOT / "benchmarks/results").rglob("*.json")
+             if not p.name.endswith("-quick.json")]
+    assert paths
+    undated = [p.name for p in paths
+               if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", str(json.loads(p.read_text())
+                                                             .get("date")))]
+    assert undated == []
+
+
+def test_the_benchmarks_that_write_their_own_files_record_the_date(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """sb3_buffer.py and sac_mujoco.py write their result files without write_result;
+    both wrote no date (and sb3_buffer no "quick")."""
+    common = _load_benchmark("common")
+    sb3 = _load_benchmark("sb3_buffer")
+    sac = _load_benchmark("sac_mujoco")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(sb3, "timed_learn", lambda case, pipeline, steps: 1.0)
+    day = time.strftime("%Y-%m-%d", time.gmtime())  # the day before a run, or after it
+    assert sb3.main(["--quick"]) == 0
+    written = json.loads((tmp_path / "sb3_buffer-quick.json").read_text())
+    assert written["quick"] is True and written["figures"]["SAC Pendulum-v1"]["steps"] == 200
+    assert written["date"] in (day, time.strftime("%Y-%m-%d", time.gmtime()))
+    result = {"runs": {"pipeline": {"updates": 1}}, "speedup_vs_sync": 1.0,
+              "bit_identical": True}
+    monkeypatch.setattr(sac, "compare", lambda config: dict(result))
+    monkeypatch.setattr(sac, "plot", lambda runs, path, title: path)
+    monkeypatch.setattr(sac, "summary", lambda result: "")
+    day = time.strftime("%Y-%m-%d", time.gmtime())
+    assert sac.main(["--quick", "--out", str(tmp_path), "--no-progress"]) == 0
+    written = json.loads((tmp_path / "sac_mujoco-quick.json").read_text())
+    assert written["date"] in (day, time.strftime("%Y-%m-%d", time.gmtime()))
+
