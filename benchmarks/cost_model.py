@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -175,6 +176,23 @@ def plot(figures: dict[str, Any], path: Any) -> bool:
     return True
 
 
+def save(figures: dict[str, Any], config: dict[str, Any], quick: bool) -> Path:
+    """Draw the plot of ``figures``, then write them with ``config`` as the result file,
+    with the plot's name (``figures["plot"]``, None where none could be drawn, and an
+    earlier run's plot is then removed, not left beside these figures). Once the JSON
+    was written first and the name set after: no result file named its plot, and the
+    README's section, which shows the plot its JSON names, showed none. Returns the
+    result file's path."""
+    png = RESULTS / f"cost_model{'-quick' if quick else ''}.png"
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    if plot(figures, png):
+        figures["plot"] = png.name
+    else:
+        png.unlink(missing_ok=True)
+        figures["plot"] = None
+    return write_result("cost_model", config, figures, quick=quick)
+
+
 def main(quick: bool = False) -> dict[str, Any]:
     malloc_fixed = steady_malloc()  # the learner step's temporaries: see common
     torch.set_num_threads(1)
@@ -209,11 +227,8 @@ def main(quick: bool = False) -> dict[str, Any]:
               for p in ps]
     figures["model_error_median"] = statistics.median(errors)
     figures["model_error_max"] = max(errors)
-    write_result("cost_model", {"base": base, "ticks": ticks, "reps": reps,
-                                "malloc_thresholds_fixed": malloc_fixed}, figures,
-                 quick=quick)
-    png = RESULTS / f"cost_model{'-quick' if quick else ''}.png"
-    figures["plot"] = str(png.name) if plot(figures, png) else None
+    save(figures, {"base": base, "ticks": ticks, "reps": reps,
+                   "malloc_thresholds_fixed": malloc_fixed}, quick)
     for param, points in figures["sweeps"].items():
         print(table(f"sweep over {param} (ms per tick)", [
             (str(p["value"]), f"{p['compute_ms']:.2f}", f"{p['pack_ms']:.2f}",

@@ -447,7 +447,8 @@ def section(suffix: str = "") -> str:
                 f"model - 1|: median {f['model_error_median']:.2f}, max "
                 f"{f['model_error_max']:.2f}.", ""]
         if f.get("plot"):
-            out += [f"![cost model sweeps](benchmarks/results/{f['plot']})", ""]
+            out += ["![Cost model: pipeline, model and synchronous tick over batch, width, "
+                    f"rows, depth and packer threads](benchmarks/results/{f['plot']})", ""]
         out += ["| sweep | point | compute ms | pack ms | model ms | pipeline ms | sync ms "
                 "| x sync |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
         for param, points in f["sweeps"].items():

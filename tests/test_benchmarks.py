@@ -562,3 +562,27 @@ def test_the_benchmarks_that_write_their_own_files_record_the_date(
     written = json.loads((tmp_path / "sac_mujoco-quick.json").read_text())
     assert written["date"] in (day, time.strftime("%Y-%m-%d", time.gmtime()))
 
+
+def test_the_cost_model_names_in_its_json_the_plot_it_drew(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plot is drawn before the JSON is written, and the JSON names it: written
+    first, it never did, and the README's section showed no plot. Where none can be
+    drawn, the JSON says so and an earlier run's plot goes."""
+    common = _load_benchmark("common")
+    cost = _load_benchmark("cost_model")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(cost, "RESULTS", tmp_path)
+    drawn: list[Path] = []
+
+    def plot(figures: dict[str, Any], path: Path) -> bool:
+        path.write_bytes(b"png")
+        drawn.append(path)
+        return True
+    monkeypatch.setattr(cost, "plot", plot)
+    path = cost.save({"sweeps": {}}, {"ticks": 5}, quick=True)
+    assert drawn == [tmp_path / "cost_model-quick.png"]
+    assert json.loads(path.read_text())["figures"]["plot"] == "cost_model-quick.png"
+    monkeypatch.setattr(cost, "plot", lambda figures, path: False)  # no matplotlib
+    path = cost.save({"sweeps": {}}, {"ticks": 5}, quick=True)
+    assert json.loads(path.read_text())["figures"]["plot"] is None
+    assert not drawn[0].exists()  # not an earlier run's plot beside these figures
