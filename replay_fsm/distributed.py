@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import dataclasses
 import datetime
+import fcntl
 import json
 import os
 import signal
@@ -283,7 +284,10 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
     others and raises. The files an earlier run left in ``config.out`` for its ranks
-    (``RANK_FILES``, whatever their number) and its merged trace are removed first.
+    (``RANK_FILES``, whatever their number) and its merged trace are removed first,
+    and the launcher folders of earlier launches whose launcher is gone (killed before
+    it pruned them: ``prune_gone_launches``); this launch holds its lock file there
+    (``launch_lock``) until it returns.
     The ranks start with the stop signals blocked: one sent while they start up ends
     them once they have, an interrupt with nothing written (``rank_main``); one that
     reaches the launcher while it starts them acts once it has started them all.
@@ -300,11 +304,8 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
             rank starts).
         NotADirectoryError: ``config.out`` is a file (before any rank starts).
     """
-    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
-    from torch.distributed.elastic.multiprocessing.api import SignalException
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import LaunchConfig
     nproc = as_count("nproc", nproc, 1)
     if nproc > MAX_RANKS:
         raise ValueError(f"nproc must be in [1, {MAX_RANKS}], got {nproc}")
@@ -332,14 +333,26 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
             if path.name[len(prefix):-len(suffix)].isdigit():
                 path.unlink(missing_ok=True)
     run_id = f"replay_fsm-{uuid.uuid4().hex[:8]}"
-    launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                          run_id=run_id,
-                          rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
-                          max_restarts=0, monitor_interval=0.1, start_method="spawn",
-                          # the launcher's per-rank logs: by default a new folder in
-                          # the system's temp folder at every launch, never removed
-                          logs_specs=DefaultLogsSpecs(log_dir=str(out / "launcher-logs")),
-                          **_launcher_signals(LaunchConfig))
+    logs = out / "launcher-logs"
+    prune_gone_launches(logs)  # a launcher killed (SIGKILL) never pruned its own
+    with launch_lock(logs, run_id):
+        return _launch(nproc, config, kill_rank, out, run_id, LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=run_id,
+            rdzv_backend="c10d", rdzv_endpoint="127.0.0.1:0",
+            max_restarts=0, monitor_interval=0.1, start_method="spawn",
+            # the launcher's per-rank logs: by default a new folder in the system's
+            # temp folder at every launch, never removed
+            logs_specs=DefaultLogsSpecs(log_dir=str(logs)),
+            **_launcher_signals(LaunchConfig)))
+
+
+def _launch(nproc: int, config: DemoConfig, kill_rank: int | None, out: Path, run_id: str,
+            launch_config: Any) -> dict[int, Any]:
+    """``launch``'s run of the ranks, once its checks are made and its lock is held."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import elastic_launch
     try:
         # torch's launcher installs handlers for these and leaves them: ours come back.
         # The ranks start with the stop signals blocked (rank_main unblocks them once
@@ -390,6 +403,85 @@ def prune_launcher_logs(folder: Path, run_id: str) -> None:
                 path.rmdir()
     with contextlib.suppress(OSError):
         folder.rmdir()
+
+
+LOCK_SUFFIX = ".lock"
+
+
+@contextlib.contextmanager
+def launch_lock(folder: Path, run_id: str) -> Iterator[Path]:
+    """For the with-block, the launch ``run_id``'s lock file in ``folder`` (made with
+    its missing parents), held locked (``flock``, exclusive); yields its path. The
+    kernel lets the lock go when this process ends, however it ends (SIGKILL too),
+    so a later launch can tell a launcher that is gone from one still running, where
+    a pid can be reused and a folder's age says nothing (``prune_gone_launches``).
+    A lock file a pruner removed between its making and its locking is made again.
+    On the way out the file is removed, and ``folder`` too where that empties it.
+
+    Raises:
+        OSError: the lock file cannot be made, or ``folder`` is a file (as
+            ``files.make_folder``).
+    """
+    from .files import make_folder
+    make_folder(folder)
+    path = folder / f"{run_id}{LOCK_SUFFIX}"
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            if _names(path, fd):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # a pruner took it for a gone launch's and removed it
+    try:
+        yield path
+    finally:
+        path.unlink(missing_ok=True)
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            folder.rmdir()
+
+
+def _names(path: Path, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd``."""
+    try:
+        return os.stat(path).st_ino == os.fstat(fd).st_ino
+    except FileNotFoundError:
+        return False
+
+
+def prune_gone_launches(folder: Path) -> list[str]:
+    """Prune, as ``prune_launcher_logs`` does, the folders in ``folder`` of the launches
+    whose launcher is gone: those whose lock file (``launch_lock``) no process holds.
+    A launcher killed (SIGKILL, a crash) never pruned its own, and each launch added
+    a folder per rank for ever. Their lock files are removed too. Returns their run
+    ids, sorted. A launch still running holds its lock and is left alone; so are
+    folders with no lock file (a launcher from before the locks, which may still
+    run), and all of them where the file system cannot lock."""
+    gone: list[str] = []
+    for lock in sorted(folder.glob(f"replay_fsm-*{LOCK_SUFFIX}")):
+        run_id = lock.name[:-len(LOCK_SUFFIX)]
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:  # removed meanwhile (by its launcher, or another pruner)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: its launcher runs (or no locks here: cannot tell)
+            os.close(fd)
+            continue
+        try:
+            if _names(lock, fd):  # not a file its launcher has made again since
+                prune_launcher_logs(folder, run_id)
+                lock.unlink(missing_ok=True)
+                gone.append(run_id)
+        finally:
+            os.close(fd)
+    with contextlib.suppress(OSError):  # emptied: removed, as a launch's own pruning does
+        folder.rmdir()
+    return gone
 
 
 def _launcher_signals(config_class: Any) -> dict[str, Any]:

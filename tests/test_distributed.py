@@ -272,6 +272,68 @@ def test_the_launcher_logs_of_a_launch_keep_only_folders_with_a_file(tmp_path: P
     assert not logs.exists()  # emptied: removed too
 
 
+def test_a_launch_prunes_the_launcher_logs_of_launchers_that_are_gone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launcher killed (SIGKILL) never pruned its folders there, and each launch in
+    the same folder added one per rank for ever. The next launch prunes those of
+    launchers that are gone, judged by their lock file (flock: the kernel lets it go
+    when the process ends), not by age: a launch still running, and folders with no
+    lock file (a launcher from before the locks), are left alone."""
+    import subprocess
+    import sys
+
+    from torch.distributed.launcher import api
+
+    from replay_fsm.distributed import launch_lock, prune_gone_launches
+
+    out = tmp_path / "out"
+    logs = out / "launcher-logs"
+    killed = """if True:
+        import os, signal, sys
+        from pathlib import Path
+        from replay_fsm.distributed import launch_lock
+        logs = Path(sys.argv[1])
+        with launch_lock(logs, "replay_fsm-dead0001"):
+            for rank in (0, 1):
+                (logs / "replay_fsm-dead0001_q7" / "attempt_0" / str(rank)).mkdir(parents=True)
+            (logs / "replay_fsm-dead0001_q7" / "attempt_0" / "1" / "error.json").write_text("{}")
+            os.kill(os.getpid(), signal.SIGKILL)
+    """
+    done = subprocess.run([sys.executable, "-c", killed, str(logs)], timeout=120)
+    assert done.returncode == -9
+    assert (logs / "replay_fsm-dead0001.lock").exists()  # what a killed launcher left
+    (logs / "replay_fsm-old00002_r8" / "attempt_0" / "0").mkdir(parents=True)  # no lock
+    with launch_lock(logs, "replay_fsm-live0003") as held:
+        (logs / "replay_fsm-live0003_s9" / "attempt_0" / "0").mkdir(parents=True)
+        assert prune_gone_launches(logs) == ["replay_fsm-dead0001"]
+        left = sorted(str(p.relative_to(logs)) for p in logs.rglob("*"))
+        assert left == ["replay_fsm-dead0001_q7", "replay_fsm-dead0001_q7/attempt_0",
+                        "replay_fsm-dead0001_q7/attempt_0/1",
+                        "replay_fsm-dead0001_q7/attempt_0/1/error.json",
+                        "replay_fsm-live0003.lock", "replay_fsm-live0003_s9",
+                        "replay_fsm-live0003_s9/attempt_0", "replay_fsm-live0003_s9/attempt_0/0",
+                        "replay_fsm-old00002_r8", "replay_fsm-old00002_r8/attempt_0",
+                        "replay_fsm-old00002_r8/attempt_0/0"]
+        assert held == logs / "replay_fsm-live0003.lock"
+    assert not held.exists()  # its launcher ended: its lock file goes with it
+    # The live launch's folders are now a gone launcher's too, as a SIGKILL leaves them.
+    (logs / "replay_fsm-live0003.lock").write_text("")
+    seen: list[list[str]] = []
+
+    def looking(config, entrypoint):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
+            seen.append(sorted(p.name for p in logs.iterdir()))  # as the ranks start
+            return {0: {"ticks": 8}}
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", looking)
+    assert launch(1, options(out)) == {0: {"ticks": 8}}
+    (ours,) = [name for name in seen[0] if name.endswith(".lock")]  # held while it ran
+    assert seen[0] == sorted(["replay_fsm-dead0001_q7", "replay_fsm-old00002_r8", ours])
+    assert sorted(p.name for p in logs.iterdir()) == ["replay_fsm-dead0001_q7",
+                                                      "replay_fsm-old00002_r8"]
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
