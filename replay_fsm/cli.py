@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .errors import first_line
+from .errors import first_line, naming_settings
 from .signals import (
     exit_code,
     send_to_devnull,
@@ -194,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     demo.add_argument("--no-progress", action="store_true", help="no progress bar")
     demo.add_argument("--nproc", type=int, default=1,
                       help="ranks on this node (torch.distributed: gloo on CPU, nccl on GPU)")
-    from .trainers.cli import add_demo_run_options  # torch-free
+    from .trainers.cli import add_demo_run_options, option_names  # torch-free
     add_demo_run_options(demo)
     demo.set_defaults(fn=_demo)
 
@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with sigterm_as_interrupt() as terms:  # kill, timeout, a scheduler: as Ctrl-C
             try:
-                code = _stop_code(int(args.fn(args)), terms)
+                with naming_settings(option_names(args)):  # the messages name options
+                    code = _stop_code(int(args.fn(args)), terms)
             except KeyboardInterrupt as exc:
                 code = _stop_code(exit_code(exc), terms)
         if code:
@@ -252,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         return _stop_code(exit_code(exc), terms)
     except BrokenPipeError as exc:
         if not _stdout_closed():  # another pipe (an --out FIFO): the command's error
-            return _failed(args.command, exc, made, args)
+            return _failed(args.command, exc, made)
         # The reader of its output left (| head): quietly, as a command SIGPIPE ends;
         # what is still buffered goes nowhere, not to a warning at exit.
         _remove_if_empty(made)
@@ -261,16 +262,16 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as exc:
         hangup = getattr(signal, "SIGHUP", None)
         if exc.errno != errno.EIO or exc.filename is not None or hangup not in terms:
-            return _failed(args.command, exc, made, args)
+            return _failed(args.command, exc, made)
         # A write to the terminal that hung up, before the hangup's handler sent the
         # output elsewhere (silence_hung_up_output): the stop's code. The error goes to
         # standard error all the same, where that still writes somewhere.
         silence_hung_up_output()
         with contextlib.suppress(OSError):
-            _failed(args.command, exc, made, args)
+            _failed(args.command, exc, made)
         return 128 + hangup
     except Exception as exc:  # noqa: BLE001 - a user-facing tool: one line, exit 2
-        return _failed(args.command, exc, made, args)
+        return _failed(args.command, exc, made)
 
 
 def _stop_code(code: int, terms: list[int]) -> int:
@@ -280,16 +281,12 @@ def _stop_code(code: int, terms: list[int]) -> int:
     return 128 + terms[-1] if code == 130 and terms else code
 
 
-def _failed(command: str, exc: Exception, made: list[Path],
-            args: argparse.Namespace | None = None) -> int:
+def _failed(command: str, exc: Exception, made: list[Path]) -> int:
     """The command's error in one line on standard error, exit code 2."""
     _remove_if_empty(made)
     if os.environ.get("REPLAY_FSM_DEBUG"):
         raise exc
     text = first_line(str(exc)) or type(exc).__name__
-    if args is not None:
-        from .trainers.cli import as_option  # torch-free
-        text = as_option(text, args)
     if sys.stderr is not None:  # closed (2>&-): print would put it in the output
         print(f"replay-fsm {command}: error: {text}", file=sys.stderr)
     return 2

@@ -25,7 +25,7 @@ from typing import Any, NamedTuple, overload
 from transitions import Event as _MachineEvent
 from transitions import Machine, MachineError
 
-from .errors import IllegalTransition, PipelineClosed, PipelineFailed, ProtocolError
+from .errors import IllegalTransition, PipelineClosed, PipelineFailed, ProtocolError, setting
 from .spec import (
     INITIAL,
     PENDING,
@@ -168,9 +168,10 @@ def as_ring_depth(value: object) -> int:
     """
     depth = as_count("ring_depth", value, 2)
     if depth > MAX_RING_DEPTH:
-        raise ValueError(f"ring_depth must be <= {MAX_RING_DEPTH}, got {value}: a ring "
-                         "prefetches ring_depth - 1 ticks ahead, and each slot holds a "
-                         "whole batch on the host and on the device")
+        raise ValueError(f"{setting('ring_depth')} must be <= {MAX_RING_DEPTH}, got "
+                         f"{value}: a ring prefetches {setting('ring_depth')} - 1 ticks "
+                         "ahead, and each slot holds a whole batch on the host and on "
+                         "the device")
     return depth
 
 
@@ -193,7 +194,8 @@ def as_count(name: str, value: object, low: int = 0) -> int:
     wrong). Every layer checks its integral arguments with it.
 
     Raises:
-        TypeError: not an integer (the message names ``name``).
+        TypeError: not an integer (the message names ``name``, as ``errors.setting``
+            calls it).
         ValueError: below ``low``.
     """
     if type(value) is int and value >= low:  # the common case, at once
@@ -206,10 +208,10 @@ def as_count(name: str, value: object, low: int = 0) -> int:
         except TypeError:
             number = None
     if number is None:
-        raise TypeError(f"{name} must be an int (or numpy integer) >= {low}, got "
+        raise TypeError(f"{setting(name)} must be an int (or numpy integer) >= {low}, got "
                         f"{value!r} of type {type(value).__name__}")
     if number < low:
-        raise ValueError(f"{name} must be an int >= {low}, got {number}")
+        raise ValueError(f"{setting(name)} must be an int >= {low}, got {number}")
     return number
 
 
@@ -222,7 +224,7 @@ def as_seed(value: object, name: str = "base_seed") -> int:
     """
     seed = as_count(name, value)
     if seed > MAX_SEED:
-        raise ValueError(f"{name} must be an int in [0, 2**63), got {value!r}")
+        raise ValueError(f"{setting(name)} must be an int in [0, 2**63), got {value!r}")
     return seed
 
 
@@ -248,7 +250,7 @@ def as_seconds(name: str, value: object, *, none_ok: bool = False) -> float | No
         return None
     seconds = seconds_of(value)
     if not 0 < seconds < math.inf:
-        raise ValueError(f"{name} must be a finite number of seconds > 0"
+        raise ValueError(f"{setting(name)} must be a finite number of seconds > 0"
                          f"{' or None' if none_ok else ''}, got {value!r}")
     return seconds
 

@@ -38,7 +38,14 @@ import torch
 
 from .core import as_count, as_seed
 from .demo.config import DemoConfig
-from .errors import RankFailed, ReplayFSMError, first_line
+from .errors import (
+    RankFailed,
+    ReplayFSMError,
+    first_line,
+    naming_settings,
+    setting,
+    setting_names,
+)
 from .files import write_text
 from .signals import (
     STOP_SIGNALS,
@@ -183,20 +190,26 @@ class AgreedInterrupt:
         except RuntimeError as exc:
             bound = "" if self.peer_timeout is None else f" for {self.peer_timeout:g} s"
             raise RuntimeError(f"an all-reduce across the ranks failed: a rank is gone, or "
-                               f"did not join it{bound} (peer_timeout; stopped or stuck): "
-                               f"{exc}") from exc
+                               f"did not join it{bound} ({setting('peer_timeout')}; stopped "
+                               f"or stuck): {exc}") from exc
 
 
-def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any]:
+def rank_main(config: DemoConfig, kill_rank: int | None = None,
+              settings: dict[str, str] | None = None) -> dict[str, Any]:
     """The body of one rank: ``config`` as this rank (its seeds and device), its
     collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``,
     ``freeze_collector_at``, ``interrupt_at`` and ``freeze_at`` apply only to ``kill_rank``
     (fault injection for tests). Ctrl-C stops every rank at the same step
-    (``AgreedInterrupt``).
+    (``AgreedInterrupt``). ``settings``: how the rank's messages name its settings
+    (``errors.naming_settings``; ``launch`` passes its own process's, so that the
+    ranks of a command name its options).
 
     Raises:
         RuntimeError: outside a rank (``RANK``, ``WORLD_SIZE``, ... not set).
     """
+    if settings:
+        with naming_settings(settings):
+            return rank_main(config, kill_rank)
     import torch.distributed as dist
 
     from .demo import run
@@ -229,8 +242,8 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None) -> dict[str, Any
                 except dist.DistError as exc:  # the store's, the network's: as a collective's
                     raise RuntimeError(
                         f"the ranks' rendezvous failed: a rank is gone, or did not join it "
-                        f"for {config.peer_timeout:g} s (peer_timeout; stopped or stuck "
-                        f"as it started): {exc}") from exc
+                        f"for {config.peer_timeout:g} s ({setting('peer_timeout')}; "
+                        f"stopped or stuck as it started): {exc}") from exc
             # From here a stop signal is recorded, and every rank stops at one step.
             mine = config.for_rank(rank, rank_seed(config.batch_seed, rank), str(device))
             if rank != kill_rank:
@@ -283,11 +296,13 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
            ) -> dict[int, Any]:
     """Start ``nproc`` ranks of the demo ``config`` on this node with torch's elastic
     launcher; returns each rank's summary. If one rank fails, the launcher stops the
-    others and raises. The files an earlier run left in ``config.out`` for its ranks
-    (``RANK_FILES``, whatever their number) and its merged trace are removed first,
-    and the launcher folders of earlier launches whose launcher is gone (killed before
-    it pruned them: ``prune_gone_launches``); this launch holds its lock file there
-    (``launch_lock``) until it returns.
+    others and raises. The ranks' messages name their settings as this process's do
+    (``errors.setting_names``: a command's ranks name its options). The files an
+    earlier run left in ``config.out`` for its ranks (``RANK_FILES``, whatever their
+    number) and its merged trace are removed first, and the launcher folders of
+    earlier launches whose launcher is gone (killed before it pruned them:
+    ``prune_gone_launches``); this launch holds its lock file there (``launch_lock``)
+    until it returns.
     The ranks start with the stop signals blocked: one sent while they start up ends
     them once they have, an interrupt with nothing written (``rank_main``); one that
     reaches the launcher while it starts them acts once it has started them all.
@@ -360,7 +375,8 @@ def _launch(nproc: int, config: DemoConfig, kill_rank: int | None, out: Path, ru
         with keeping_handlers(LAUNCHER_SIGNALS), children_start_blocked(STOP_SIGNALS), \
                 handling(stop_signals_taken(), _stop_launcher), \
                 _stops_after_the_start(LocalElasticAgent):
-            results = elastic_launch(launch_config, rank_main)(config, kill_rank)
+            results = elastic_launch(launch_config, rank_main)(config, kill_rank,
+                                                               setting_names())
     except SignalException as exc:
         if exc.sigval not in STOP_SIGNALS:
             raise
@@ -569,7 +585,7 @@ def env_int(name: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """``torchrun ... -m replay_fsm.distributed``: one rank of a multi-node run."""
-    from .trainers.cli import add_demo_run_options, as_option, learner_threads
+    from .trainers.cli import add_demo_run_options, option_names
     ap = argparse.ArgumentParser(prog="python -m replay_fsm.distributed",
                                  formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     ap.add_argument("--ticks", type=int, default=100, help="learner ticks")
@@ -579,6 +595,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sample-count", type=int, default=2048, help="rows per batch")
     add_demo_run_options(ap)
     args = ap.parse_args(argv)
+    with naming_settings(option_names(args)):  # in the rank's messages too
+        return _rank_of_command(ap, args)
+
+
+def _rank_of_command(ap: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """``main``'s rank, from its parsed options ``args`` (``ap``: their parser)."""
+    from .trainers.cli import learner_threads
     missing = [name for name in RANK_ENV if name not in os.environ]
     if missing:
         ap.error(f"{', '.join(missing)} not set: this is one rank of a run that torchrun "
@@ -598,7 +621,7 @@ def main(argv: list[str] | None = None) -> int:
         from .demo.runner import output_folder
         output_folder(config.out)  # an --out that is a file raises on, for torchrun
     except (TypeError, ValueError) as exc:  # DemoConfig's, env_int's, local_device's...
-        ap.error(as_option(str(exc), args))
+        ap.error(str(exc))
     summary = rank_main(config)
     # Another rank's stop signal (this rank's own exits in rank_main): Ctrl-C's code,
     # whichever signal it was (the ranks agree on a flag, not on the signal).

@@ -3,8 +3,13 @@ PipelineFailed chained to its cause."""
 
 from __future__ import annotations
 
+import contextlib
 import signal
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+# How this process's messages name the settings a front end sets (``naming_settings``)
+_SETTING_NAMES: dict[str, str] = {}
 
 
 class ReplayFSMError(Exception):
@@ -89,6 +94,36 @@ class RankFailed(ReplayFSMError):
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.rank, self.exitcode, self.reason, self.silent),
                 vars(self))
+
+
+def setting(name: str) -> str:
+    """What a message calls the setting ``name`` (a config's field, a parameter its
+    user sets): ``name`` itself, unless a front end said how its users set it
+    (``naming_settings``): the command line's ``--liveness-timeout`` for
+    ``liveness_timeout``. A message that names what its user can change names it
+    through here, so the front end's user is told the option to change, and no one
+    rewrites the message's text (which holds the user's own values too)."""
+    return _SETTING_NAMES.get(name, name)
+
+
+def setting_names() -> dict[str, str]:
+    """The names ``naming_settings`` gave for now: what a process started to carry
+    on the work (a rank of a launch) names its settings as."""
+    return dict(_SETTING_NAMES)
+
+
+@contextlib.contextmanager
+def naming_settings(names: Mapping[str, str]) -> Iterator[None]:
+    """For the with-block, every message this process builds (on any thread) calls
+    the setting ``name`` ``names[name]`` (``setting``); the names given before come
+    back after it."""
+    global _SETTING_NAMES
+    before = _SETTING_NAMES
+    _SETTING_NAMES = {**before, **names}
+    try:
+        yield
+    finally:
+        _SETTING_NAMES = before
 
 
 def first_line(text: str) -> str:

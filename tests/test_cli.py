@@ -441,33 +441,70 @@ def test_a_warm_up_that_stops_filling_names_the_options_to_change(
         rows=4096, what=r"the warm-up, 4 x --sample-count"), err), err
 
 
-def test_a_setting_a_message_names_is_written_as_its_option() -> None:
-    """The library's messages name their fields (a stall's "(liveness_timeout)", a
-    copy's "liveness_timeout 5 s"); the command line writes each field its user set
-    with an option as that option, and leaves alone what only looks like one: a
-    quoted value, a path, a longer name, a plain word of the prose."""
-    import argparse
+def test_a_stall_names_the_option_whose_name_the_user_typed_as_a_value(
+        capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch,
+        tmp_path: Path) -> None:
+    """``replay-fsm demo --out sample_count`` (a folder) whose warm-up stalled said
+    "(the warm-up, 4 x sample_count)", 3 of 3: the rewrite of the message's text
+    left alone every word the user had typed, the field's name among them. The
+    message is built with the option's name now, whatever the values say; from
+    Python, after the command, the config names its field again."""
+    import re
 
-    from replay_fsm.trainers.cli import as_option
+    from replay_fsm.demo import DemoConfig
+
+    stall_the_warm_ups(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    err = one_line_error(capsys, main(["demo", "--collector", "thread", "--ticks", "2",
+                                       "--sample-count", "1024", "--liveness-timeout", "1",
+                                       "--no-progress", "--out", "sample_count"]))
+    assert re.search("replay-fsm demo: error: " + STALLED.format(
+        rows=4096, what=r"the warm-up, 4 x --sample-count"), err), err
+    with pytest.raises(ValueError, match="^sample_count must be an int >= 1, got 0$"):
+        DemoConfig(sample_count=0)
+
+
+def test_a_message_names_the_options_of_the_command_that_builds_it() -> None:
+    """The library's messages name their settings (a stall's "(liveness_timeout)", a
+    copy's "liveness_timeout 5 s"); built while a command names its options
+    (``naming_settings(option_names(args))``) they name those, from any thread, and
+    the settings it has no option for as they are; Python's names come back after."""
+    import argparse
+    import threading
+
+    from replay_fsm.core import as_count
+    from replay_fsm.errors import naming_settings, setting
+    from replay_fsm.runtime.liveness import RowWatch
+    from replay_fsm.trainers.cli import option_names
 
     args = argparse.Namespace(command="demo", fn=None, liveness_timeout=1.0,
-                              sample_count=8, ticks=3)
-    for text, said in (
-            ("tick 0 waits for 32 rows (the warm-up, 4 x sample_count); the replay "
-             "buffer has had 0 for 1.0 s (liveness_timeout): is whatever adds the rows "
-             "still running?",
-             "tick 0 waits for 32 rows (the warm-up, 4 x --sample-count); the replay "
-             "buffer has had 0 for 1.0 s (--liveness-timeout): is whatever adds the "
-             "rows still running?"),
-            ("did not complete within 1 s (liveness_timeout); a larger liveness_timeout.",
-             "did not complete within 1 s (--liveness-timeout); a larger "
-             "--liveness-timeout."),
-            ("ticks must be an int >= 1, got 0", "--ticks must be an int >= 1, got 0"),
-            ("cannot write out/sample_count/x.json or 'sample_count' or "
-             "sample_count.json or sample_counts or the ticks",
-             "cannot write out/sample_count/x.json or 'sample_count' or "
-             "sample_count.json or sample_counts or the ticks")):
-        assert as_option(text, args) == said
+                              sample_count=8, ticks=3, out="sample_count")
+    assert option_names(args) == {"liveness_timeout": "--liveness-timeout",
+                                  "sample_count": "--sample-count", "ticks": "--ticks",
+                                  "out": "--out"}
+
+    def stall() -> str:
+        watch = RowWatch(1.0, setting("liveness_timeout"),
+                         f"the warm-up, 4 x {setting('sample_count')}")
+        assert watch.verdict(0, 32, 0, 0) is None
+        return str(watch.verdict(0, 32, 0, 2_000_000_000))
+
+    said = []
+    with naming_settings(option_names(args)):
+        said.append(stall())
+        worker = threading.Thread(target=lambda: said.append(stall()))
+        worker.start()
+        worker.join()
+        with pytest.raises(ValueError, match="^--ticks must be an int >= 1, got 0$"):
+            as_count("ticks", 0, 1)
+        with pytest.raises(ValueError, match="^capacity must be an int >= 1, got 0$"):
+            as_count("capacity", 0, 1)  # no option of this command sets it
+    assert said == ["tick 0 waits for 32 rows (the warm-up, 4 x --sample-count); the "
+                    "replay buffer has had 0 for 2.0 s (--liveness-timeout): is whatever "
+                    "adds the rows still running?"] * 2
+    assert stall() == ("tick 0 waits for 32 rows (the warm-up, 4 x sample_count); the "
+                       "replay buffer has had 0 for 2.0 s (liveness_timeout): is whatever "
+                       "adds the rows still running?")
 
 
 @pytest.mark.usefixtures("sac_extras")
@@ -479,10 +516,6 @@ def test_a_value_the_user_typed_is_not_written_as_an_option(
     sample_count`` (3 of 3), sac "--num-envs is a file, not a folder" of ``--out
     num_envs/r.json``, and gymnasium's "Environment `batch_size` doesn't exist" of
     ``--env batch_size`` became "`--batch-size`" (helper-116)."""
-    import argparse
-
-    from replay_fsm.trainers.cli import as_option
-
     monkeypatch.chdir(tmp_path)
     for taken in ("sample_count", "num_envs"):
         (tmp_path / taken).write_text("mine")
@@ -492,10 +525,9 @@ def test_a_value_the_user_typed_is_not_written_as_an_option(
     err = one_line_error(capsys, main(["sac", "--env", "Pendulum-v1", "--ticks", "2",
                                        "--out", "num_envs/r.json", "--no-progress"]))
     assert "error: num_envs is a file, not a folder" in err, err
-    args = argparse.Namespace(command="sac", fn=None, env="batch_size", batch_size=256,
-                              liveness_timeout=30.0, out="sac-out")
-    assert as_option("Environment `batch_size` doesn't exist. (liveness_timeout)",
-                     args) == "Environment `batch_size` doesn't exist. (--liveness-timeout)"
+    err = one_line_error(capsys, main(["sac", "--env", "batch_size", "--ticks", "2",
+                                       "--out", "o", "--no-progress"]))
+    assert "Environment `batch_size` doesn't exist" in err, err
 
 
 def test_python_dash_m_replay_fsm_is_the_command() -> None:

@@ -990,3 +990,69 @@ def test_the_agreement_all_reduce_puts_its_flags_on_the_groups_device(
     with pytest.raises((KeyboardInterrupt, RuntimeError)):  # meta: no .item()
         ai.all_reduce_mean([])
     assert seen == ["meta"], seen
+
+
+def rendezvous_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process is rank 0 of 2 under torchrun, and its rendezvous runs out of
+    time (a peer that never came), with no network used."""
+    import torch.distributed as dist
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+    def store_timeout(*args: object, **kwargs: object) -> None:
+        raise dist.DistStoreError("wait timeout after 5000ms, keys: /default_pg/0//cpu//0/1")
+
+    monkeypatch.setattr(dist, "init_process_group", store_timeout)
+
+
+def test_a_torchrun_rank_names_the_options_it_was_given(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``torchrun -m replay_fsm.distributed --peer-timeout 5`` whose rendezvous ran out
+    said "(peer_timeout; stopped or stuck as it started)", 1 of 1: only the errors of
+    its options' checks were written as options, not those of the rank's run. From
+    Python, rank_main names the config's field as before."""
+    from replay_fsm.distributed import rank_main
+
+    rendezvous_fails(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"did not join it for 5 s \(--peer-timeout; "):
+        main(["--ticks", "2", "--device", "cpu", "--peer-timeout", "5",
+              "--out", str(tmp_path)])
+    with pytest.raises(RuntimeError, match=r"did not join it for 5 s \(peer_timeout; "):
+        rank_main(DemoConfig(ticks=2, device="cpu", out=str(tmp_path), peer_timeout=5.0,
+                             progress=False))
+
+
+def test_the_ranks_of_the_command_name_its_options(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ranks ``replay-fsm demo --nproc 2`` starts are fresh processes, which knew
+    nothing of the command's options: their errors named the config's fields, and
+    only the rewrite of the launcher's one line (dropped now) made options of some.
+    launch hands each rank the names its own process gives (here run as a rank
+    would be, in this process once the command has ended: a rank's rendezvous that
+    ran out names --peer-timeout)."""
+    import pickle
+
+    from torch.distributed.launcher import api
+
+    from replay_fsm.cli import main as cli_main
+    from replay_fsm.distributed import rank_main
+
+    given: list[tuple[object, ...]] = []
+
+    def elastic_launch(config, entrypoint):  # type: ignore[no-untyped-def]
+        def run(*args):  # type: ignore[no-untyped-def]
+            given.append((entrypoint, *pickle.loads(pickle.dumps(args))))  # as spawned
+            return {rank: {"ticks": 2, "tick_ms": 1.0, "stall_pct": 0.0, "base_seed": 0,
+                           "trace_conforms": True} for rank in (0, 1)}
+        return run
+
+    monkeypatch.setattr(api, "elastic_launch", elastic_launch)
+    assert cli_main(["demo", "--nproc", "2", "--ticks", "2", "--peer-timeout", "5",
+                     "--out", str(tmp_path), "--no-progress"]) == 0
+    ((entrypoint, *args),) = given
+    assert entrypoint is rank_main
+    rendezvous_fails(monkeypatch)
+    with pytest.raises(RuntimeError, match=r"did not join it for 5 s \(--peer-timeout; "):
+        rank_main(*args)  # type: ignore[arg-type]

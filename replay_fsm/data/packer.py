@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from ..errors import CollectorDied, ProtocolError
+from ..errors import CollectorDied, ProtocolError, setting
 from ..looks import LookClock
 from ..signals import ignore
 from ..wire import DONE_FIELDS, REQUEST_FIELDS, PackDone, PackRequest, decode, encode
@@ -798,7 +798,8 @@ class Packer:
         if waited_s > self.writer_patience_s:
             raise CollectorDied(
                 f"tick {tick}: the learner's gather of it has waited {waited_s:.1f} s "
-                f"(liveness_timeout {self.writer_patience_s:g} s) for rows an add is "
+                f"({setting('liveness_timeout')} {self.writer_patience_s:g} s) for rows "
+                "an add is "
                 "writing: its writer is stopped or hung inside it")
 
     def _draw(self, seed: int, size: int) -> torch.Tensor:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..core import as_ring_depth, as_seconds
+from ..errors import setting
 from ..signals import STOP_SIGNALS
 
 # The longest peer_timeout: torch keeps a collective's timeout in nanoseconds (an int64,
@@ -49,8 +50,8 @@ class DemoConfig:
     (start its launcher in a session of its own).
 
     Raises:
-        TypeError, ValueError: a field of the wrong type or out of range (named, with
-            the value).
+        TypeError, ValueError: a field of the wrong type or out of range (named as
+            ``replay_fsm.errors.setting`` calls it, with the value).
     """
 
     ticks: int = 300
@@ -81,11 +82,12 @@ class DemoConfig:
         for name in ("ticks", "sample_count", "capacity", "envs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+                raise ValueError(f"{setting(name)} must be an int >= 1, got {value!r}")
         threads = self.learner_threads
         if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                     or threads < 1):
-            raise ValueError(f"learner_threads must be None or an int >= 1, got {threads!r}")
+            raise ValueError(f"{setting('learner_threads')} must be None or an int >= 1, "
+                             f"got {threads!r}")
         if self.interrupt_signal not in STOP_SIGNALS:
             raise ValueError("interrupt_signal must be a stop signal ("
                              + ", ".join(signal.Signals(s).name for s in STOP_SIGNALS)
@@ -93,7 +95,8 @@ class DemoConfig:
         as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
         peer_timeout = as_seconds("peer_timeout", self.peer_timeout)
         if peer_timeout > MAX_PEER_TIMEOUT_S:
-            raise ValueError(f"peer_timeout must be at most {MAX_PEER_TIMEOUT_S:g} s (about "
+            raise ValueError(f"{setting('peer_timeout')} must be at most "
+                             f"{MAX_PEER_TIMEOUT_S:g} s (about "
                              f"31 years; torch holds a collective's timeout in nanoseconds), "
                              f"got {self.peer_timeout!r}")
         # Kept as floats: a Decimal or a numpy number, taken as seconds, is no timedelta's
@@ -102,7 +105,7 @@ class DemoConfig:
         object.__setattr__(self, "liveness_timeout",
                            as_seconds("liveness_timeout", self.liveness_timeout))
         if self.collector not in ("process", "thread"):
-            raise ValueError(f"collector must be 'process' or 'thread', got "
+            raise ValueError(f"{setting('collector')} must be 'process' or 'thread', got "
                              f"{self.collector!r}")
 
     @property

@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from ..data.buffer import ReplayBuffer
-from ..errors import CollectorDied, DataStalled
+from ..errors import CollectorDied, DataStalled, setting
 from ..files import check_writable, forget, make_folder, write_text
 from ..runtime.observers import steady_ticks
 from ..runtime.pipeline import Pipeline
@@ -186,10 +186,12 @@ def _after(error: Exception | None) -> Iterator[None]:
 
 def warm_up(config: DemoConfig) -> tuple[int, str]:
     """The rows every request of the run waits for (``min_snapshot_ptr``), and what a
-    ``DataStalled`` calls them: the config's fields they come from."""
+    ``DataStalled`` calls them: the config's fields they come from (as
+    ``replay_fsm.errors.setting`` calls them)."""
     if config.collect_steps is None:
-        return 4 * config.sample_count, "the warm-up, 4 x sample_count"
-    return config.collect_steps * config.envs, "the warm-up, collect_steps x envs"
+        return 4 * config.sample_count, f"the warm-up, 4 x {setting('sample_count')}"
+    return (config.collect_steps * config.envs,
+            f"the warm-up, {setting('collect_steps')} x {setting('envs')}")
 
 
 def output_folder(out: str | Path) -> Path:
@@ -227,9 +229,9 @@ def _build(config: DemoConfig) -> tuple[Path, ReplayBuffer, Pipeline]:
                     liveness_timeout=config.liveness_timeout,
                     # as the SAC trainer's: rows that stopped coming fail the run
                     # after liveness_timeout too (min_snapshot_ptr: the warm-up). A
-                    # stall names the config's fields (the CLI's options as_option)
+                    # stall names the config's fields (as errors.setting calls them)
                     stall_timeout=config.liveness_timeout,
-                    stall_timeout_name="liveness_timeout",
+                    stall_timeout_name=setting("liveness_timeout"),
                     min_snapshot_ptr_name=warm_up(config)[1],
                     trace_capacity=trace_capacity(config.ticks))
     return out_dir, rb, pipe

@@ -30,6 +30,7 @@ from ..data import owner
 from ..data.buffer import ReplayBuffer
 from ..data.channel import ChannelClosed
 from ..data.packer import Packer, PackerHandle, process_alive, serve_forever
+from ..errors import setting
 from ..looks import LookClock
 from ..signals import join_started, start_ignoring
 from ..transfer.base import HostSlots
@@ -574,7 +575,7 @@ class ExternalCollector(ChannelLink):
             pid, timeout) or self._silence(
             f"the collector (pid {pid})", waiting, timeout,
             "alive but no packer.service() call: an environment step longer than "
-            "liveness_timeout, or hung in a step or a pack?")
+            f"{setting('liveness_timeout')}, or hung in a step or a pack?")
 
     def _attached_lives(self, pid: int) -> bool:
         """Whether the attached collector, ``pid``, still runs: a live process has

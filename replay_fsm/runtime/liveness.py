@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..errors import CollectorDied, DataStalled, PipelineFailed, TransferFailed
+from ..errors import CollectorDied, DataStalled, PipelineFailed, TransferFailed, setting
 from ..spec import SlotState
 from ..transfer.base import TransferBackend
 from .links import CollectorLink, Gone
@@ -73,7 +73,8 @@ class Watchdog:
                 return TransferFailed(
                     f"tick {tick}: the transfer worker has been in one backend submit "
                     f"for {busy:.1f} s since the learner first found it there "
-                    f"(liveness_timeout {self.timeout:g} s): it does not return")
+                    f"({setting('liveness_timeout')} {self.timeout:g} s): it does not "
+                    "return")
         elif state is SlotState.SUBMITTED:
             try:
                 why = self._backend.check_alive()
@@ -108,13 +109,14 @@ class Watchdog:
         if held:
             return TransferFailed(
                 f"tick {tick}: the copy into slot {slot} has waited {waited_s:.1f} s "
-                f"(liveness_timeout {self.timeout:g} s) for the learner's own device "
-                "work: the reads of the slot's last batch, released at after_tick(), "
-                "have not ended on the device. A learner step that long needs a "
-                "larger liveness_timeout; otherwise its device work hangs")
+                f"({setting('liveness_timeout')} {self.timeout:g} s) for the learner's "
+                "own device work: the reads of the slot's last batch, released at "
+                "after_tick(), have not ended on the device. A learner step that long "
+                f"needs a larger {setting('liveness_timeout')}; otherwise its device "
+                "work hangs")
         return TransferFailed(
             f"tick {tick}: the copy into slot {slot} did not complete within "
-            f"{self.timeout:g} s (liveness_timeout)")
+            f"{self.timeout:g} s ({setting('liveness_timeout')})")
 
 
     def _busy_for_s(self, now_ns: int) -> float:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from importlib.util import find_spec
 
@@ -96,30 +95,16 @@ def main(args: argparse.Namespace) -> int:
     return code
 
 
-def as_option(text: str, args: argparse.Namespace) -> str:
-    """``text`` with the settings it names written as the options that set them: the
-    configs and the pipeline name their fields (``num_envs must be >= 1``, a stall's
-    ``(liveness_timeout)``), where the command's user set ``--num-envs`` and
-    ``--liveness-timeout``. Rewritten: the field that opens a ``... must`` message
-    (of any option of this command), and wherever it stands as a word, not quoted nor
-    part of a path or a longer name, a field of an option whose name has an
-    underscore (``ticks`` or ``seed`` alone may be a word of the prose), unless it is
-    a word of a value the user typed: ``--out sample_count`` names a folder, which a
-    message may show as it is ("sample_count is a file"), and ``--env batch_size`` a
-    task gymnasium quotes with backticks."""
-    options = [name for name in vars(args) if name not in ("command", "fn", "file")]
-    name = text.split(" ", 1)[0]
-    if name in options and text.startswith(f"{name} must "):
-        text = f"--{name.replace('_', '-')}{text[len(name):]}"
-    typed = {word for value in vars(args).values() if isinstance(value, str)
-             for word in re.findall(r"\w+", value)}
-    fields = sorted((name for name in options if "_" in name and name not in typed),
-                    key=len, reverse=True)
-    if not fields:
-        return text
-    word = re.compile(r"(?<![\w'\"./\\-])(" + "|".join(map(re.escape, fields))
-                      + r")(?![\w'\"/\\-]|\.\w)")
-    return word.sub(lambda found: "--" + found[1].replace("_", "-"), text)
+def option_names(args: argparse.Namespace) -> dict[str, str]:
+    """How a command's messages name the settings its options set, for
+    ``errors.naming_settings``: each option of ``args`` (a parsed command line),
+    ``num_envs`` as ``--num-envs``. The configs and the pipeline build their messages
+    with those names (``errors.setting``): ``num_envs must be >= 1`` from Python,
+    ``--num-envs must be >= 1`` from the command line, and a stall's
+    ``(--liveness-timeout)``; a value the user typed is never rewritten, whatever it
+    says (``--out sample_count``)."""
+    return {name: "--" + name.replace("_", "-") for name in vars(args)
+            if name not in ("command", "fn", "file")}
 
 
 MAX_LEARNER_THREADS = 256

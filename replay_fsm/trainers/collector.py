@@ -27,6 +27,7 @@ import numpy as np
 import torch
 
 from replay_fsm import CollectorDied, Packer, PackerHandle, Pipeline, ReplayBuffer
+from replay_fsm.errors import setting
 from replay_fsm.looks import LookClock
 from replay_fsm.signals import STOP_SIGNALS, end_worker, ignore, start_ignoring
 
@@ -312,7 +313,8 @@ def wait_rows(rb: ReplayBuffer, ptr: int, worker: Any, timeout: float) -> None:
                                 f"{ptr} rows")
         if looks.look(real_ns=time.monotonic_ns()) - since > timeout * 1e9:
             raise CollectorDied(f"the SAC collector added no row for {timeout:g} s "
-                                f"(liveness_timeout) while the learner waited for {ptr} "
+                                f"({setting('liveness_timeout')}) while the learner "
+                                f"waited for {ptr} "
                                 f"rows (it has written {seen})")
         time.sleep(0.0005)  # rows usually exist already; this runs only on a stall
         if rb.ptr != seen:

@@ -60,6 +60,7 @@ from replay_fsm import (  # public API only
     ReplayBuffer,
 )
 from replay_fsm.core import as_seconds, as_seed, seconds_of
+from replay_fsm.errors import setting
 from replay_fsm.files import check_writable, make_folder, write_text
 from replay_fsm.runtime.observers import steady_ticks
 from replay_fsm.sampling import expected_batch
@@ -73,8 +74,6 @@ from .shared import EpisodeLog, WeightRing
 
 SAMPLING = ("pipeline", "sync")
 COLLECTORS = ("process", "thread")
-# What a DataStalled calls the rows a tick waits for, P(t) of the module doc
-ROWS_NAME = "the warm-up's warmup_steps, then env_steps_per_tick x num_envs more a tick"
 
 # SACConfig's fields that are counts (the seed, learner_threads also ints, checked on
 # their own), and those that are real numbers (each with its range, as a test on the
@@ -97,8 +96,15 @@ def _as_int(name: str, value: object) -> int:
     if not isinstance(value, bool):
         with contextlib.suppress(TypeError):
             return operator.index(value)  # type: ignore[arg-type]
-    raise TypeError(f"{name} must be an int (or numpy integer), got {value!r} of type "
+    raise TypeError(f"{setting(name)} must be an int (or numpy integer), got {value!r} of type "
                     f"{type(value).__name__}")
+
+
+def rows_name() -> str:
+    """What a ``DataStalled`` calls the rows a tick waits for, P(t) of the module doc:
+    the fields they come from, as ``errors.setting`` calls them."""
+    return (f"the warm-up's {setting('warmup_steps')}, then "
+            f"{setting('env_steps_per_tick')} x {setting('num_envs')} more a tick")
 
 
 @dataclass(frozen=True)
@@ -167,22 +173,23 @@ class SACConfig:
     def validate(self) -> None:
         """Raises:
             TypeError: an option of the wrong type (a count that is not an int, a
-                rate that is not a real number, a flag that is not a bool), naming it.
+                rate that is not a real number, a flag that is not a bool), naming it
+                (as ``replay_fsm.errors.setting`` calls it).
             ValueError: an option out of range, naming it and the fix."""
         for name in INT_FIELDS:
             _as_int(name, getattr(self, name))  # the type: ranges below
         for name, (within, words) in REAL_FIELDS.items():
             value = getattr(self, name)
             if type(value) is not float:
-                raise TypeError(f"{name} must be a real number {words}, got {value!r} "
+                raise TypeError(f"{setting(name)} must be a real number {words}, got {value!r} "
                                 f"of type {type(value).__name__}")
             if not within(value):
-                raise ValueError(f"{name} must be {words}, got {value!r}")
+                raise ValueError(f"{setting(name)} must be {words}, got {value!r}")
         for name in ("env", "device", "sampling", "collector"):
             if not isinstance(getattr(self, name), str):
-                raise TypeError(f"{name} must be a str, got {getattr(self, name)!r}")
+                raise TypeError(f"{setting(name)} must be a str, got {getattr(self, name)!r}")
         if not isinstance(self.progress, bool):
-            raise TypeError(f"progress must be a bool, got {self.progress!r}")
+            raise TypeError(f"{setting('progress')} must be a bool, got {self.progress!r}")
         positive = ("num_envs", "batch_size", "updates_per_tick", "env_steps_per_tick",
                     "ticks", "warmup_steps", "capacity", "hidden")
         for name in positive:
@@ -190,35 +197,39 @@ class SACConfig:
                 why = (" (the first ticks' batches are drawn from the warm-up's rows: "
                        "with none there is nothing to sample)"
                        if name == "warmup_steps" else "")
-                raise ValueError(f"{name} must be >= 1{why}, got {getattr(self, name)}")
+                raise ValueError(f"{setting(name)} must be >= 1{why}, got "
+                                 f"{getattr(self, name)}")
         if self.sampling not in SAMPLING:
-            raise ValueError(f"sampling must be one of {SAMPLING}, got {self.sampling!r}")
+            raise ValueError(f"{setting('sampling')} must be one of {SAMPLING}, got "
+                             f"{self.sampling!r}")
         if self.collector not in COLLECTORS:
-            raise ValueError(f"collector must be one of {COLLECTORS}, got {self.collector!r}")
+            raise ValueError(f"{setting('collector')} must be one of {COLLECTORS}, got "
+                             f"{self.collector!r}")
         if not 2 <= self.ring_depth <= MAX_RING_DEPTH:
-            raise ValueError(f"ring_depth must be between 2 and {MAX_RING_DEPTH}, got "
+            raise ValueError(f"{setting('ring_depth')} must be between 2 and {MAX_RING_DEPTH}, got "
                              f"{self.ring_depth}")
         if self.ticks - 1 > MAX_SEED:  # no seed leaves room for them (seed + t < 2**63)
-            raise ValueError(f"ticks must be at most 2**63, got {self.ticks}")
+            raise ValueError(f"{setting('ticks')} must be at most 2**63, got {self.ticks}")
         try:
             seed = as_seed(self.seed, "seed")  # ints and numpy integers
         except (TypeError, ValueError):
             seed = -1  # refused below, with the bound the run's ticks set
         if not 0 <= seed <= MAX_SEED - (self.ticks - 1):
-            raise ValueError(f"seed must be an int in [0, 2**63 - ticks] (tick t's batch "
-                             f"is drawn with seed + t), got {self.seed!r}")
+            raise ValueError(f"{setting('seed')} must be an int in [0, 2**63 - ticks] "
+                             f"(tick t's batch is drawn with seed + t), got {self.seed!r}")
         as_seconds("liveness_timeout", self.liveness_timeout)
         available_device(self.device)  # the library's error, before anything starts
         if self.learner_threads is not None and _as_int(
                 "learner_threads", self.learner_threads) < 1:
-            raise ValueError(f"learner_threads must be None or >= 1, got "
+            raise ValueError(f"{setting('learner_threads')} must be None or >= 1, got "
                              f"{self.learner_threads}")
         written = self.snapshot_ptr(self.ticks + self.ring_depth)
         if self.sampling == "sync" and written > self.capacity:
+            capacity, ticks = setting("capacity"), setting("ticks")
             raise ValueError(f"sampling='sync' reads the storage while the collector "
-                             f"appends, so the ring must not wrap: capacity "
+                             f"appends, so the ring must not wrap: {capacity} "
                              f"{self.capacity} < {written} rows this run writes; raise "
-                             "capacity or lower ticks")
+                             f"{capacity} or lower {ticks}")
 
 
 class RunInterrupted(Interrupted):
@@ -266,10 +277,10 @@ class Trainer:
                                  liveness_timeout=config.liveness_timeout,
                                  # as the synchronous trainer's wait_rows: no row added
                                  # for liveness_timeout fails the run. A stall names
-                                 # this config's fields (the CLI's options as_option)
+                                 # this config's fields (as errors.setting calls them)
                                  stall_timeout=config.liveness_timeout,
-                                 stall_timeout_name="liveness_timeout",
-                                 min_snapshot_ptr_name=ROWS_NAME)
+                                 stall_timeout_name=setting("liveness_timeout"),
+                                 min_snapshot_ptr_name=rows_name())
         self.worker: Any = None
         self.stop: Any = None
         self._at_exit: Callable[[], None] | None = None  # ends the collector if never closed
