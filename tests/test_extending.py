@@ -190,6 +190,53 @@ def test_a_backend_by_name_that_copies_elsewhere_than_the_device_is_refused(
         unregister_backend("on-the-cpu")
 
 
+class ReportsADevice(TransferBackend):
+    """A backend by name that copies on the CPU and reports the device ``reports``:
+    how the pipeline judges a device, with no GPU."""
+
+    def __init__(self, device: torch.device, reports: str = "cuda") -> None:
+        super().__init__(reports)
+
+    def submit(self, order):  # type: ignore[no-untyped-def]
+        self.copy_now(order.slot)
+        self.on_complete(order.slot)
+
+    def allocate(self, host_slots):  # type: ignore[no-untyped-def]
+        from replay_fsm.transfer.base import allocate_like
+
+        return allocate_like(host_slots, "cpu")
+
+
+def test_a_device_without_an_index_is_the_current_one_of_its_type() -> None:
+    """``Pipeline(device="cuda:0", backend=...)`` with a backend by name that reports
+    "cuda" was refused ("copies to 'cuda', not to the device asked for, 'cuda:0'",
+    1 of 1), where "cuda" asked of one that reports "cuda:0" was taken, and so was
+    "cuda" of one that reports "cuda:1", another device than the current one. As
+    torch has it, a device without an index is the current device of its type
+    (cuda:0 until ``torch.cuda.set_device`` chose another, and on a machine with no
+    CUDA): the same device is taken however it is written, another one refused."""
+    now = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    register_backend("reports", ReportsADevice)
+    try:
+        for asked, reports in (("cuda", f"cuda:{now}"), (f"cuda:{now}", "cuda"),
+                               ("cuda", "cuda")):
+            with Pipeline(buffer(), sample_count=32, device=asked, backend="reports",
+                          backend_options={"reports": reports}) as pipe:
+                run(pipe, 3)
+                assert pipe.device == torch.device(reports)
+        other = f"cuda:{now + 1}"
+        for asked, reports in (("cuda", other), (other, "cuda"), (f"cuda:{now}", other)):
+            with pytest.raises(ValueError) as info:
+                Pipeline(buffer(), sample_count=32, device=asked, backend="reports",
+                         backend_options={"reports": reports})
+            shown = f"'cuda' (now cuda:{now})" if asked == "cuda" else repr(asked)
+            assert str(info.value) == (
+                f"backend 'reports' copies to {reports!r}, not to the device asked for, "
+                f"{shown}: leave device out, or name a backend that copies to {asked!r}")
+    finally:
+        unregister_backend("reports")
+
+
 @pytest.mark.parametrize("reported", ["0", True, 0.0, None])
 def test_a_completion_reported_with_something_other_than_the_slot_is_named(
         reported: object) -> None:

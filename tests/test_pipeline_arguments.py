@@ -58,7 +58,8 @@ def test_bounds_read_from_numpy_are_taken() -> None:
 def test_a_device_other_than_the_backend_instances_is_refused_naming_both() -> None:
     """``device=`` beside a backend instance was ignored: the batches went to the
     instance's device whatever it said (helper-104). Left out, the pipeline's device is
-    the instance's; naming that one, or its type without an index, is fine."""
+    the instance's; naming that one, or its type without an index where that is the
+    current device (torch's rule: cuda:0 on a machine with no CUDA), is fine."""
     from replay_fsm.transfer.emulated import EmulatedBackend
 
     with pytest.raises(ValueError) as info:
@@ -71,16 +72,23 @@ def test_a_device_other_than_the_backend_instances_is_refused_naming_both() -> N
         with Pipeline(buffer(), sample_count=8, device=device,
                       backend=EmulatedBackend("cpu")) as pipe:
             assert pipe.device == torch.device("cpu")
-    # By the devices alone (no GPU needed): an index-less type names any index of it.
+    # By the devices alone (no GPU needed): an index-less type is the current device
+    # of it, not any (the batches would be on another device than the learner's).
     from replay_fsm.transfer import build_backend
 
-    on_second = EmulatedBackend("cpu")
-    on_second.device = torch.device("cuda:1")
-    assert build_backend("cuda", on_second) is on_second
-    assert build_backend("cuda:1", on_second) is on_second
-    with pytest.raises(ValueError, match="^device 'cuda:0' differs from the device of "
-                                         "the backend instance, 'cuda:1' "):
-        build_backend("cuda:0", on_second)
+    now = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    on_current, on_other = EmulatedBackend("cpu"), EmulatedBackend("cpu")
+    on_current.device, on_other.device = (torch.device("cuda", now),
+                                          torch.device("cuda", now + 1))
+    assert build_backend("cuda", on_current) is on_current
+    assert build_backend(f"cuda:{now + 1}", on_other) is on_other
+    with pytest.raises(ValueError, match=f"^device 'cuda:{now}' differs from the device "
+                                         f"of the backend instance, 'cuda:{now + 1}' "):
+        build_backend(f"cuda:{now}", on_other)
+    with pytest.raises(ValueError, match=rf"^device 'cuda' \(now cuda:{now}\) differs "
+                                         f"from the device of the backend instance, "
+                                         f"'cuda:{now + 1}' "):
+        build_backend("cuda", on_other)
 
 
 def test_a_type_with_one_device_is_that_device_with_an_index_or_without() -> None:
@@ -99,10 +107,12 @@ def test_a_type_with_one_device_is_that_device_with_an_index_or_without() -> Non
     on_mps.device = torch.device("mps")  # by the devices alone: no MPS needed
     assert build_backend("mps:0", on_mps) is on_mps
     index_less = EmulatedBackend("cpu")
-    index_less.device = torch.device("cuda")  # the current one: cuda:0 may be another
-    with pytest.raises(ValueError, match="^device 'cuda:0' differs from the device of "
-                                         "the backend instance, 'cuda' "):
-        build_backend("cuda:0", index_less)
+    index_less.device = torch.device("cuda")  # the current one, which cuda:<now> names
+    now = torch.cuda.current_device() if torch.cuda.is_available() else 0
+    assert build_backend(f"cuda:{now}", index_less) is index_less
+    with pytest.raises(ValueError, match=f"^device 'cuda:{now + 1}' differs from the "
+                                         "device of the backend instance, 'cuda' "):
+        build_backend(f"cuda:{now + 1}", index_less)
 
 
 def test_a_collector_link_instance_gives_its_kind() -> None:

@@ -86,8 +86,9 @@ def build_backend(device: str | torch.device | None,
                   **options: Any) -> TransferBackend:
     """The backend for ``device``: an instance passed in, a registered name, or the
     device's default. ``device`` None: an instance's own device, else the CPU. Given
-    with an instance, it must name the instance's device (one without an index,
-    "cuda", names any device of its type; "cpu:0" is "cpu", "mps:0" "mps"): the
+    with an instance, it must name the instance's device (one without an index is
+    the current device of its type, as torch has it: "cuda" is "cuda:0" until
+    ``torch.cuda.set_device`` chose another; "cpu:0" is "cpu", "mps:0" "mps"): the
     instance copies to its own device, and a ``device`` it ignored silently would be
     a wish not granted. So must it name the device of a backend built by name
     ("emulated" and "manual" copy to the CPU whatever they are given).
@@ -110,7 +111,7 @@ def build_backend(device: str | torch.device | None,
             dev, own = parse_device(device), parse_device(own)
             if not _names(dev, own):
                 raise ValueError(
-                    f"device {str(dev)!r} differs from the device of the backend "
+                    f"device {_shown(dev, own)} differs from the device of the backend "
                     f"instance, {str(own)!r} ({type(backend).__name__}), which is where "
                     f"the batches go: leave device out, or pass a backend built for "
                     f"{str(dev)!r}")
@@ -146,7 +147,7 @@ def build_backend(device: str | torch.device | None,
     own = parse_device(_with_device(built).device)
     if device is not None and not _names(dev, own):
         raise ValueError(f"backend {name!r} copies to {str(own)!r}, not to the device "
-                         f"asked for, {str(dev)!r}: leave device out, or name a backend "
+                         f"asked for, {_shown(dev, own)}: leave device out, or name a backend "
                          f"that copies to {str(dev)!r}")
     return built
 
@@ -156,10 +157,34 @@ _ONE_DEVICE = ("cpu", "mps")
 
 
 def _names(device: torch.device, own: torch.device) -> bool:
-    """Whether ``device`` names ``own``, a backend instance's device: the same type,
-    and the same index, no index, or a type with one device ("cpu:0" is "cpu")."""
-    return device.type == own.type and (device.index in (None, own.index)
-                                        or device.type in _ONE_DEVICE)
+    """Whether ``device`` names ``own``, a backend's device: the same type, and the
+    same index, where one without an index is the current device of its type
+    (``current_index``), or a type with one device ("cpu:0" is "cpu")."""
+    if device.type != own.type:
+        return False
+    return device.type in _ONE_DEVICE or _current_index(device) == _current_index(own)
+
+
+def _shown(device: torch.device, own: torch.device) -> str:
+    """``device`` quoted, for a refusal beside ``own``; one without an index, where
+    ``own`` is of its type, with the device it is now (the index is what differs)."""
+    if device.index is not None or device.type != own.type:
+        return repr(str(device))
+    return f"{str(device)!r} (now {device.type}:{_current_index(device)})"
+
+
+def _current_index(device: torch.device) -> int:
+    """``device``'s index; for one without, the current device of its type, which is
+    what torch means by it (``torch.device("cuda")`` is the current CUDA device):
+    torch's answer where this machine has the type, else 0, the current device of
+    a process that has not chosen one."""
+    if device.index is not None:
+        return device.index
+    module = getattr(torch, device.type, None)
+    if module is None or not getattr(module, "is_available", lambda: False)():
+        return 0
+    current = getattr(module, "current_device", None)
+    return int(current()) if callable(current) else 0
 
 
 def _with_device(backend: TransferBackend) -> TransferBackend:
