@@ -188,10 +188,31 @@ def require_asserts(what: str) -> None:
                            "python -O (or PYTHONOPTIMIZE) removes: run it without -O")
 
 
+def as_int(name: str, value: object, bound: str = "") -> int:
+    """``value`` as a plain int: an int or a numpy integer (anything ``operator.index``
+    takes), never a bool (``True`` would silently mean 1) or a float (2.0 usually
+    means a computation went wrong). The one check of "an int, not a bool" that every
+    layer's integral arguments go through; ``bound`` is the range the caller checks
+    after, in words (" >= 1"), for the message.
+
+    Raises:
+        TypeError: not an integer (the message names ``name``, ``bound`` and the
+            value's type).
+    """
+    if type(value) is int:
+        return value
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)  # type: ignore[arg-type]
+        except TypeError:
+            pass
+    raise TypeError(f"{setting(name)} must be an int (or numpy integer){bound}, got "
+                    f"{value!r} of type {type(value).__name__}")
+
+
 def as_count(name: str, value: object, low: int = 0) -> int:
-    """``value`` as a plain int >= ``low``: ints and numpy integers, never a bool
-    (``True`` would silently mean 1) or a float (2.0 usually means a computation went
-    wrong). Every layer checks its integral arguments with it.
+    """``value`` as a plain int >= ``low`` (see ``as_int``). Every layer checks its
+    counts with it.
 
     Raises:
         TypeError: not an integer (the message names ``name``, as ``errors.setting``
@@ -200,16 +221,7 @@ def as_count(name: str, value: object, low: int = 0) -> int:
     """
     if type(value) is int and value >= low:  # the common case, at once
         return value
-    if isinstance(value, bool):
-        number = None
-    else:
-        try:
-            number = operator.index(value)  # type: ignore[arg-type]
-        except TypeError:
-            number = None
-    if number is None:
-        raise TypeError(f"{setting(name)} must be an int (or numpy integer) >= {low}, got "
-                        f"{value!r} of type {type(value).__name__}")
+    number = as_int(name, value, f" >= {low}")
     if number < low:
         raise ValueError(f"{setting(name)} must be an int >= {low}, got {number}")
     return number

@@ -193,6 +193,28 @@ def test_integer_arguments_are_named_with_their_type_in_the_message() -> None:
         Core(2, base_seed=1.5)  # type: ignore[arg-type]
 
 
+def test_as_int_is_the_one_check_of_an_int_that_is_no_bool() -> None:
+    """"An int, not a bool" was written three times (``as_count``, the SAC config's
+    counts, a backend's ``on_complete`` slot). ``core.as_int`` is the one check: a
+    numpy integer is taken as a plain int, a bool (numpy's too), a float and a str
+    are refused with the name, the caller's bound and the type."""
+    import numpy as np
+
+    from replay_fsm.core import as_int
+
+    for value in (3, np.int64(3), np.uint8(3), np.int32(3)):
+        taken = as_int("n", value)
+        assert type(taken) is int and taken == 3
+    for bad, kind in ((True, "bool"), (np.bool_(False), "bool"), (2.0, "float"),
+                      ("3", "str"), (None, "NoneType")):
+        with pytest.raises(TypeError) as info:
+            as_int("n", bad)
+        assert str(info.value) == (f"n must be an int (or numpy integer), got {bad!r} of "
+                                   f"type {kind}")
+    with pytest.raises(TypeError, match=r"^n must be an int \(or numpy integer\) >= 1, "):
+        as_int("n", 1.5, " >= 1")
+
+
 def test_seconds_take_any_real_number_numpys_included_and_no_bool() -> None:
     """A trainer passing a bound read from numpy (np.float32(2.0), np.int64(3)) was
     refused with "must be a finite number of seconds > 0", which reads as a range

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import operator
 import os
 import sys
 import threading
@@ -25,7 +24,16 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..core import Core, Step, as_count, as_seconds, as_tick, require_asserts, seconds_of
+from ..core import (
+    Core,
+    Step,
+    as_count,
+    as_int,
+    as_seconds,
+    as_tick,
+    require_asserts,
+    seconds_of,
+)
 from ..data.buffer import ReplayBuffer, ReplaySource
 from ..data.channel import ChannelClosed
 from ..data.packer import PackerHandle
@@ -106,14 +114,15 @@ def _seen_for(first_seen: list[int | None], slot: int, now: int) -> float:
 
 def _completed_slot(slot: object) -> int:
     """What a backend passed ``on_complete`` as the slot of a copy it completed: an int
-    or a numpy integer, never a bool (True would complete slot 1).
+    or a numpy integer, never a bool (True would complete slot 1): ``core.as_int``.
 
     Raises:
         TypeError: anything else, named as the backend's wrong call.
     """
-    if not isinstance(slot, bool):
-        with contextlib.suppress(TypeError):
-            return operator.index(slot)  # type: ignore[arg-type]
+    try:
+        return as_int("slot", slot)
+    except TypeError:
+        pass  # named below as the backend's call, not as an argument
     raise TypeError(f"the backend called on_complete with {slot!r} of type "
                     f"{type(slot).__name__}; it takes the slot of the copy it completed, "
                     "the int order.slot")

@@ -40,7 +40,6 @@ import atexit
 import contextlib
 import json
 import math
-import operator
 import os
 import platform
 import time
@@ -59,7 +58,7 @@ from replay_fsm import (  # public API only
     Pipeline,
     ReplayBuffer,
 )
-from replay_fsm.core import as_seconds, as_seed, seconds_of
+from replay_fsm.core import as_int, as_seconds, as_seed, seconds_of
 from replay_fsm.errors import setting
 from replay_fsm.files import check_writable, make_folder, write_text
 from replay_fsm.runtime.observers import steady_ticks
@@ -85,19 +84,6 @@ REAL_FIELDS: dict[str, tuple[Callable[[float], bool], str]] = {
     "gamma": (lambda x: 0 < x <= 1, "in (0, 1]"),  # as SAC itself takes it
     "tau": (lambda x: 0 < x <= 1, "in (0, 1]"),
 }
-
-
-def _as_int(name: str, value: object) -> int:
-    """``value`` as a plain int: ints and numpy integers, never a bool or a float.
-
-    Raises:
-        TypeError: not an integer, naming ``name``.
-    """
-    if not isinstance(value, bool):
-        with contextlib.suppress(TypeError):
-            return operator.index(value)  # type: ignore[arg-type]
-    raise TypeError(f"{setting(name)} must be an int (or numpy integer), got {value!r} of type "
-                    f"{type(value).__name__}")
 
 
 def rows_name() -> str:
@@ -147,7 +133,7 @@ class SACConfig:
             value = getattr(self, name)
             if value is not None and type(value) is not int:
                 with contextlib.suppress(TypeError):
-                    object.__setattr__(self, name, _as_int(name, value))
+                    object.__setattr__(self, name, as_int(name, value))
         if isinstance(self.device, torch.device):
             object.__setattr__(self, "device", str(self.device))
         for name in REAL_FIELDS:
@@ -177,7 +163,7 @@ class SACConfig:
                 (as ``replay_fsm.errors.setting`` calls it).
             ValueError: an option out of range, naming it and the fix."""
         for name in INT_FIELDS:
-            _as_int(name, getattr(self, name))  # the type: ranges below
+            as_int(name, getattr(self, name))  # the type: ranges below
         for name, (within, words) in REAL_FIELDS.items():
             value = getattr(self, name)
             if type(value) is not float:
@@ -219,7 +205,7 @@ class SACConfig:
                              f"(tick t's batch is drawn with seed + t), got {self.seed!r}")
         as_seconds("liveness_timeout", self.liveness_timeout)
         available_device(self.device)  # the library's error, before anything starts
-        if self.learner_threads is not None and _as_int(
+        if self.learner_threads is not None and as_int(
                 "learner_threads", self.learner_threads) < 1:
             raise ValueError(f"{setting('learner_threads')} must be None or >= 1, got "
                              f"{self.learner_threads}")
