@@ -545,3 +545,33 @@ def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
                        r"\(liveness_timeout\): "):
         run(DemoConfig(ticks=3, collector="thread", liveness_timeout=1.0,
                        out=str(tmp_path), progress=False))
+
+
+def test_the_configs_counts_take_numpy_integers_as_plain_ints_and_no_bool() -> None:
+    """A count read from numpy (np.int64(5) ticks) was refused ("ticks must be an int
+    >= 1, got np.int64(5)") where SACConfig takes it; a numpy ring_depth was taken and
+    kept as it was, and the run's summary.json holds it ("Object of type int64 is not
+    JSON serializable"). Each is kept as a plain int, as SACConfig keeps its own; a
+    bool is still refused."""
+    import dataclasses
+
+    import numpy as np
+
+    counts = {"ticks": 5, "sample_count": 64, "capacity": 1000, "envs": 2,
+              "learner_threads": 1, "ring_depth": 3, "seed": 4, "rank": 1, "base_seed": 9,
+              "collect_steps": 6, "kill_collector_at": 2, "freeze_collector_at": 3,
+              "freeze_at": 4, "interrupt_at": 1}
+    config = DemoConfig(**{name: np.int64(value) for name, value in counts.items()})
+    kept = {name: getattr(config, name) for name in counts}
+    assert kept == counts and {type(value) for value in kept.values()} == {int}
+    json.dumps({**dataclasses.asdict(config), "out": str(config.out)})
+    for name in ("ticks", "sample_count", "capacity", "envs"):
+        with pytest.raises(ValueError, match=f"^{name} must be an int >= 1, got True$"):
+            DemoConfig(**{name: True})
+        with pytest.raises(ValueError, match=f"^{name} must be an int >= 1, got 2.0$"):
+            DemoConfig(**{name: 2.0})
+    with pytest.raises(ValueError, match="^learner_threads must be None or an int >= 1, "
+                                         "got True$"):
+        DemoConfig(learner_threads=True)
+    with pytest.raises(TypeError, match="^ring_depth must be an int"):
+        DemoConfig(ring_depth=True)

@@ -3,12 +3,13 @@ distributed launcher (which derives each rank's copy with ``for_rank``)."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import as_ring_depth, as_seconds
+from ..core import as_int, as_ring_depth, as_seconds
 from ..errors import setting
 from ..signals import STOP_SIGNALS
 
@@ -79,20 +80,32 @@ class DemoConfig:
     interrupt_signal: int = signal.SIGINT
 
     def __post_init__(self) -> None:
-        for name in ("ticks", "sample_count", "capacity", "envs"):
+        # A count read from numpy is taken and kept as a plain int (the summary's JSON
+        # holds some), as SACConfig keeps its own; a bool is refused.
+        for name in ("ticks", "sample_count", "capacity", "envs", "learner_threads"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{setting(name)} must be an int >= 1, got {value!r}")
-        threads = self.learner_threads
-        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                    or threads < 1):
-            raise ValueError(f"{setting('learner_threads')} must be None or an int >= 1, "
-                             f"got {threads!r}")
+            if value is None and name == "learner_threads":
+                continue
+            try:
+                number = as_int(name, value)
+            except TypeError:
+                number = 0  # refused below, in the words the command line shows
+            if number < 1:
+                words = "None or an int" if name == "learner_threads" else "an int"
+                raise ValueError(f"{setting(name)} must be {words} >= 1, got {value!r}")
+            object.__setattr__(self, name, number)
+        for name in ("seed", "rank", "base_seed", "collect_steps", "kill_collector_at",
+                     "freeze_collector_at", "freeze_at", "interrupt_at"):
+            value = getattr(self, name)  # checked where it is used
+            if value is not None and type(value) is not int:
+                with contextlib.suppress(TypeError):
+                    object.__setattr__(self, name, as_int(name, value))
         if self.interrupt_signal not in STOP_SIGNALS:
             raise ValueError("interrupt_signal must be a stop signal ("
                              + ", ".join(signal.Signals(s).name for s in STOP_SIGNALS)
                              + f"), got {self.interrupt_signal!r}")
-        as_ring_depth(self.ring_depth)  # here, not in each rank of a launch
+        # here, not in each rank of a launch
+        object.__setattr__(self, "ring_depth", as_ring_depth(self.ring_depth))
         peer_timeout = as_seconds("peer_timeout", self.peer_timeout)
         if peer_timeout > MAX_PEER_TIMEOUT_S:
             raise ValueError(f"{setting('peer_timeout')} must be at most "
