@@ -268,25 +268,33 @@ def as_seconds(name: str, value: object, *, none_ok: bool = False) -> float | No
 
 
 def seconds_of(value: object) -> float:
+    """``value`` as a float where it is a real number (see ``real_of``), else nan,
+    which every bound on seconds refuses."""
+    number = real_of(value)
+    return math.nan if number is None else number
+
+
+def real_of(value: object) -> float | None:
     """``value`` as a float where it is a real number (numpy's included) and not a
-    bool, else nan, which every bound on seconds refuses; an int past float's range
-    is inf. numpy's timedelta64 registers as an integer but counts its own unit
-    (float() of 2 ns was 2.0 seconds, of 2 s a TypeError): it is no integer to
-    ``operator.index``, so it is refused too. A ``decimal.Decimal``, which is no
-    ``numbers.Real`` but a number of seconds all the same, is taken as its float (a
-    signalling NaN as nan)."""
+    bool, else None; an int past float's range is inf. numpy's timedelta64 registers
+    as an integer but counts its own unit (float() of 2 ns was 2.0 seconds, of 2 s a
+    TypeError): it is no integer to ``operator.index``, so it is refused too. A
+    ``decimal.Decimal``, which is no ``numbers.Real`` but a number all the same (one
+    read from a config with ``parse_float=Decimal``), is taken as its float (a
+    signalling NaN as nan). Seconds (``seconds_of``) and the SAC config's rates are
+    read with it."""
     if isinstance(value, decimal.Decimal):
         try:
             return float(value)
         except ValueError:  # sNaN: float() refuses it where it takes NaN
             return math.nan
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        return math.nan
+        return None
     if isinstance(value, numbers.Integral):
         try:
             value = operator.index(value)
         except TypeError:
-            return math.nan
+            return None
     try:
         return float(value)
     except OverflowError:

@@ -109,6 +109,27 @@ def test_numpy_numbers_are_kept_as_the_json_numbers_of_the_result(
     json.dumps(asdict(config))
 
 
+def test_rates_are_read_as_seconds_are_a_decimal_taken_and_a_timedelta_refused() -> None:
+    """The rates had a check of their own, beside ``core.seconds_of`` that the
+    liveness_timeout of the same config goes through: a Decimal rate (a config read
+    with parse_float=Decimal) was refused ("lr must be a real number > 0, got
+    Decimal('0.001') of type Decimal") where the timeout beside it was taken, and a
+    numpy timedelta64, which counts its own unit, was taken as that count (lr 3.0
+    from 3 ns). Both read a real number as ``core.real_of`` does."""
+    from decimal import Decimal
+
+    import numpy as np
+
+    config = replace(SMALL, lr=Decimal("0.001"), gamma=Decimal("0.5"),
+                     liveness_timeout=Decimal("30"))
+    config.validate()
+    assert (config.lr, config.gamma, config.liveness_timeout) == (0.001, 0.5, 30.0)
+    assert {type(config.lr), type(config.gamma)} == {float}
+    with pytest.raises(TypeError, match=r"^lr must be a real number > 0, got "
+                                        r"np.timedelta64\(3,'ns'\) of type timedelta64$"):
+        replace(SMALL, lr=np.timedelta64(3, "ns")).validate()
+
+
 @pytest.mark.parametrize("change, error, message", [
     ({"num_envs": 2.5}, TypeError, r"num_envs must be an int \(or numpy integer\), got "
                                    r"2.5 of type float"),  # was taken: 2.5 >= 1

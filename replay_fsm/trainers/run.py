@@ -58,7 +58,7 @@ from replay_fsm import (  # public API only
     Pipeline,
     ReplayBuffer,
 )
-from replay_fsm.core import as_int, as_seconds, as_seed, seconds_of
+from replay_fsm.core import as_int, as_seconds, as_seed, real_of, seconds_of
 from replay_fsm.errors import setting
 from replay_fsm.files import check_writable, make_folder, write_text
 from replay_fsm.runtime.observers import steady_ticks
@@ -138,10 +138,9 @@ class SACConfig:
             object.__setattr__(self, "device", str(self.device))
         for name in REAL_FIELDS:
             value = getattr(self, name)
-            if type(value) is not float and isinstance(value, (int, float, np.floating,
-                                                               np.integer)) \
-                    and not isinstance(value, (bool, np.bool_)):
-                object.__setattr__(self, name, float(value))
+            number = real_of(value)  # as seconds are read: a Decimal too, no timedelta
+            if type(value) is not float and number is not None:
+                object.__setattr__(self, name, number)
 
     @property
     def sample_count(self) -> int:
