@@ -97,6 +97,23 @@ def stop(pipe: Pipeline, process: Any) -> None:
     assert process.exitcode == 0
 
 
+def serve_by_timed_waits(pipe: Pipeline, ticks: range) -> None:
+    """The learner's side of ``ticks``, each awaited by timed waits only (which never
+    pack), each batch its tick's (INV-DATA); the next tick requested before the
+    release, as a trainer does."""
+    for tick in ticks:
+        def ready() -> bool:
+            while not pipe.wait_until_ready(tick, N, timeout=0.2):  # noqa: B023
+                pass
+            return True
+        ok, _ = finishes_within(ready, 20.0)
+        assert ok, f"tick {tick} never came"
+        batch = pipe.sample_large_batch(tick, N)
+        assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
+        pipe.start_prepare(tick + 1, N)
+        pipe.after_tick()
+
+
 def test_a_chunk_the_dead_collector_claimed_fails_the_run_not_hangs_it() -> None:
     """The dead collector claimed the request's only chunk: neither the learner nor
     the new collector may write it, and the wait ends in CollectorDied naming the
@@ -382,17 +399,7 @@ def test_a_restart_after_a_collector_killed_inside_its_get_packs_every_request(
     pipe.start_prepare(0, N)
     new = restart(pipe, rb, die_inside_its_get)
     try:
-        for tick in range(4):
-            def ready() -> bool:
-                while not pipe.wait_until_ready(tick, N, timeout=0.2):  # noqa: B023
-                    pass
-                return True
-            ok, _ = finishes_within(ready, 20.0)
-            assert ok, f"tick {tick} never came"
-            batch = pipe.sample_large_batch(tick, N)
-            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
-            pipe.start_prepare(tick + 1, N)
-            pipe.after_tick()
+        serve_by_timed_waits(pipe, range(4))
         assert pipe.statistics().learner_packs == 0
     finally:
         stop(pipe, new)
@@ -456,17 +463,7 @@ def test_collectors_killed_inside_their_get_after_the_count_leave_no_place_lost(
         new.start()
         assert attached.wait(MARGIN_S)
         assert handle.requests.lost_spaces == 0
-        for tick in range(kills, kills + 4):
-            def ready() -> bool:
-                while not pipe.wait_until_ready(tick, N, timeout=0.2):  # noqa: B023
-                    pass
-                return True
-            ok, _ = finishes_within(ready, 20.0)
-            assert ok, f"tick {tick} never came"
-            batch = pipe.sample_large_batch(tick, N)
-            assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
-            pipe.start_prepare(tick + 1, N)
-            pipe.after_tick()
+        serve_by_timed_waits(pipe, range(kills, kills + 4))
     finally:
         if new is None:
             pipe.close()
