@@ -716,6 +716,24 @@ def test_a_second_process_cannot_attach_while_the_first_lives() -> None:
     assert h.packer_pid == os.getpid()
 
 
+def answer_of(target: Callable[..., None], *args: object) -> object:
+    """What ``target(*args, answers)`` puts on ``answers`` in a spawned process, which
+    must then exit with 0 (it is killed if it has not within a minute)."""
+    ctx = mp.get_context("spawn")
+    answers = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, answers))
+    proc.start()
+    try:
+        answer = answers.get(timeout=120)
+    finally:
+        proc.join(60)
+        if proc.is_alive():
+            proc.kill()
+            proc.join()
+    assert proc.exitcode == 0
+    return answer
+
+
 def test_attaching_again_starts_no_more_learner_watch_threads() -> None:
     """Each ``Packer.attach`` in a collector process started another learner-watch
     thread, each looking every 0.25 s for as long as the learner lived: 5 attaches,
@@ -725,18 +743,7 @@ def test_attaching_again_starts_no_more_learner_watch_threads() -> None:
 
     rb, h = make()
     other = PackerHandle.create(2, 32, rb.width)  # the fork child's: one packer a handle
-    ctx = mp.get_context("spawn")
-    answers = ctx.Queue()
-    proc = ctx.Process(target=attach_and_count_watches, args=([h, other], rb, 5, answers))
-    proc.start()
-    try:
-        assert answers.get(timeout=120) == (1, 1)
-    finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    assert proc.exitcode == 0
+    assert answer_of(attach_and_count_watches, [h, other], rb, 5) == (1, 1)
 
 
 def test_the_learner_watch_thread_keeps_no_packer_alive() -> None:
@@ -746,18 +753,7 @@ def test_the_learner_watch_thread_keeps_no_packer_alive() -> None:
     from .collectors import attach_and_let_go
 
     rb, h = make()
-    ctx = mp.get_context("spawn")
-    answers = ctx.Queue()
-    proc = ctx.Process(target=attach_and_let_go, args=(h, rb, answers))
-    proc.start()
-    try:
-        assert answers.get(timeout=120) == (1, True)
-    finally:
-        proc.join(60)
-        if proc.is_alive():
-            proc.kill()
-            proc.join()
-    assert proc.exitcode == 0
+    assert answer_of(attach_and_let_go, h, rb) == (1, True)
 
 
 def test_a_pipelines_handle_refuses_another_buffer_of_the_same_width() -> None:
