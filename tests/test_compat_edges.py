@@ -36,6 +36,15 @@ def serve_when_asked(h: Hand) -> threading.Thread:
     return thread
 
 
+def with_slots(slots: Any) -> CPUPinnedDoubleBufferReplayPipeline:
+    """The compat class over a seed-style buffer and two new queues, given ``slots``
+    as its ``collector_pack_shared_slots``."""
+    return CPUPinnedDoubleBufferReplayPipeline(
+        SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
+        collector_pack_request_queue=queue.Queue(), collector_pack_ready_queue=queue.Queue(),
+        collector_pack_shared_slots=slots)
+
+
 # -- construction ------------------------------------------------------------------
 
 def test_the_defaults_are_the_seeds_and_ours_as_documented() -> None:
@@ -89,10 +98,7 @@ def test_one_tensor_of_rows_as_the_slots_is_refused_by_name(slots: torch.Tensor)
     """One [n, width] tensor where the seed takes a list of two: iterated as slots, its
     rows were named one shape each (helper-84: 64 shapes in one message)."""
     with pytest.raises(ValueError) as info:
-        CPUPinnedDoubleBufferReplayPipeline(
-            SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
-            collector_pack_request_queue=queue.Queue(),
-            collector_pack_ready_queue=queue.Queue(), collector_pack_shared_slots=slots)
+        with_slots(slots)
     assert str(info.value) == (
         f"collector_pack_shared_slots: one tensor of shape {tuple(slots.shape)}; the "
         "collector packs into 2 slots of (sample_count, width): a list of 2 such tensors, "
@@ -114,10 +120,7 @@ def test_slots_that_are_not_tensors_in_host_memory_are_refused_by_name(
     consumed before its shapes were read ('host slots have shapes []'), and slots on
     another device were taken, the collector failing at its first pack (helper-113)."""
     with pytest.raises(error) as info:
-        CPUPinnedDoubleBufferReplayPipeline(
-            SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
-            collector_pack_request_queue=queue.Queue(),
-            collector_pack_ready_queue=queue.Queue(), collector_pack_shared_slots=slots)
+        with_slots(slots)
     assert str(info.value) == (
         f"collector_pack_shared_slots must be 2 CPU tensors of (sample_count, width), as "
         f"a list, or one CPU tensor of (2, sample_count, width), got {what}")
@@ -125,10 +128,7 @@ def test_slots_that_are_not_tensors_in_host_memory_are_refused_by_name(
 
 def test_one_tensor_of_two_slots_is_taken_as_the_slots() -> None:
     slots = torch.zeros(2, N, WIDTH).share_memory_()
-    pipe = CPUPinnedDoubleBufferReplayPipeline(
-        SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
-        collector_pack_request_queue=queue.Queue(), collector_pack_ready_queue=queue.Queue(),
-        collector_pack_shared_slots=slots)
+    pipe = with_slots(slots)
     try:
         assert [s.data_ptr() for s in pipe.pipeline.host_slots] == [
             slots[0].data_ptr(), slots[1].data_ptr()]
@@ -144,21 +144,14 @@ def test_a_sequence_of_tensors_other_than_a_list_is_taken_as_the_slots() -> None
     from collections import UserList
 
     slots = UserList([torch.zeros(N, WIDTH).share_memory_() for _ in range(2)])
-    pipe = CPUPinnedDoubleBufferReplayPipeline(
-        SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
-        collector_pack_request_queue=queue.Queue(), collector_pack_ready_queue=queue.Queue(),
-        collector_pack_shared_slots=slots)
+    pipe = with_slots(slots)
     try:
         assert [s.data_ptr() for s in pipe.pipeline.host_slots] == [
             s.data_ptr() for s in slots]
     finally:
         pipe.close()
     with pytest.raises(TypeError, match="got a UserList of ndarray$"):
-        CPUPinnedDoubleBufferReplayPipeline(
-            SeedStyleBuffer(64, 5, 3, critic_dim=2), device="cpu", sample_count=N,
-            collector_pack_request_queue=queue.Queue(),
-            collector_pack_ready_queue=queue.Queue(),
-            collector_pack_shared_slots=UserList([np.zeros((N, WIDTH), np.float32)] * 2))
+        with_slots(UserList([np.zeros((N, WIDTH), np.float32)] * 2))
 
 
 # -- errors in the seed's numbering -------------------------------------------------
