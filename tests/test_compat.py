@@ -265,6 +265,17 @@ def test_a_child_process_that_does_not_hold_the_slots_may_exit_meanwhile() -> No
         helper.join(30)
 
 
+def kill_and_see_it_gone(holders: SlotHolders, collector: Any) -> None:
+    """SIGKILL ``collector``, a process named "collector" that holds the slots: the
+    holders name it, its pid, what it holds and its exit code."""
+    collector.kill()
+    collector.join(30)
+    gone = holders.dead()
+    assert gone is not None and gone.reason == (
+        f"the collector process collector (pid {collector.pid}, it holds "
+        "collector_pack_shared_slots) exited with code -9")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/self/maps"), reason="needs Linux /proc")
 def test_a_spawned_child_holding_the_slots_is_recognised_from_its_start() -> None:
     slots = [torch.zeros(4, 3).share_memory_() for _ in range(2)]
@@ -279,12 +290,7 @@ def test_a_spawned_child_holding_the_slots_is_recognised_from_its_start() -> Non
         assert [p.pid for p in holders.collectors] == [collector.pid]
         assert holders.dead() is None
         other.kill()
-        collector.kill()
-        collector.join(30)
-        gone = holders.dead()
-        assert gone is not None and gone.reason == (
-            f"the collector process collector (pid {collector.pid}, it holds "
-            "collector_pack_shared_slots) exited with code -9")
+        kill_and_see_it_gone(holders, collector)
     finally:
         for proc in (collector, other):
             proc.kill()
@@ -307,12 +313,7 @@ def test_slots_made_without_share_memory_are_recognised_once_torch_shares_them()
         assert all(s.is_shared() for s in slots)
         holders.scan()
         assert [p.pid for p in holders.collectors] == [collector.pid]
-        collector.kill()
-        collector.join(30)
-        gone = holders.dead()
-        assert gone is not None and gone.reason == (
-            f"the collector process collector (pid {collector.pid}, it holds "
-            "collector_pack_shared_slots) exited with code -9")
+        kill_and_see_it_gone(holders, collector)
     finally:
         collector.kill()
         collector.join(30)
