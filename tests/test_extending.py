@@ -7,8 +7,9 @@ import importlib
 import sys
 import textwrap
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import torch
@@ -606,25 +607,36 @@ def test_a_backend_hook_that_raises_fails_the_run_chained(hook: str) -> None:
             pipe.start_prepare(1, 8)
 
 
+def watchdog_answering(liveness: Callable[[], object], check_alive: Callable[[], object]
+                       ) -> Any:
+    """A ``Watchdog`` (liveness_timeout 1 s) over a link whose ``liveness`` and a
+    backend whose ``check_alive`` answer what ``liveness()`` and ``check_alive()``
+    return, or raise what they raise."""
+    from replay_fsm.runtime.liveness import Watchdog
+
+    class Link:
+        def liveness(self, waiting: bool, timeout: float) -> object:
+            return liveness()
+
+    class Backend:
+        def check_alive(self) -> object:
+            return check_alive()
+
+    return Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+
+
 def test_a_liveness_or_check_alive_that_raises_is_a_verdict(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """They escaped raw from the wait, the pipeline unfailed (helper-48)."""
     from replay_fsm.errors import CollectorDied, TransferFailed
-    from replay_fsm.runtime.links import Gone
-    from replay_fsm.runtime.liveness import Watchdog
     from replay_fsm.spec import SlotState
 
     boom = OSError("no answer")
 
-    class Link:
-        def liveness(self, waiting: bool, timeout: float) -> Gone | None:
-            raise boom
+    def raise_boom() -> NoReturn:
+        raise boom
 
-    class Backend:
-        def check_alive(self) -> str | None:
-            raise boom
-
-    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    dog = watchdog_answering(raise_boom, raise_boom)
     died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
     assert isinstance(died, CollectorDied) and died.__cause__ is boom
     assert str(died) == "tick 4: the collector link's liveness raised OSError: no answer"
@@ -640,18 +652,9 @@ def test_a_liveness_or_check_alive_answer_of_the_wrong_type_is_named(answer: obj
     a backend's check_alive that answered True ("alive") failed the run as
     "TransferFailed: tick 5: True" (helper-106)."""
     from replay_fsm.errors import CollectorDied, TransferFailed
-    from replay_fsm.runtime.liveness import Watchdog
     from replay_fsm.spec import SlotState
 
-    class Link:
-        def liveness(self, waiting: bool, timeout: float) -> object:
-            return answer
-
-    class Backend:
-        def check_alive(self) -> object:
-            return answer
-
-    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    dog = watchdog_answering(lambda: answer, lambda: answer)
     died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
     assert isinstance(died, CollectorDied)
     assert str(died) == (f"tick 4: the collector link's liveness returned {answer!r}; it "
@@ -674,18 +677,9 @@ def test_a_liveness_or_check_alive_answer_that_says_nothing_is_named(blank: str)
     failure with no reason at all. Named as the wrong answers they are, as True is."""
     from replay_fsm.errors import CollectorDied, TransferFailed
     from replay_fsm.runtime.links import Gone
-    from replay_fsm.runtime.liveness import Watchdog
     from replay_fsm.spec import SlotState
 
-    class Link:
-        def liveness(self, waiting: bool, timeout: float) -> object:
-            return Gone(blank)
-
-    class Backend:
-        def check_alive(self) -> object:
-            return blank
-
-    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    dog = watchdog_answering(lambda: Gone(blank), lambda: blank)
     died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
     assert isinstance(died, CollectorDied)
     assert str(died) == (f"tick 4: the collector link's liveness returned Gone(reason="
@@ -705,20 +699,11 @@ def test_a_gone_with_no_reason_keeps_its_cause_chained() -> None:
     the death there is, was no longer chained (its traceback lost; helper-116)."""
     from replay_fsm.errors import CollectorDied
     from replay_fsm.runtime.links import Gone
-    from replay_fsm.runtime.liveness import Watchdog
     from replay_fsm.spec import SlotState
 
     cause = ConnectionResetError("the collector's socket closed")
 
-    class Link:
-        def liveness(self, waiting: bool, timeout: float) -> object:
-            return Gone("", cause)
-
-    class Backend:
-        def check_alive(self) -> object:
-            return None
-
-    dog = Watchdog(1.0, Link(), Backend(), lambda: True, lambda: None)  # type: ignore[arg-type]
+    dog = watchdog_answering(lambda: Gone("", cause), lambda: None)
     died = dog.verdict(4, 0, SlotState.REQUESTED, 0.0)
     assert isinstance(died, CollectorDied)
     assert "liveness returned Gone(reason=''" in str(died)
