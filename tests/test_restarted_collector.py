@@ -64,10 +64,13 @@ def die_with_it_read(handle: PackerHandle, rb: ReplayBuffer) -> None:
     os._exit(9)
 
 
-def serve(handle: PackerHandle, rb: ReplayBuffer, attached: Any) -> None:
-    """The restarted collector: attach, say so, serve until closed."""
+def serve(handle: PackerHandle, rb: ReplayBuffer, attached: Any, go: Any = None) -> None:
+    """The restarted collector: attach, say so, (given ``go``: wait until it is set,
+    for the test to look at what the attach alone did), serve until closed."""
     packer = Packer.attach(handle, rb)
     attached.set()
+    if go is not None:
+        assert go.wait(MARGIN_S)
     while not packer.closed:
         packer.service(timeout=0.01)
 
@@ -458,11 +461,14 @@ def test_collectors_killed_inside_their_get_after_the_count_leave_no_place_lost(
             assert torch.equal(packed(batch, pipe), reference(pipe, tick)), tick
             pipe.start_prepare(tick + 1, N)
             pipe.after_tick()
-        attached = ctx.Event()
-        new = ctx.Process(target=serve, args=(handle, rb, attached))
+        attached, go = ctx.Event(), ctx.Event()
+        new = ctx.Process(target=serve, args=(handle, rb, attached, go))
         new.start()
         assert attached.wait(MARGIN_S)
+        # before it serves: a get of its own, between its count and its release,
+        # shows a place missing for as long as it is descheduled there
         assert handle.requests.lost_spaces == 0
+        go.set()
         serve_by_timed_waits(pipe, range(kills, kills + 4))
     finally:
         if new is None:
