@@ -5,6 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 import torch
@@ -1256,6 +1257,84 @@ def test_after_a_restart_without_the_claim_lock_no_place_is_given_back() -> None
     Packer.attach(h, rb)
     assert h.requests.lost_spaces == 1
     assert h.requests.get(timeout=0) is None  # the request it counted read: not again
+
+
+class _ReadAfter:
+    """A channel's semaphore whose value, read the first time, is read only after
+    ``first`` ran: what another process did between a reader's reads."""
+
+    def __init__(self, semaphore: Any, first: Callable[[], None]) -> None:
+        self._semaphore = semaphore
+        self._first: Callable[[], None] | None = first
+
+    def get_value(self) -> int:
+        if self._first is not None:
+            first, self._first = self._first, None
+            first()
+        return int(self._semaphore.get_value())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._semaphore, name)
+
+
+@IN_ORDER
+def test_a_get_of_a_collector_attaching_beside_the_restart_is_not_given_back(
+        ) -> None:
+    """A second collector attaching while the restart gives back (its wait for the
+    claim lock ran out: it attaches without it) sets UNSURE and gets. UNSURE was
+    read before the restart's measurement, which then counted that get, between
+    its count and its release, as a place lost: the place was given back, and freed
+    again by the get, one place too many (a put could then write over a request not
+    read yet, INV-DATA). UNSURE is read after the measurement."""
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6
+    for tick in range(2):
+        assert requests.put(request(tick, tick, 32, min_ptr=unreached))
+    _get_killed_after_its_count(requests)  # read tick 0, never freed its place
+    _dead_predecessor(h)
+    spaces = requests._spaces
+
+    def beside() -> None:  # its attach, then its get of tick 1 up to the release
+        h.packer_state[8] = 1  # UNSURE
+        assert requests._items.acquire(timeout=1.0)
+        requests._counters[0] += 1
+    requests._spaces = _ReadAfter(spaces, beside)
+    try:
+        Packer.attach(h, rb)
+    finally:
+        requests._spaces = spaces
+    spaces.release()  # the get beside frees its place
+    assert requests.backlog + spaces.get_value() <= requests.capacity
+    assert requests.lost_spaces == 1  # the dead one's, which nobody may give back now
+
+
+@IN_ORDER
+def test_an_item_a_collector_attaching_beside_the_restart_took_is_not_given_back(
+        ) -> None:
+    """As above, for items: the get beside took an item and had not counted its
+    request read when the restart measured what the items semaphore lacks; that
+    item was given back too, and a get then found an item with no request behind
+    it (a request read twice, or a slot never written)."""
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6
+    for tick in range(2):
+        assert requests.put(request(tick, tick, 32, min_ptr=unreached))
+    assert requests._items.acquire(timeout=1.0)  # a get killed before its count
+    _dead_predecessor(h)
+    items = requests._items
+
+    def beside() -> None:  # its attach, and its get's acquire
+        h.packer_state[8] = 1  # UNSURE
+        assert items.acquire(timeout=1.0)
+    requests._items = _ReadAfter(items, beside)
+    try:
+        Packer.attach(h, rb)
+    finally:
+        requests._items = items
+    requests._counters[0] += 1  # the get beside counts tick 0 read
+    assert items.get_value() <= requests.backlog
 
 
 

@@ -24,7 +24,7 @@ import platform
 import struct
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from multiprocessing import resource_tracker
 from multiprocessing import synchronize as mp_synchronize
 from multiprocessing import util as mp_util
@@ -275,7 +275,8 @@ class Channel:
         self._spaces.release()
         return row, text
 
-    def restore_taken(self, patience_s: float) -> int:
+    def restore_taken(self, patience_s: float,
+                      alone: Callable[[], bool] | None = None) -> int:
         """Give back the items that consumers killed inside their ``get`` took (between
         taking an item and counting its record taken), so that every record is read
         with its own item again; returns how many were given back. Without it, the
@@ -285,6 +286,10 @@ class Channel:
         For a consumer that takes the place of one gone, before its first get: no
         other consumer may be alive (a live one inside its get would be counted
         as killed there), and no ``get`` or ``post_local`` of this process under way.
+        ``alone`` (None: always True) is asked once the shortfall is measured, before
+        anything is given back: False, another consumer may have begun beside this
+        one meanwhile, and nothing is given back (asked before the measurement, it
+        would miss one that began during it and was then inside its get).
         What the items semaphore lacks is measured at an instant when no put is
         between counting its record and releasing its item (that put's item would
         be counted as taken too); read again until one is found, for at most
@@ -311,13 +316,14 @@ class Channel:
                 return 0
             time.sleep(0.001)
         taken = tail - counters[0] + len(self._local) - items
-        if counters[2] or taken <= 0:
+        if counters[2] or taken <= 0 or (alone is not None and not alone()):
             return 0
         for _ in range(taken):
             self._items.release()
         return taken
 
-    def restore_spaces(self, patience_s: float) -> int | None:
+    def restore_spaces(self, patience_s: float,
+                       alone: Callable[[], bool] | None = None) -> int | None:
         """Give back the places that consumers killed inside their ``get`` lost
         (between counting a record taken and freeing its place), so that the ring
         holds ``capacity`` records again; returns how many were given back. Without
@@ -328,17 +334,18 @@ class Channel:
         first, or any later): no other consumer may be alive (a live one between
         its count and its release would be counted as killed there, and the place
         it frees later would be one too many: a put would then write over a record
-        not read yet). What the spaces semaphore lacks is measured at an instant
-        when no put may hold a place whose record it has not counted (that place
-        would be counted as lost too): a put marks itself begun before it goes for
-        a place and settled once its record is counted (or it gave up); read again
-        until begun and settled are equal and begun is unmoved after the
-        semaphore's read, for at most ``patience_s`` seconds (0: read once). None
-        when no such instant came (a put waiting for a place, which only this
-        consumer's next get may free, or a producer stopped inside its put):
-        nothing given back, ask again after a get. 0 on a closed channel, where the
-        semaphore's value cannot be read (macOS), and on a CPU that may show the
-        put's stores out of order (``STORES_IN_ORDER`` False).
+        not read yet). ``alone`` is asked as ``restore_taken``'s. What the spaces
+        semaphore lacks is measured at an instant when no put may hold a place
+        whose record it has not counted (that place would be counted as lost too):
+        a put marks itself begun before it goes for a place and settled once its
+        record is counted (or it gave up); read again until begun and settled are
+        equal and begun is unmoved after the semaphore's read, for at most
+        ``patience_s`` seconds (0: read once). None when no such instant came (a
+        put waiting for a place, which only this consumer's next get may free, or a
+        producer stopped inside its put): nothing given back, ask again after a
+        get. 0 on a closed channel, where the semaphore's value cannot be read
+        (macOS), and on a CPU that may show the put's stores out of order
+        (``STORES_IN_ORDER`` False).
         """
         if not STORES_IN_ORDER:
             return 0
@@ -361,7 +368,7 @@ class Channel:
                 return None
             time.sleep(0.001)
         lost = self.capacity - (tail - counters[0]) - spaces
-        if counters[2] or lost <= 0:
+        if counters[2] or lost <= 0 or (alone is not None and not alone()):
             return 0
         for _ in range(lost):
             self._spaces.release()

@@ -261,6 +261,14 @@ class PackerHandle:
         state = self._state_np
         return int(state[READ_BEFORE]), int(state[PREDECESSOR])
 
+    def sure(self) -> bool:
+        """Whether every attach to this handle so far made sure no other reader of
+        the request channel lived (``UNSURE`` unset): none attached without the
+        claim lock, or after a predecessor it could not judge dead. A give-back
+        asks it after its measurement: an attach without the lock may set it, and
+        start reading, at any time."""
+        return not self._state_np[UNSURE]
+
     @property
     def semaphore_names(self) -> tuple[str, ...]:
         """The /dev/shm names of the channels' semaphores and the claim lock (to
@@ -508,20 +516,21 @@ class Packer:
                     # is surely gone too (one alive inside its get would count its
                     # record, or free its place, itself: one too many), and only
                     # under the claim lock (two restarts at once would each give
-                    # the same back).
-                    if not handle.packer_state[UNSURE]:
+                    # the same back). UNSURE is asked again after each measurement:
+                    # an attach without the lock may set it meanwhile, and get.
+                    if handle.sure():
                         # Killed inside its get, it took a request's item and never
                         # counted the request read: this process reads that request
                         # next, with its own item again, not every request one
                         # behind. A short patience: a second restart waiting for the
                         # lock for LEARNER_CHECK_S would attach without it, beside
                         # this one.
-                        handle.requests.restore_taken(LEARNER_CHECK_S / 5)
+                        handle.requests.restore_taken(LEARNER_CHECK_S / 5, handle.sure)
                         # Or it counted the request read and never freed its place.
                         # One reading, no wait: a learner waiting for a place waits
                         # for this process's gets (``service`` reads again).
                         packer.places_owed = handle.requests.restore_spaces(
-                            0.0) is None
+                            0.0, handle.sure) is None
                 else:
                     handle.packer_state[UNSURE] = 1
             elif not locked:
@@ -602,11 +611,15 @@ class Packer:
         being sent all along, the learner waiting for a place that only this
         process's gets free. Asked again at every call, between gets, while this
         process is the channel's one reader (no attach beside it since)."""
-        handle = self.handle
-        if handle.packer_state[UNSURE] or handle.packer_pid != os.getpid():
+        if not self._alone():
             self.places_owed = False
             return
-        self.places_owed = handle.requests.restore_spaces(0.0) is None
+        self.places_owed = self.handle.requests.restore_spaces(0.0, self._alone) is None
+
+    def _alone(self) -> bool:
+        """Whether this process is still the request channel's one reader: the
+        attached packer, and no attach unsure since (``PackerHandle.sure``)."""
+        return self.handle.sure() and self.handle.packer_pid == os.getpid()
 
     def serve_due(self) -> int:
         """Serve every waiting request whose ``min_snapshot_ptr`` is reached; returns
