@@ -1102,6 +1102,35 @@ def _get_killed_after_its_count(ch: Channel) -> None:
     ch._counters[0] += 1
 
 
+def _end_a_put(ch: Channel, value: int) -> None:
+    """What a put that took its place does from there: writes its record, counts
+    it, settles, releases its item."""
+    i = ch._counters[1] % ch.capacity
+    ch._bytes[i * ch._record.size:(i + 1) * ch._record.size] = ch._record.pack(value, -1)
+    ch._counters[1] += 1
+    ch._counters[5] = ch._counters[4]
+    ch._items.release()
+    ch._counters[3] = ch._counters[1]
+
+
+class _ReadAfter:
+    """A channel's semaphore whose value, read the first time, is read only after
+    ``first`` ran: what another process did between a reader's reads."""
+
+    def __init__(self, semaphore: Any, first: Callable[[], None]) -> None:
+        self._semaphore = semaphore
+        self._first: Callable[[], None] | None = first
+
+    def get_value(self) -> int:
+        if self._first is not None:
+            first, self._first = self._first, None
+            first()
+        return int(self._semaphore.get_value())
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._semaphore, name)
+
+
 @IN_ORDER
 def test_a_consumer_killed_inside_its_get_after_its_count_has_its_place_given_back(
         ) -> None:
@@ -1198,6 +1227,76 @@ def test_a_put_between_taking_its_place_and_counting_its_record_is_not_taken_for
         ([4], None), ([5], None), ([6], None), ([7], None), None]
 
 
+@IN_ORDER
+def test_a_put_waiting_for_a_place_with_every_place_lost_gets_all_but_one_back(
+        ) -> None:
+    """Every place lost and no record left to get: the producer's put waits for a
+    place, and no reading finds no put under way (begun stays one past settled),
+    so nothing was given back, and the put waited until its timeout. With one
+    producer, a put under way holds at most one place: all the places missing but
+    that one are given back (None: the last may be lost too), the put gets one, and
+    a reading after it gives the last back."""
+    ch = Channel(4, 1)
+    for k in range(4):
+        assert ch.put([k])
+        _get_killed_after_its_count(ch)
+    assert ch.lost_spaces == 4 and ch.backlog == 0
+    ch._counters[4] += 1  # a put began: it waits for a place
+    assert ch.restore_spaces(0.0) is None
+    assert ch._spaces.get_value() == 3
+    assert ch._spaces.acquire(timeout=1.0)  # it gets a place, and puts record 4
+    _end_a_put(ch, 4)
+    assert ch.restore_spaces(0.0) == 1
+    assert [ch.put([k], timeout=0) for k in (5, 6, 7, 8)] == [True, True, True, False]
+    assert [ch.get(timeout=0) for _ in range(5)] == [
+        ([4], None), ([5], None), ([6], None), ([7], None), None]
+
+
+@IN_ORDER
+def test_the_place_a_put_under_way_took_is_not_given_back_with_the_lost_ones() -> None:
+    """A put between taking its place and counting its record shows that place
+    missing as a lost one does; given back with them, a later put would write over
+    a record not read yet. A reading with that put under way all through it gives
+    back all the places missing but one: here the two lost, and not the put's."""
+    ch = Channel(4, 1)
+    assert ch.put([1]) and ch.put([2])
+    _get_killed_after_its_count(ch)
+    _get_killed_after_its_count(ch)
+    ch._counters[4] += 1  # a put of record 3 took its place, and counted nothing
+    assert ch._spaces.acquire(timeout=1.0)
+    assert ch.lost_spaces == 3
+    assert ch.restore_spaces(0.0) is None
+    _end_a_put(ch, 3)
+    assert ch.lost_spaces == 0  # the two lost ones given back, and no more
+    assert ch.restore_spaces(0.0) == 0
+    assert [ch.put([k], timeout=0) for k in (4, 5, 6, 7)] == [True, True, True, False]
+    assert [ch.get(timeout=0) for _ in range(5)] == [
+        ([3], None), ([4], None), ([5], None), ([6], None), None]
+
+    # The put under way may end during the reading, and the next begin and take
+    # its place: the reading then counts two places taken by puts, one with its
+    # record counted after the tail was read. Only a reading whose begun is
+    # unmoved after the semaphore's read gives back all but one.
+    ch = Channel(4, 1)
+    assert ch.put([1])
+    _get_killed_after_its_count(ch)  # one place lost
+    ch._counters[4] += 1  # the put of record 2 began
+    spaces = ch._spaces
+
+    def puts() -> None:  # between the reading's tail and its semaphore
+        assert spaces.acquire(timeout=1.0)  # record 2's put goes on
+        _end_a_put(ch, 2)
+        ch._counters[4] += 1  # the put of record 3 begins, and takes its place
+        assert spaces.acquire(timeout=1.0)
+    ch._spaces = _ReadAfter(spaces, puts)
+    try:
+        assert ch.restore_spaces(0.0) is None
+    finally:
+        ch._spaces = spaces
+    _end_a_put(ch, 3)  # record 3's put ends
+    assert ch.backlog + spaces.get_value() <= ch.capacity
+
+
 def _dead_predecessor(h: PackerHandle, namespace_step: int = 0) -> None:
     """Record as the attached packer a process that is gone (exited and reaped), of
     this pid namespace or, ``namespace_step`` away, of another (not to be judged)."""
@@ -1257,24 +1356,6 @@ def test_after_a_restart_without_the_claim_lock_no_place_is_given_back() -> None
     Packer.attach(h, rb)
     assert h.requests.lost_spaces == 1
     assert h.requests.get(timeout=0) is None  # the request it counted read: not again
-
-
-class _ReadAfter:
-    """A channel's semaphore whose value, read the first time, is read only after
-    ``first`` ran: what another process did between a reader's reads."""
-
-    def __init__(self, semaphore: Any, first: Callable[[], None]) -> None:
-        self._semaphore = semaphore
-        self._first: Callable[[], None] | None = first
-
-    def get_value(self) -> int:
-        if self._first is not None:
-            first, self._first = self._first, None
-            first()
-        return int(self._semaphore.get_value())
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._semaphore, name)
 
 
 @IN_ORDER
@@ -1380,6 +1461,53 @@ def test_a_restart_while_the_learner_waits_for_a_place_gives_it_back_once_it_got
     assert sent.is_set() and requests.taken == 2  # tick 1 read, and waits for rows
     assert requests.backlog + requests._spaces.get_value() == requests.capacity
 
+
+@IN_ORDER
+def test_a_restart_gives_the_learner_a_place_when_every_place_was_lost(
+        ) -> None:
+    """Every place of the request channel lost by collectors killed after counting
+    a request read, none left to read, and the learner already waiting for a place
+    when the restart attaches: no reading found no put under way, no get freed a
+    place, and the learner's send failed after its 10 s ("4 of its 4 places were
+    lost", 3 of 3, helper-118). The restart gives back all but the place the
+    learner's put may hold: the put gets one, the restart serves the request, and
+    gives the last place back at a later call."""
+    import threading
+    import time
+
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6
+    for tick in range(4):
+        assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
+        _get_killed_after_its_count(requests)
+    assert requests.lost_spaces == requests.capacity and requests.backlog == 0
+    sent = threading.Event()
+
+    def send() -> None:
+        if requests.put(request(4, 0, 32), timeout=MARGIN_S):
+            sent.set()
+    learner = threading.Thread(target=send, daemon=True)
+    learner.start()
+    deadline = time.monotonic() + MARGIN_S
+    while requests._counters[4] != 5 and time.monotonic() < deadline:
+        time.sleep(0.001)  # its put began: it waits for a place
+    _dead_predecessor(h)
+    packer = Packer.attach(h, rb)
+    try:
+        learner.join(MARGIN_S)
+        assert sent.is_set()
+        deadline = time.monotonic() + MARGIN_S
+        while not packer.service(timeout=0.01) and time.monotonic() < deadline:
+            pass
+        done = h.done.get(timeout=MARGIN_S)
+        assert done is not None and decode(PackDone, *done).tick == 4
+        packer.service(timeout=0)
+        assert requests.lost_spaces == 0 and not packer.places_owed
+        assert requests.backlog + requests._spaces.get_value() == requests.capacity
+    finally:
+        h.close()
+        learner.join(MARGIN_S)
 
 @IN_ORDER
 def test_a_second_restart_at_once_is_refused_while_the_learner_waits_for_a_place(

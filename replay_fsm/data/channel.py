@@ -340,12 +340,16 @@ class Channel:
         a put marks itself begun before it goes for a place and settled once its
         record is counted (or it gave up); read again until begun and settled are
         equal and begun is unmoved after the semaphore's read, for at most
-        ``patience_s`` seconds (0: read once). None when no such instant came (a
-        put waiting for a place, which only this consumer's next get may free, or a
-        producer stopped inside its put): nothing given back, ask again after a
-        get. 0 on a closed channel, where the semaphore's value cannot be read
-        (macOS), and on a CPU that may show the put's stores out of order
-        (``STORES_IN_ORDER`` False).
+        ``patience_s`` seconds (0: read once). Where none came and the last
+        reading found one put under way all through it (begun one past settled,
+        and unmoved), that put, of the channel's one producer, holds at most one
+        of the places missing: all but one are given back, so that a put waiting
+        for a place with every place lost and no record left to get gets one, and
+        None is returned (that one may be lost too: ask again after a get). None
+        too, nothing given back, where begun moved during the last reading (a put
+        ended and the next began). 0 on a closed channel, where the semaphore's
+        value cannot be read (macOS), and on a CPU that may show the put's stores
+        out of order (``STORES_IN_ORDER`` False).
         """
         if not STORES_IN_ORDER:
             return 0
@@ -360,19 +364,27 @@ class Channel:
             # Every put that had begun had counted its record (settled after its
             # count), and none began before the semaphore's read (begun is stored
             # before the acquire): the backlog and the free places are one instant's.
-            if begun == settled and counters[4] == begun:
+            steady = counters[4] == begun
+            if steady and begun == settled:
+                held = 0
                 break
             if counters[2]:
                 return 0
             if time.monotonic() >= deadline:
+                # Every put before it had settled; this one took a place or not, and
+                # counted its record in ``tail`` or not: the reading counts at most
+                # its one place as lost.
+                if steady and begun == settled + 1:
+                    held = 1
+                    break
                 return None
             time.sleep(0.001)
         lost = self.capacity - (tail - counters[0]) - spaces
         if counters[2] or lost <= 0 or (alone is not None and not alone()):
             return 0
-        for _ in range(lost):
+        for _ in range(lost - held):
             self._spaces.release()
-        return lost
+        return None if held else lost
 
     def unlink(self) -> None:
         """Remove the semaphores' names from the system and from the resource

@@ -466,8 +466,9 @@ class Packer:
         (``CollectorDied``: "no get can take"). One killed in the few bytecodes
         after counting a request taken and before freeing its place in the channel
         left the channel a place short: the restart gives the place back
-        (``Channel.restore_spaces``; at a later ``service`` call where the learner
-        was sending a request all along) where it gives an item back, unless an
+        (``Channel.restore_spaces``; where the learner was sending a request all
+        along, every place but the one its put may hold, and the last at a later
+        ``service`` call) where it gives an item back, unless an
         attach to this handle before it could not judge its own predecessor dead,
         or ran without the claim lock (a reader that may still live would free its
         place itself, one too many: a request written over before it is read); the
@@ -527,8 +528,8 @@ class Packer:
                         # this one.
                         handle.requests.restore_taken(LEARNER_CHECK_S / 5, handle.sure)
                         # Or it counted the request read and never freed its place.
-                        # One reading, no wait: a learner waiting for a place waits
-                        # for this process's gets (``service`` reads again).
+                        # One reading, no wait: with the learner's put under way,
+                        # all but the place it may hold (``service`` reads again).
                         packer.places_owed = handle.requests.restore_spaces(
                             0.0, handle.sure) is None
                 else:
@@ -607,10 +608,10 @@ class Packer:
 
     def _restore_places(self) -> None:
         """Give back the places of the request channel that the process attached
-        before this one lost, which the attach could not measure: a request was
-        being sent all along, the learner waiting for a place that only this
-        process's gets free. Asked again at every call, between gets, while this
-        process is the channel's one reader (no attach beside it since)."""
+        before this one lost, which the attach could not measure whole: a request
+        was being sent all along, and the place its put may hold was kept back.
+        Asked again at every call, between gets, while this process is the
+        channel's one reader (no attach beside it since)."""
         if not self._alone():
             self.places_owed = False
             return
