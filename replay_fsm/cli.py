@@ -151,8 +151,9 @@ def _explore(args: argparse.Namespace) -> int:
         bars[0].update(states - bars[0].n)
 
     try:
-        result = explore(args.depth, args.ticks, faults=args.faults,
-                         progress=progress if wants_progress(args) else None)
+        with naming_settings({"ring_depth": "--depth"}):  # the option sets the depth
+            result = explore(args.depth, args.ticks, faults=args.faults,
+                             progress=progress if wants_progress(args) else None)
     finally:
         for bar in bars:
             bar.close()  # erased: the summary follows on standard output

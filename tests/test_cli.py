@@ -111,7 +111,13 @@ def test_demo_with_bad_numbers(capsys: pytest.CaptureFixture[str], tmp_path: Pat
 
 
 def test_explore_with_a_bad_depth(capsys: pytest.CaptureFixture[str]) -> None:
-    assert "ring_depth" in one_line_error(capsys, main(["explore", "--depth", "1"]))
+    """The message names the option the user set, --depth, not the core's
+    ring_depth (it did before)."""
+    err = one_line_error(capsys, main(["explore", "--depth", "1"]))
+    assert err == "replay-fsm explore: error: --depth must be an int >= 2, got 1\n", err
+    err = one_line_error(capsys, main(["explore", "--depth", "99"]))
+    assert err.startswith("replay-fsm explore: error: --depth must be <= 64, got 99: a ring "
+                          "prefetches --depth - 1 ticks ahead"), err
 
 
 def test_a_highlight_is_taken_in_any_case(capsys: pytest.CaptureFixture[str]) -> None:
