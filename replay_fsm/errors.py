@@ -4,12 +4,27 @@ PipelineFailed chained to its cause."""
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-# How this process's messages name the settings a front end sets (``naming_settings``)
-_SETTING_NAMES: dict[str, str] = {}
+# How this process's messages name the settings a front end sets: the names of each
+# ``naming_settings`` block now open, in the order they opened (replaced whole, under
+# the lock, so that a reader on any thread sees one or the other)
+_SETTING_LAYERS: tuple[dict[str, str], ...] = ()
+_SETTING_LOCK = threading.Lock()
+
+
+def _forked() -> None:
+    """In a child made by os.fork: the lock, which a thread of the parent may have
+    held as it forked, is free (that thread is not in the child to release it)."""
+    global _SETTING_LOCK
+    _SETTING_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forked)
 
 
 class ReplayFSMError(Exception):
@@ -103,27 +118,37 @@ def setting(name: str) -> str:
     ``liveness_timeout``. A message that names what its user can change names it
     through here, so the front end's user is told the option to change, and no one
     rewrites the message's text (which holds the user's own values too)."""
-    return _SETTING_NAMES.get(name, name)
+    for names in reversed(_SETTING_LAYERS):  # the block opened last first
+        if name in names:
+            return names[name]
+    return name
 
 
 def setting_names() -> dict[str, str]:
     """The names ``naming_settings`` gave for now: what a process started to carry
     on the work (a rank of a launch) names its settings as."""
-    return dict(_SETTING_NAMES)
+    merged: dict[str, str] = {}
+    for names in _SETTING_LAYERS:
+        merged.update(names)
+    return merged
 
 
 @contextlib.contextmanager
 def naming_settings(names: Mapping[str, str]) -> Iterator[None]:
     """For the with-block, every message this process builds (on any thread) calls
     the setting ``name`` ``names[name]`` (``setting``); the names given before come
-    back after it."""
-    global _SETTING_NAMES
-    before = _SETTING_NAMES
-    _SETTING_NAMES = {**before, **names}
+    back after it. Blocks may end in another order than they began (two threads'
+    blocks that overlap, each running a command): each one's end takes back its
+    own names only, so that none outlives its block, whichever ends first."""
+    global _SETTING_LAYERS
+    layer = dict(names)  # this block's own: ended by identity, not by value
+    with _SETTING_LOCK:
+        _SETTING_LAYERS = (*_SETTING_LAYERS, layer)
     try:
         yield
     finally:
-        _SETTING_NAMES = before
+        with _SETTING_LOCK:
+            _SETTING_LAYERS = tuple(each for each in _SETTING_LAYERS if each is not layer)
 
 
 def first_line(text: str) -> str:

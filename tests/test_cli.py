@@ -513,6 +513,46 @@ def test_a_message_names_the_options_of_the_command_that_builds_it() -> None:
                        "adds the rows still running?")
 
 
+def test_names_of_overlapping_blocks_end_with_their_blocks() -> None:
+    """Two threads' naming blocks (two commands run at once from Python) that end in
+    another order than they began. Each block's end put back the names it found at
+    its start: the first one's end took the second's names while it was still open
+    ('second_setting', 1 of 1), and the second one's end brought back the first's,
+    for every later message of the process ('--first-setting', 1 of 1). Each end
+    takes back its own names only."""
+    import threading
+
+    from replay_fsm.errors import naming_settings, setting, setting_names
+
+    first_in, second_in, first_out = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, str] = {}
+
+    def first() -> None:
+        with naming_settings({"first_setting": "--first-setting"}):
+            first_in.set()
+            assert second_in.wait(60)
+            seen["first, both open"] = setting("second_setting")
+        first_out.set()
+
+    def second() -> None:
+        assert first_in.wait(60)
+        with naming_settings({"second_setting": "--second-setting"}):
+            second_in.set()
+            assert first_out.wait(60)
+            seen["second, alone"] = setting("first_setting") + " " + setting("second_setting")
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    assert seen == {"first, both open": "--second-setting",
+                    "second, alone": "first_setting --second-setting"}
+    assert (setting("first_setting"), setting("second_setting")) == ("first_setting",
+                                                                     "second_setting")
+    assert "first_setting" not in setting_names()
+
+
 @pytest.mark.usefixtures("sac_extras")
 def test_a_value_the_user_typed_is_not_written_as_an_option(
         capsys: pytest.CaptureFixture[str], tmp_path: Path,
