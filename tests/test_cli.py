@@ -217,7 +217,16 @@ def test_a_bad_setting_is_named_as_the_option_that_sets_it(
             (["sac", "--env", "Pendulum-v1", "--num-envs", "0"],
              "--num-envs must be >= 1, got 0"),
             (["sac", "--env", "Pendulum-v1", "--batch-size", "-1"],
-             "--batch-size must be >= 1, got -1")):
+             "--batch-size must be >= 1, got -1"),
+            # the settings a message names inside its text, not only the one it opens
+            # with ("2**63 - ticks]", "sampling='sync' reads", helper-122)
+            (["sac", "--env", "Pendulum-v1", "--seed", "-1"],
+             "--seed must be an int in [0, 2**63 - --ticks] (tick t's batch is drawn "
+             "with seed + t), got -1"),
+            (["sac", "--env", "Pendulum-v1", "--sampling", "sync", "--capacity", "10",
+              "--ticks", "2"],
+             "--sampling='sync' reads the storage while the collector appends, so the "
+             "ring must not wrap: --capacity 10 < ")):
         err = one_line_error(capsys, main([*argv, "--out", str(tmp_path / "o"),
                                            "--no-progress"]))
         assert f"replay-fsm {argv[0]}: error: {said}" in err, err

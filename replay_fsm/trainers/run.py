@@ -200,8 +200,9 @@ class SACConfig:
         except (TypeError, ValueError):
             seed = -1  # refused below, with the bound the run's ticks set
         if not 0 <= seed <= MAX_SEED - (self.ticks - 1):
-            raise ValueError(f"{setting('seed')} must be an int in [0, 2**63 - ticks] "
-                             f"(tick t's batch is drawn with seed + t), got {self.seed!r}")
+            raise ValueError(f"{setting('seed')} must be an int in [0, 2**63 - "
+                             f"{setting('ticks')}] (tick t's batch is drawn with seed + t), "
+                             f"got {self.seed!r}")
         as_seconds("liveness_timeout", self.liveness_timeout)
         available_device(self.device)  # the library's error, before anything starts
         if self.learner_threads is not None and as_int(
@@ -211,8 +212,8 @@ class SACConfig:
         written = self.snapshot_ptr(self.ticks + self.ring_depth)
         if self.sampling == "sync" and written > self.capacity:
             capacity, ticks = setting("capacity"), setting("ticks")
-            raise ValueError(f"sampling='sync' reads the storage while the collector "
-                             f"appends, so the ring must not wrap: {capacity} "
+            raise ValueError(f"{setting('sampling')}='sync' reads the storage while the "
+                             f"collector appends, so the ring must not wrap: {capacity} "
                              f"{self.capacity} < {written} rows this run writes; raise "
                              f"{capacity} or lower {ticks}")
 
