@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from replay_fsm import ReplayBuffer
+from replay_fsm import Pipeline, ReplayBuffer
 from replay_fsm.data import shared
 from replay_fsm.data.packer import PackerHandle
 
@@ -200,9 +200,19 @@ def test_the_allocators_refusal_is_a_memory_error_that_names_it(
 
 
 @pytest.mark.parametrize("nbytes,text", [(0, "0 B"), (1023, "1023 B"), (1024, "1.0 KiB"),
-                                         (3 << 20, "3.0 MiB"), (5 << 30, "5.0 GiB")])
+                                         (3 << 20, "3.0 MiB"), (5 << 30, "5.0 GiB"),
+                                         (3 << 41, "6.0 TiB"), (1 << 61, "2.0 EiB"),
+                                         (10**400, "about 10**400 B")])
 def test_sizes_read_in_binary_units(nbytes: int, text: str) -> None:
     assert shared._size(nbytes) == text
+
+
+def test_a_batch_past_floats_range_is_refused_with_its_size() -> None:
+    """``Pipeline(sample_count=10**400)`` raised OverflowError from the message's own
+    formatting of the size ("integer division result too large for a float")."""
+    rb = ReplayBuffer(capacity=100, obs_dim=2, action_dim=1)
+    with pytest.raises(MemoryError, match=r"needs about 10\*\*40\d B of shared memory"):
+        Pipeline(rb, sample_count=10**400)
 
 
 def test_another_allocator_error_stays_torchs(monkeypatch: pytest.MonkeyPatch) -> None:

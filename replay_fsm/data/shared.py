@@ -298,7 +298,13 @@ def _address_space_left() -> int | None:
 
 
 def _size(nbytes: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+    """``nbytes`` in binary units, for a message; a size no machine has (a count of
+    rows past float's range: ``Pipeline(sample_count=10**400)``) as its power of ten,
+    where a float division would raise OverflowError in place of the message."""
+    if nbytes >= 1 << 80:
+        return f"about 10**{len(str(nbytes)) - 1} B"
+    for unit, scale in (("EiB", 1 << 60), ("PiB", 1 << 50), ("TiB", 1 << 40),
+                        ("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
         if nbytes >= scale:
             return f"{nbytes / scale:.1f} {unit}"
     return f"{nbytes} B"
