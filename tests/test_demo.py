@@ -547,6 +547,21 @@ def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
                        out=str(tmp_path), progress=False))
 
 
+@pytest.mark.parametrize("fields,error,said", [
+    ({"seed": -1}, ValueError, "seed must be an int >= 0, got -1"),
+    ({"seed": True}, TypeError, "seed must be an int (or numpy integer) >= 0, got True"),
+    ({"seed": 2**63}, ValueError, "seed must be an int in [0, 2**63)"),
+    ({"base_seed": -5}, ValueError, "base_seed must be an int >= 0, got -5")])
+def test_a_seed_out_of_range_is_refused_when_the_config_is_made(
+        fields: dict[str, object], error: type[Exception], said: str) -> None:
+    """A seed the pipeline refuses is refused by the config, naming the field the user
+    set: DemoConfig(seed=-1) was taken, and the run failed once started, naming
+    base_seed (helper-122)."""
+    with pytest.raises(error) as info:
+        DemoConfig(**fields)  # type: ignore[arg-type]
+    assert str(info.value).startswith(said), info.value
+
+
 def test_the_configs_counts_take_numpy_integers_as_plain_ints_and_no_bool() -> None:
     """A count read from numpy (np.int64(5) ticks) was refused ("ticks must be an int
     >= 1, got np.int64(5)") where SACConfig takes it; a numpy ring_depth was taken and

@@ -9,7 +9,7 @@ import signal
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..core import as_int, as_ring_depth, as_seconds
+from ..core import as_int, as_ring_depth, as_seconds, as_seed
 from ..errors import setting
 from ..signals import STOP_SIGNALS
 
@@ -100,6 +100,11 @@ class DemoConfig:
             if value is not None and type(value) is not int:
                 with contextlib.suppress(TypeError):
                     object.__setattr__(self, name, as_int(name, value))
+        # the seeds as the pipeline reads its base seed, here rather than once a run
+        # has started (seed=-1 failed the run, naming base_seed)
+        as_seed(self.seed, "seed")
+        if self.base_seed is not None:
+            as_seed(self.base_seed, "base_seed")
         if self.interrupt_signal not in STOP_SIGNALS:
             raise ValueError("interrupt_signal must be a stop signal ("
                              + ", ".join(signal.Signals(s).name for s in STOP_SIGNALS)
