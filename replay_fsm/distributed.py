@@ -28,6 +28,7 @@ import fcntl
 import json
 import os
 import signal
+import stat
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -431,7 +432,9 @@ def launch_lock(folder: Path, run_id: str) -> Iterator[Path]:
     kernel lets the lock go when this process ends, however it ends (SIGKILL too),
     so a later launch can tell a launcher that is gone from one still running, where
     a pid can be reused and a folder's age says nothing (``prune_gone_launches``).
-    A lock file a pruner removed between its making and its locking is made again.
+    A lock file a pruner removed between its making and its locking is made again,
+    and ``folder`` with it: the pruner, or a launch ending, removes it where that
+    empties it, as it may be while it is made or before our lock file is made in it.
     On the way out the file is removed, and ``folder`` too where that empties it.
 
     Raises:
@@ -439,10 +442,15 @@ def launch_lock(folder: Path, run_id: str) -> Iterator[Path]:
             ``files.make_folder``).
     """
     from .files import make_folder
-    make_folder(folder)
     path = folder / f"{run_id}{LOCK_SUFFIX}"
     while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            make_folder(folder)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except (FileExistsError, FileNotFoundError):
+            if _removed_or_made(folder):
+                continue  # emptied, removed by another launch as it was made, or after
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             if _names(path, fd):
@@ -458,6 +466,17 @@ def launch_lock(folder: Path, run_id: str) -> Iterator[Path]:
         os.close(fd)
         with contextlib.suppress(OSError):
             folder.rmdir()
+
+
+def _removed_or_made(folder: Path) -> bool:
+    """Whether ``folder``, which could not be made or not hold a new file, is a folder
+    (made again by another launch) or not there (removed by one, emptied): not a file
+    or a link to nothing, which stay. One look: two (is it there, is it a folder)
+    could see it removed, then made again, and take it for a file."""
+    try:
+        return stat.S_ISDIR(os.stat(folder).st_mode)
+    except FileNotFoundError:
+        return not os.path.islink(folder)
 
 
 def _names(path: Path, fd: int) -> bool:

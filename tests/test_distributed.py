@@ -334,6 +334,68 @@ def test_a_launch_prunes_the_launcher_logs_of_launchers_that_are_gone(
                                                       "replay_fsm-old00002_r8"]
 
 
+def test_a_lock_file_pruned_before_its_lock_is_made_again_in_its_folder_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch that had made its lock file and not yet locked it looks gone to a
+    pruner, which removes the file, and the folder it leaves empty: the launch makes
+    both again. Its retry once opened the file in a folder no longer there and the
+    launch failed, 'No such file or directory'. With two processes each pruning then
+    locking in one folder 20000 times, launch_lock failed 1197 to 1697 times in each,
+    in three runs (this race and the next test's), none after."""
+    import fcntl
+
+    from replay_fsm.distributed import launch_lock, prune_gone_launches
+
+    logs = tmp_path / "out" / "launcher-logs"
+    pruned: list[list[str]] = []
+    flock = fcntl.flock
+
+    def pruned_first(fd: int, operation: int) -> None:
+        if operation == fcntl.LOCK_EX and not pruned:  # the launch's own, blocking
+            pruned.append(prune_gone_launches(logs))  # another launch's, just before
+        flock(fd, operation)
+
+    monkeypatch.setattr(fcntl, "flock", pruned_first)
+    with launch_lock(logs, "replay_fsm-live0001") as held:
+        assert pruned == [["replay_fsm-live0001"]]  # the race, as it was
+        assert held.exists()
+        monkeypatch.setattr(fcntl, "flock", flock)
+        assert prune_gone_launches(logs) == []  # held now: left alone
+        assert held.exists()
+    assert not logs.exists()
+
+
+def test_a_launcher_logs_folder_removed_as_it_is_made_is_made_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch found the launcher folder there as it made it, and another launch
+    ending removed it, emptied, before the first looked whether it was a folder:
+    mkdir's 'File exists' ended the launch. It is made again; a file there is still
+    refused."""
+    from replay_fsm.distributed import launch_lock
+
+    logs = tmp_path / "launcher-logs"
+    logs.mkdir()
+    mkdir = os.mkdir
+
+    def removed_after(path, *args):  # type: ignore[no-untyped-def]
+        try:
+            mkdir(path, *args)
+        except FileExistsError:
+            if Path(path) == logs and not removed:
+                removed.append(path)
+                logs.rmdir()  # the other launch's end
+            raise
+
+    removed: list[object] = []
+    monkeypatch.setattr(os, "mkdir", removed_after)
+    with launch_lock(logs, "replay_fsm-live0001") as held:
+        assert removed and held.exists()
+    logs.write_text("")
+    with pytest.raises(FileExistsError):
+        with launch_lock(logs, "replay_fsm-live0002"):
+            pass
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
