@@ -494,9 +494,14 @@ def prune_gone_launches(folder: Path) -> list[str]:
     a folder per rank for ever. Their lock files are removed too. Returns their run
     ids, sorted. A launch still running holds its lock and is left alone; so are
     folders with no lock file (a launcher from before the locks, which may still
-    run), and all of them where the file system cannot lock."""
+    run), and all of them where the file system cannot lock. None where ``folder``
+    is removed while it is listed (emptied by a launch ending, or another pruner)."""
     gone: list[str] = []
-    for lock in sorted(folder.glob(f"replay_fsm-*{LOCK_SUFFIX}")):
+    try:
+        locks = sorted(folder.glob(f"replay_fsm-*{LOCK_SUFFIX}"))
+    except FileNotFoundError:  # found, then gone before it was read: nothing to prune
+        return gone
+    for lock in locks:
         run_id = lock.name[:-len(LOCK_SUFFIX)]
         try:
             fd = os.open(lock, os.O_RDWR)

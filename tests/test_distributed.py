@@ -396,6 +396,29 @@ def test_a_launcher_logs_folder_removed_as_it_is_made_is_made_again(
             pass
 
 
+def test_a_launcher_logs_folder_removed_while_it_is_listed_leaves_nothing_to_prune(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch that ends removes the launcher folder it empties, which another
+    launch's pruning may have found there and not yet read: that launch failed,
+    'No such file or directory' (two processes each pruning then locking in one
+    folder 20000 times: 165 to 313 times in each, three runs). Nothing there is
+    nothing to prune."""
+    from replay_fsm.distributed import prune_gone_launches
+
+    logs = tmp_path / "launcher-logs"
+    logs.mkdir()
+    scandir = os.scandir
+
+    def removed_first(path):  # type: ignore[no-untyped-def]
+        if Path(path) == logs and logs.exists():
+            logs.rmdir()  # the other launch's end, between the look and the read
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", removed_first)
+    assert prune_gone_launches(logs) == []
+    assert not logs.exists()
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
