@@ -25,6 +25,7 @@ import contextlib
 import dataclasses
 import datetime
 import fcntl
+import glob
 import json
 import os
 import signal
@@ -411,7 +412,9 @@ def prune_launcher_logs(folder: Path, run_id: str) -> None:
     that hold no file (its ranks' folders hold an ``error.json`` only where a rank
     failed), and ``folder`` itself when that leaves it empty: a folder a launch, kept
     for ever, otherwise."""
-    made = [p for p in folder.glob(f"{run_id}_*") if p.is_dir() and not p.is_symlink()]
+    # escaped: a lock file named by hand, replay_fsm-*.lock say, named every launch's
+    made = [p for p in folder.glob(f"{glob.escape(run_id)}_*")
+            if p.is_dir() and not p.is_symlink()]
     for top in made:
         inner = sorted((p for p in top.rglob("*") if p.is_dir()),
                        key=lambda p: len(p.parts), reverse=True)

@@ -419,6 +419,25 @@ def test_a_launcher_logs_folder_removed_while_it_is_listed_leaves_nothing_to_pru
     assert not logs.exists()
 
 
+def test_a_lock_file_named_by_hand_with_a_wildcard_prunes_no_other_launch(
+        tmp_path: Path) -> None:
+    """A lock file left by hand, ``replay_fsm-*.lock``, no process holds: its launch
+    is gone, and its run id was taken as a pattern, so the launch still running
+    beside it lost its ranks' folders (an empty one is what a rank writes its
+    error.json into when it fails). Only that run id's folders are pruned."""
+    from replay_fsm.distributed import launch_lock, prune_gone_launches
+
+    logs = tmp_path / "launcher-logs"
+    with launch_lock(logs, "replay_fsm-live0001"):
+        (logs / "replay_fsm-live0001_s9" / "attempt_0" / "0").mkdir(parents=True)
+        (logs / "replay_fsm-*.lock").write_text("")
+        (logs / "replay_fsm-*_a1" / "attempt_0" / "0").mkdir(parents=True)
+        assert prune_gone_launches(logs) == ["replay_fsm-*"]
+        assert sorted(str(p.relative_to(logs)) for p in logs.rglob("*")) == [
+            "replay_fsm-live0001.lock", "replay_fsm-live0001_s9",
+            "replay_fsm-live0001_s9/attempt_0", "replay_fsm-live0001_s9/attempt_0/0"]
+
+
 def options(out: Path, **extra: object) -> DemoConfig:
     return DemoConfig(**{"ticks": 8, "device": "cpu", "out": str(out), "sample_count": 256,
                          "capacity": 20_000, "envs": 32, "collect_steps": 40,
