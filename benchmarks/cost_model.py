@@ -181,16 +181,29 @@ def save(figures: dict[str, Any], config: dict[str, Any], quick: bool) -> Path:
     with the plot's name (``figures["plot"]``, None where none could be drawn, and an
     earlier run's plot is then removed, not left beside these figures). Once the JSON
     was written first and the name set after: no result file named its plot, and the
-    README's section, which shows the plot its JSON names, showed none. Returns the
-    result file's path."""
+    README's section, which shows the plot its JSON names, showed none. A plot that
+    raises is one not drawn: the figures are written, then its error raised, not the
+    run's minutes of figures lost with it. Returns the result file's path.
+
+    Raises:
+        Exception: what drawing the plot raised, once the figures are written.
+    """
     png = RESULTS / f"cost_model{'-quick' if quick else ''}.png"
     RESULTS.mkdir(parents=True, exist_ok=True)
-    if plot(figures, png):
+    failed: Exception | None = None
+    try:
+        drawn = plot(figures, png)
+    except Exception as exc:  # noqa: BLE001 - raised once the figures are kept
+        drawn, failed = False, exc
+    if drawn:
         figures["plot"] = png.name
     else:
         png.unlink(missing_ok=True)
         figures["plot"] = None
-    return write_result("cost_model", config, figures, quick=quick)
+    path = write_result("cost_model", config, figures, quick=quick)
+    if failed is not None:
+        raise failed
+    return path
 
 
 def main(quick: bool = False) -> dict[str, Any]:

@@ -586,3 +586,24 @@ def test_the_cost_model_names_in_its_json_the_plot_it_drew(
     path = cost.save({"sweeps": {}}, {"ticks": 5}, quick=True)
     assert json.loads(path.read_text())["figures"]["plot"] is None
     assert not drawn[0].exists()  # not an earlier run's plot beside these figures
+
+
+def test_a_cost_model_plot_that_raises_loses_none_of_the_figures(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plot drawn before the JSON is written: one that raised (matplotlib's
+    own error, a full disk) lost the run's figures with it, minutes of them, where
+    the JSON written first had kept them. They are written, then the error raised."""
+    common = _load_benchmark("common")
+    cost = _load_benchmark("cost_model")
+    monkeypatch.setattr(common, "RESULTS", tmp_path)
+    monkeypatch.setattr(cost, "RESULTS", tmp_path)
+
+    def plot(figures: dict[str, Any], path: Path) -> bool:
+        path.write_bytes(b"half a png")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(cost, "plot", plot)
+    with pytest.raises(OSError, match="No space left"):
+        cost.save({"sweeps": {}, "model_error_max": 0.1}, {"ticks": 5}, quick=True)
+    kept = json.loads((tmp_path / "cost_model-quick.json").read_text())
+    assert kept["figures"] == {"sweeps": {}, "model_error_max": 0.1, "plot": None}
+    assert not (tmp_path / "cost_model-quick.png").exists()
