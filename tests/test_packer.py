@@ -1102,11 +1102,11 @@ def _get_killed_after_its_count(ch: Channel) -> None:
     ch._counters[0] += 1
 
 
-def _end_a_put(ch: Channel, value: int) -> None:
+def _end_a_put(ch: Channel, *values: int) -> None:
     """What a put that took its place does from there: writes its record, counts
     it, settles, releases its item."""
     i = ch._counters[1] % ch.capacity
-    ch._bytes[i * ch._record.size:(i + 1) * ch._record.size] = ch._record.pack(value, -1)
+    ch._bytes[i * ch._record.size:(i + 1) * ch._record.size] = ch._record.pack(*values, -1)
     ch._counters[1] += 1
     ch._counters[5] = ch._counters[4]
     ch._items.release()
@@ -1416,6 +1416,43 @@ def test_an_item_a_collector_attaching_beside_the_restart_took_is_not_given_back
         requests._items = items
     requests._counters[0] += 1  # the get beside counts tick 0 read
     assert items.get_value() <= requests.backlog
+
+
+@IN_ORDER
+def test_a_get_of_a_collector_attaching_beside_a_later_give_back_is_not_given_back(
+        ) -> None:
+    """As above, at a service call's give-back: the attach kept the places back (the
+    learner's put was under way), and a later call reads again. A collector
+    attaching beside it then, without the claim lock, sets UNSURE and gets: read
+    only before that reading, its get between its count and its release was
+    counted as a place lost and given back, then freed again by the get (the
+    mutant passing no ``alone`` at the service call's reading gave 5 places of 4)."""
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6
+    for tick in range(2):
+        assert requests.put(request(tick, tick, 32, min_ptr=unreached))
+    _get_killed_after_its_count(requests)  # read tick 0, never freed its place
+    _dead_predecessor(h)
+    requests._counters[4] += 1  # the learner's put of tick 2 began
+    packer = Packer.attach(h, rb)
+    assert packer.places_owed and requests.lost_spaces == 1  # kept back
+    spaces = requests._spaces
+    assert spaces.acquire(timeout=1.0)  # the put takes its place and ends
+    _end_a_put(requests, *request(2, 0, 32, min_ptr=unreached))
+
+    def beside() -> None:  # its attach, then its get of tick 1 up to the release
+        h.packer_state[8] = 1  # UNSURE
+        assert requests._items.acquire(timeout=1.0)
+        requests._counters[0] += 1
+    requests._spaces = _ReadAfter(spaces, beside)
+    try:
+        assert not packer.service(timeout=0)  # reads again, then gets tick 2
+    finally:
+        requests._spaces = spaces
+    spaces.release()  # the get beside frees its place
+    assert requests.backlog + spaces.get_value() <= requests.capacity
+    assert requests.lost_spaces == 1 and not packer.places_owed
 
 
 
