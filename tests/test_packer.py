@@ -973,6 +973,39 @@ def test_a_put_between_its_count_and_its_release_is_not_taken_for_a_dead_get(
     assert ch.get(timeout=0) is None
 
 
+class _Asked:
+    """A channel's semaphore that records how each acquire was asked."""
+
+    def __init__(self, semaphore: Any) -> None:
+        self._semaphore = semaphore
+        self.asked: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        self.asked.append((args, kwargs))
+        return bool(self._semaphore.acquire(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._semaphore, name)
+
+
+def test_a_get_with_no_time_to_wait_tries_the_semaphore_without_a_wait() -> None:
+    """``get(timeout=0)``, every ``service(timeout=0)`` call of a collector between
+    its environment steps, asked the items semaphore to wait 0 s: a wait for a
+    deadline already past, 67-77 us a call on Linux (helper-121, 2,000 calls, an
+    empty channel; 0.07 us tried without a wait). It tries it now, and still takes
+    a record there."""
+    ch = Channel(2, 1)
+    items = _Asked(ch._items)
+    ch._items = items
+    assert ch.get(timeout=0) is None
+    assert ch.put([1])
+    assert ch.get(timeout=0) == ([1], None)
+    assert ch.get(timeout=-1.0) is None
+    assert ch.put([2])
+    assert ch.get(timeout=1.0) == ([2], None)
+    assert items.asked == [((False,), {})] * 3 + [((), {"timeout": 1.0})]
+
+
 @IN_ORDER
 @pytest.mark.parametrize("namespaces, given_back", [
     ((0,), 1), ((1,), 0), ((1, 0), 0)])
