@@ -25,7 +25,9 @@ closes its pipeline, which ends its helper processes, and writes what it has.
   after to /dev/null where the terminal is gone (``silence_hung_up_output``).
 - Starting those processes, the parent never ignores a stop signal, not even for the
   milliseconds of the start: one sent then acts once the start returns (``_held``).
-- A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``).
+- A multi-rank run agrees on either (``replay_fsm.distributed.AgreedInterrupt``). A
+  launcher killed with SIGKILL forwards none: on Linux its ranks get a SIGTERM from
+  the kernel as it ends (``stop_when_parent_ends``).
 - A stop signal taken through this module's handlers (``sigterm_as_interrupt``) waits
   for a pipeline step the main thread is in (``step``): Python runs a handler between
   any two bytecodes, and an interrupt raised inside a step would leave it half done
@@ -308,6 +310,36 @@ def send_to_devnull(stream: Any) -> None:
         pass
     finally:
         os.close(devnull)
+
+
+# prctl's option: the signal this process gets when the thread that started it ends
+PR_SET_PDEATHSIG = 1
+
+
+def stop_when_parent_ends(parent: int, signum: int = signal.SIGTERM) -> bool:
+    """Have the kernel send ``signum`` to this process when its parent ends, however
+    it ends (SIGKILL, the OOM killer), as if the parent had sent it: Linux's
+    ``prctl(PR_SET_PDEATHSIG)``. ``parent``: the pid of the process that started this
+    one, recorded before the call; where it is no longer this process's parent (it
+    ended before the call: the kernel sends nothing then) ``signum`` is sent to this
+    process at once. Returns whether the kernel took the request; False, and nothing
+    done, where there is no prctl (not Linux): a process there outlives its parent.
+
+    The kernel sends it when the *thread* that started this process ends: call it
+    only where that thread lives as long as its parent wants this process to (the
+    main thread of a launcher that waits for its children, say)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):  # a libc without it
+        return False
+    if prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(int(signum)), 0, 0, 0) != 0:
+        return False
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signum)  # process-wide, as the kernel's would be
+    return True
 
 
 def unblock_stop_signals(signums: tuple[int, ...] = STOP_SIGNALS) -> None:

@@ -761,3 +761,48 @@ def test_a_helper_process_stopped_by_sigstop_is_killed_at_once_not_waited_for() 
             worker.kill()
             worker.join()
     assert not signals.stopped(os.getpid())
+
+
+# Asks for SIGUSR1 when its parent ends (``argv[1]``: the parent it records, "mine"
+# for its own), then says whether the kernel took that and which signal came.
+PARENT_WATCHER = """
+import os, signal, sys
+from replay_fsm.signals import stop_when_parent_ends
+signal.pthread_sigmask(signal.SIG_BLOCK, [signal.SIGUSR1])  # for sigtimedwait
+parent = os.getppid() if sys.argv[1] == "mine" else int(sys.argv[1])
+print(stop_when_parent_ends(parent, signal.SIGUSR1), flush=True)
+got = signal.sigtimedwait([signal.SIGUSR1], 60)
+print("got", None if got is None else signal.Signals(got.si_signo).name, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_process_gets_the_signal_it_asked_for_when_its_parent_is_killed() -> None:
+    """A parent killed with SIGKILL sends nothing itself; the kernel sends the signal
+    asked for (a rank's launcher killed so: helper-124). Only the watcher holds the
+    pipe, which ends with it."""
+    middle = subprocess.Popen(
+        [sys.executable, "-c", "import os, signal, subprocess, sys; subprocess.Popen("
+         f"[sys.executable, '-c', {PARENT_WATCHER!r}, 'mine']); os.close(1); signal.pause()"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert middle.stdout is not None
+        assert middle.stdout.readline() == "True\n"  # asked for, its parent alive
+        middle.kill()
+        middle.wait()
+        # the watcher holds the pipe: this waits for it, for at most its 60 s
+        assert middle.stdout.read() == "got SIGUSR1\n"
+    finally:
+        middle.kill()
+        middle.wait()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_process_whose_parent_ended_before_it_asked_gets_the_signal_at_once() -> None:
+    """The kernel sends nothing for a parent that ended before the request (a rank's
+    launcher killed while the rank imports torch): a parent recorded that is no
+    longer this process's parent is taken for ended, and the signal is sent then."""
+    not_the_parent = "0"  # never a pid a process has for its parent here
+    done = subprocess.run([sys.executable, "-c", PARENT_WATCHER, not_the_parent],
+                          capture_output=True, text=True, timeout=MARGIN_S * 4)
+    assert done.stdout == "True\ngot SIGUSR1\n", done.stderr
