@@ -57,6 +57,7 @@ from .signals import (
     handling,
     keeping_handlers,
     stop_signals_taken,
+    stop_when_parent_ends,
     unblock_stop_signals,
 )
 from .transfer import available_device
@@ -202,7 +203,10 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None,
     collector, its pipeline, all-reduced gradients. ``config.kill_collector_at``,
     ``freeze_collector_at``, ``interrupt_at`` and ``freeze_at`` apply only to ``kill_rank``
     (fault injection for tests). Ctrl-C stops every rank at the same step
-    (``AgreedInterrupt``). ``settings``: how the rank's messages name its settings
+    (``AgreedInterrupt``), and so does the end of the rank's launcher (``launcher_pid``),
+    however it ended, where Linux can tell (``signals.stop_when_parent_ends``: a SIGTERM
+    then, as if the launcher had forwarded one; elsewhere the ranks of a launcher
+    killed with SIGKILL run on). ``settings``: how the rank's messages name its settings
     (``errors.naming_settings``; ``launch`` passes its own process's, so that the
     ranks of a command name its options).
 
@@ -220,6 +224,7 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None,
         raise RuntimeError(f"{', '.join(missing)} not set: rank_main is the body of a rank "
                            "that launch() or torchrun starts")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
+    launcher = launcher_pid()
     out = Path(config.out)
     try:
         with AgreedInterrupt(config.peer_timeout) as interrupt:
@@ -230,6 +235,9 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None,
             # the rank started up (``launch`` starts it with them blocked) ends it
             # here: not inside torch's import (a traceback, or swallowed there).
             with handling(stop_signals_taken(), signal.SIG_DFL):
+                # A launcher that is gone (SIGKILL, the OOM killer) forwards nothing:
+                # its end sends SIGTERM here, a stop as if it had forwarded one.
+                stop_when_parent_ends(launcher)
                 unblock_stop_signals()
                 device = local_device(local_rank, config.device)
                 backend = "nccl" if device.type == "cuda" else "gloo"
@@ -274,6 +282,18 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None,
     return summary
 
 
+def launcher_pid() -> int:
+    """The pid of the process that started this rank: the one that spawned it where
+    multiprocessing did (``launch``'s ranks; known even where it has ended since),
+    else this process's parent now (torchrun's: one that ended before this call goes
+    unnoticed, as torchrun records no pid for its ranks to check)."""
+    import multiprocessing
+    spawner = multiprocessing.parent_process()
+    if spawner is None or spawner.pid is None:
+        return os.getppid()
+    return spawner.pid
+
+
 # What each rank writes to the run's folder (``DemoConfig.suffix``).
 RANK_FILES = ("trace-rank{rank}.json", "transitions-rank{rank}.jsonl",
               "summary-rank{rank}.json")
@@ -307,7 +327,9 @@ def launch(nproc: int, config: DemoConfig, *, kill_rank: int | None = None
     until it returns.
     The ranks start with the stop signals blocked: one sent while they start up ends
     them once they have, an interrupt with nothing written (``rank_main``); one that
-    reaches the launcher while it starts them acts once it has started them all.
+    reaches the launcher while it starts them acts once it has started them all. A
+    launcher killed with SIGKILL forwards nothing: on Linux its end is a SIGTERM to
+    each rank (``rank_main``), which stop as for the launcher's own.
 
     Raises:
         replay_fsm.signals.Interrupted: a KeyboardInterrupt for the launcher's Ctrl-C,

@@ -592,9 +592,9 @@ def test_ctrl_c_on_the_launcher_stops_every_rank_at_the_same_step(
     assert len({e["pid"] for e in trace}) == 4  # both ranks' tracks, merged
 
 
-def spawned_children(pid: int) -> list[int]:
+def spawned_children(pid: int, marker: bytes = b"spawn_main") -> list[int]:
     """The processes ``pid`` spawned with multiprocessing (its ranks), not its resource
-    tracker."""
+    tracker; those whose command line holds ``marker`` (torchrun's ranks: the module)."""
     found = []
     for entry in Path("/proc").iterdir():
         try:
@@ -602,9 +602,103 @@ def spawned_children(pid: int) -> list[int]:
             cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue  # not a process, or gone meanwhile
-        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and b"spawn_main" in cmdline:
+        if int(stat[stat.rindex(")") + 2:].split()[1]) == pid and marker in cmdline:
             found.append(int(entry.name))
     return sorted(found)
+
+
+def running(pid: int) -> bool:
+    """Whether ``pid`` is a process that has not ended (a zombie has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def shared_memory_names(pids: list[int]) -> set[str]:
+    """The names in /dev/shm that ``pids`` have mapped (semaphores: ``sem.mp-*``, made
+    by them or by their launcher), less those already removed."""
+    names = set()
+    for pid in pids:
+        try:
+            maps = Path(f"/proc/{pid}/maps").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        for line in maps.splitlines():
+            if " /dev/shm/" in line and not line.endswith("(deleted)"):
+                names.add(line.split(" /dev/shm/", 1)[1])
+    return names
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(not sys.platform.startswith("linux"),
+                    reason="a rank learns of its launcher's end from Linux's prctl")
+@pytest.mark.parametrize("launcher, when", [
+    ("launch", "starting"),  # as its ranks import torch
+    ("torchrun", "running"),  # once its ranks run their collectors
+])
+def test_the_ranks_of_a_launcher_killed_with_sigkill_stop_and_free_their_semaphores(
+        tmp_path: Path, launcher: str, when: str) -> None:
+    """A launcher killed with SIGKILL (kill -9, the OOM killer) forwards no stop: the
+    ranks of ``replay-fsm demo --nproc 2`` killed as they started ran the whole
+    run on (torch's own death signal for them is set up after their start-up; 3 of 3
+    still running 90 s on, helper-124), and torchrun's ranks did at any time; their
+    semaphores stayed in /dev/shm until they were killed in turn. A rank now takes
+    its launcher's end as a SIGTERM: before the ranks joined it ends at once, after,
+    every rank stops at the same step and writes its files, its collector ends, and
+    what they mapped in /dev/shm is removed."""
+    out = tmp_path / "out"
+    if launcher == "launch":
+        command = [sys.executable, "-m", "replay_fsm", "demo", "--nproc", "2",
+                   "--no-progress"]
+        marker = b"spawn_main"
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", "-m", "replay_fsm.distributed", "--device", "cpu"]
+        marker = b"replay_fsm.distributed"
+    with open(tmp_path / "log", "w") as log:  # the ranks outlive the launcher: no pipe
+        proc = subprocess.Popen(command + ["--ticks", "100000", "--sample-count", "256",
+                                           "--out", str(out)], stdout=log, stderr=log,
+                                start_new_session=True)
+    ranks: list[int] = []
+    collectors: list[int] = []
+    try:
+        end = time.monotonic() + MARGIN_S * 4
+        while time.monotonic() < end and proc.poll() is None:
+            ranks = spawned_children(proc.pid, marker)
+            collectors = [c for r in ranks for c in spawned_children(r)]
+            if len(ranks) == 2 and (when == "starting" or len(collectors) == 2):
+                break
+            time.sleep(0.005)  # a poll for processes to appear; nothing to wait on
+        assert len(ranks) == 2 and (when == "starting" or len(collectors) == 2), (
+            ranks, collectors, (tmp_path / "log").read_text())
+        names = shared_memory_names([proc.pid, *ranks, *collectors])
+        proc.kill()
+        proc.wait()
+        end = time.monotonic() + MARGIN_S * 2
+        while time.monotonic() < end and any(map(running, ranks + collectors)):
+            collectors += [c for r in ranks for c in spawned_children(r)
+                           if c not in collectors]
+            names |= shared_memory_names(ranks + collectors)
+            time.sleep(0.05)  # a poll for processes to end; nothing to wait on
+        assert not any(map(running, ranks + collectors)), (ranks, collectors)
+        # multiprocessing's resource tracker removes the launcher's once the last
+        # process that could use them has ended
+        while time.monotonic() < end and any(Path("/dev/shm", n).exists() for n in names):
+            time.sleep(0.05)
+        assert not [n for n in names if Path("/dev/shm", n).exists()]
+    finally:
+        for pid in [proc.pid, *ranks, *collectors]:
+            if running(pid):
+                os.kill(pid, signal.SIGKILL)
+        proc.wait()
+    if when == "running":
+        saved = [json.loads((out / f"summary-rank{rank}.json").read_text())
+                 for rank in (0, 1)]
+        assert all(s["interrupted"] and s["error"] is None for s in saved), saved
+        assert saved[0]["ticks"] == saved[1]["ticks"] < 100000  # the same step
 
 
 @pytest.mark.slow
