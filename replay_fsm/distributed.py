@@ -286,12 +286,17 @@ def launcher_pid() -> int:
     """The pid of the process that started this rank: the one that spawned it where
     multiprocessing did (``launch``'s ranks; known even where it has ended since),
     else this process's parent now (torchrun's: one that ended before this call goes
-    unnoticed, as torchrun records no pid for its ranks to check)."""
+    unnoticed, as torchrun records no pid for its ranks to check). A rank that a
+    forkserver started (``start_method="forkserver"``) has the forkserver for its
+    parent while its spawner lives: the forkserver's pid then, which ends with the
+    spawner (the spawner's own pid, never this process's parent, read as a launcher
+    gone and the rank stopped itself as it started)."""
     import multiprocessing
     spawner = multiprocessing.parent_process()
-    if spawner is None or spawner.pid is None:
-        return os.getppid()
-    return spawner.pid
+    parent = os.getppid()
+    if spawner is None or spawner.pid is None or spawner.pid == parent:
+        return parent
+    return parent if spawner.is_alive() else spawner.pid
 
 
 # What each rank writes to the run's folder (``DemoConfig.suffix``).

@@ -1254,3 +1254,39 @@ def test_the_ranks_of_the_command_name_its_options(
     rendezvous_fails(monkeypatch)
     with pytest.raises(RuntimeError, match=r"did not join it for 5 s \(--peer-timeout; "):
         rank_main(*args)  # type: ignore[arg-type]
+
+
+# A rank's start-up as a forkserver starts it: asks for a stop when its launcher
+# ends (rank_main's call), then says it is still running.
+FORKSERVER_RANK = """
+import multiprocessing as mp, os, sys
+from replay_fsm.distributed import launcher_pid
+from replay_fsm.signals import stop_when_parent_ends
+
+def rank(out):
+    stop_when_parent_ends(launcher_pid())
+    with open(out, "w") as f:
+        f.write("running")
+
+if __name__ == "__main__":
+    child = mp.get_context("forkserver").Process(target=rank, args=(sys.argv[1],))
+    child.start()
+    child.join()
+    print(child.exitcode, flush=True)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_rank_a_forkserver_started_runs_while_its_launcher_lives(tmp_path: Path) -> None:
+    """A forkserver's child has the forkserver for its parent, not the process that
+    spawned it: launcher_pid named the spawner, stop_when_parent_ends took the
+    launcher for gone and the rank stopped itself with SIGTERM as it started
+    (elastic_launch(LaunchConfig(start_method="forkserver"), rank_main) of a 2-tick
+    run: the rank's exit -15 and ChildFailedError, 3 of 3; helper-125)."""
+    script = tmp_path / "forkserver_rank.py"
+    script.write_text(FORKSERVER_RANK)
+    out = tmp_path / "out.txt"
+    done = subprocess.run([sys.executable, str(script), str(out)], capture_output=True,
+                          text=True, timeout=MARGIN_S * 4)
+    assert done.stdout == "0\n", (done.stdout, done.stderr)
+    assert out.read_text() == "running"
