@@ -56,6 +56,8 @@ from .signals import (
     children_start_blocked,
     handling,
     keeping_handlers,
+    parent_death_signal,
+    set_parent_death_signal,
     stop_signals_taken,
     stop_when_parent_ends,
     unblock_stop_signals,
@@ -225,6 +227,8 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None,
                            "that launch() or torchrun starts")
     rank, local_rank = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"])
     launcher = launcher_pid()
+    # put back at the end: rank_main called from Python leaves its caller's as it was
+    death_signal = parent_death_signal()
     out = Path(config.out)
     try:
         with AgreedInterrupt(config.peer_timeout) as interrupt:
@@ -279,6 +283,8 @@ def rank_main(config: DemoConfig, kill_rank: int | None = None,
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if death_signal is not None:
+            set_parent_death_signal(death_signal)
     return summary
 
 

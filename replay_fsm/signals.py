@@ -312,8 +312,47 @@ def send_to_devnull(stream: Any) -> None:
         os.close(devnull)
 
 
-# prctl's option: the signal this process gets when the thread that started it ends
+# prctl's options: set and get the signal this process gets when the thread that
+# started it ends
 PR_SET_PDEATHSIG = 1
+PR_GET_PDEATHSIG = 2
+
+
+def _prctl() -> Any:
+    """libc's ``prctl``; None where there is none (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (AttributeError, OSError):  # a libc without it
+        return None
+
+
+def parent_death_signal() -> int | None:
+    """The signal the kernel sends this process when its parent ends (0: none, the
+    default); None where it cannot be read (no prctl: not Linux). What a caller of
+    ``stop_when_parent_ends`` in its own process (``rank_main`` called from Python)
+    puts back with ``set_parent_death_signal`` once done."""
+    prctl = _prctl()
+    if prctl is None:
+        return None
+    import ctypes
+    got = ctypes.c_int(0)
+    if prctl(PR_GET_PDEATHSIG, ctypes.byref(got), 0, 0, 0) != 0:
+        return None
+    return got.value
+
+
+def set_parent_death_signal(signum: int) -> bool:
+    """Have the kernel send ``signum`` (0: none) to this process when its parent ends
+    (``PR_SET_PDEATHSIG``); whether it took the request (False where there is no
+    prctl)."""
+    prctl = _prctl()
+    if prctl is None:
+        return False
+    import ctypes
+    return bool(prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(int(signum)), 0, 0, 0) == 0)
 
 
 def stop_when_parent_ends(parent: int, signum: int = signal.SIGTERM) -> bool:
@@ -324,18 +363,13 @@ def stop_when_parent_ends(parent: int, signum: int = signal.SIGTERM) -> bool:
     ended before the call: the kernel sends nothing then) ``signum`` is sent to this
     process at once. Returns whether the kernel took the request; False, and nothing
     done, where there is no prctl (not Linux): a process there outlives its parent.
+    It lasts until set again (``set_parent_death_signal``, with what
+    ``parent_death_signal`` read before).
 
     The kernel sends it when the *thread* that started this process ends: call it
     only where that thread lives as long as its parent wants this process to (the
     main thread of a launcher that waits for its children, say)."""
-    if not sys.platform.startswith("linux"):
-        return False
-    import ctypes
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (AttributeError, OSError):  # a libc without it
-        return False
-    if prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(int(signum)), 0, 0, 0) != 0:
+    if not set_parent_death_signal(signum):
         return False
     if os.getppid() != parent:
         os.kill(os.getpid(), signum)  # process-wide, as the kernel's would be

@@ -1169,6 +1169,32 @@ def test_a_rendezvous_that_runs_out_of_the_peer_timeout_says_so(
     assert isinstance(info.value.__cause__, dist.DistStoreError)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_rank_main_called_in_a_process_leaves_its_parent_death_signal_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """rank_main asks the kernel for a SIGTERM when its launcher ends; called from
+    Python in a process of the caller's (a test, a notebook), it left that request
+    on the caller for good: before 0, after 15 (helper-125)."""
+    import torch.distributed as dist
+
+    from replay_fsm.distributed import rank_main
+    from replay_fsm.signals import parent_death_signal
+
+    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
+                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
+        monkeypatch.setenv(name, value)
+
+    def no_rendezvous(*args: object, **kwargs: object) -> None:
+        raise dist.DistStoreError("no rendezvous here")
+
+    monkeypatch.setattr(dist, "init_process_group", no_rendezvous)
+    before = parent_death_signal()
+    assert before is not None
+    with pytest.raises(RuntimeError, match="rendezvous failed"):
+        rank_main(DemoConfig(ticks=2, device="cpu", out=str(tmp_path), progress=False))
+    assert parent_death_signal() == before
+
+
 def test_the_agreement_all_reduce_puts_its_flags_on_the_groups_device(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """A rank whose wait a stop ended joins the step's all-reduce with no tensors
