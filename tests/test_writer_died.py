@@ -456,6 +456,7 @@ def run_learner(script: str, *, kill: bool) -> tuple[int, int, str]:
     standard error); a collector still alive then is SIGKILLed."""
     import subprocess
     import sys
+    import time
 
     from replay_fsm.data.packer import process_alive
 
@@ -470,6 +471,14 @@ def run_learner(script: str, *, kill: bool) -> tuple[int, int, str]:
         if kill:
             learner.kill()
         _, err = learner.communicate(timeout=4 * MARGIN_S)
+        # Its standard error closes before the collector has exited: the kernel
+        # closes a process's files before it becomes a zombie, and on a loaded
+        # machine it may wait between the two (the look below failed once in a CI
+        # run beside two busy loops). Until it has, bounded.
+        deadline = time.monotonic() + MARGIN_S
+        while (collector_pid and process_alive(collector_pid)
+               and time.monotonic() < deadline):
+            time.sleep(0.01)
     finally:
         learner.kill()
         if collector_pid and process_alive(collector_pid):
