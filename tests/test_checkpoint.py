@@ -3,9 +3,10 @@ process, SIGKILL during a save, corruption and truncation, and saves while rows 
 added.
 
 Every row added in these tests carries its history index in every column (row h of
-the add history holds h + 1), so the state after the first ``ptr`` adds is known
-without running anything (``model``), and a loaded buffer is checked against it
-exactly: whole rows, and each the last one written at its position.
+the add history holds h + 1, modulo 2**24 so that float32 holds it exactly), so the
+state after the first ``ptr`` adds is known without running anything (``model``), and
+a loaded buffer is checked against it exactly: whole rows, and each the last one
+written at its position.
 
 Mutants of replay_fsm/data/checkpoint.py (and one of buffer.py) tried by hand, and
 the tests that kill each (the ``saves_while_a_writer_adds`` ones by a real race, the
@@ -86,10 +87,20 @@ from .support import adds_are_paused, interrupted_at, threads_running_on
 WAIT = 60.0  # a bound on waits for a child process or thread, not a timing assumption
 
 
+EXACT = 2**24  # float32 holds every integer in 1..2**24 exactly, and no odd one above
+
+
+def label(index: int) -> int:
+    """The value every column of row ``index`` of the history holds: its index + 1, taken
+    modulo ``EXACT`` so that float32 stores it exactly however long a writer runs (two rows
+    a multiple of 2**24 apart never share a buffer of fewer rows)."""
+    return index % EXACT + 1
+
+
 def ids(first: int, n: int, width: int) -> torch.Tensor:
-    """Rows first..first+n-1 of the history: every column holds its index + 1."""
-    return torch.arange(first + 1, first + n + 1, dtype=torch.float32)[:, None].expand(
-        n, width).contiguous()
+    """Rows first..first+n-1 of the history: every column holds ``label`` of its index."""
+    labels = torch.arange(first, first + n, dtype=torch.int64) % EXACT + 1
+    return labels.to(torch.float32)[:, None].expand(n, width).contiguous()
 
 
 def add_history(rb: ReplayBuffer, n: int) -> None:
@@ -103,7 +114,7 @@ def model(capacity: int, width: int, ptr: int) -> torch.Tensor:
     storage = torch.zeros(capacity, width)
     for j in range(min(ptr, capacity)):
         last = j + capacity * ((ptr - 1 - j) // capacity)
-        storage[j] = last + 1
+        storage[j] = label(last)
     return storage
 
 
