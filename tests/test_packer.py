@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -1135,6 +1136,12 @@ def _get_killed_after_its_count(ch: Channel) -> None:
     ch._counters[0] += 1
 
 
+def _get_killed_before_its_count(ch: Channel) -> None:
+    """What a consumer killed inside its get before counting its record taken did:
+    took the item, nothing more."""
+    assert ch._items.acquire(timeout=1.0)
+
+
 def _end_a_put(ch: Channel, *values: int) -> None:
     """What a put that took its place does from there: writes its record, counts
     it, settles, releases its item."""
@@ -1345,6 +1352,62 @@ def _dead_predecessor(h: PackerHandle, namespace_step: int = 0) -> None:
                                         pid_namespace + namespace_step, time_namespace])
 
 
+def _requests_waiting_for_rows(
+        rb: ReplayBuffer, requests: Channel, ticks: int,
+        killed: Callable[[Channel], None] = _get_killed_after_its_count) -> int:
+    """Send ticks 0 to ``ticks`` - 1, each waiting for rows no add writes (a request
+    read waits: nothing is packed), then have tick 0 taken by a get ``killed`` inside
+    it; returns the ``min_ptr`` they wait for."""
+    unreached = rb.ptr + 10**6
+    for tick in range(ticks):
+        assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
+    killed(requests)
+    return unreached
+
+
+def _a_learner_waiting_for_a_place(
+        requests: Channel, min_ptr: int = -1) -> tuple[threading.Thread, threading.Event]:
+    """Send tick 4 to slot 0 from a thread, as the learner does, once no place is
+    free: returns when its put began (it waits for a place), with the thread and an
+    event set once the request is sent (a put the channel's close ended sets none)."""
+    import time
+
+    sent = threading.Event()
+
+    def send() -> None:
+        with contextlib.suppress(ChannelClosed):
+            if requests.put(request(4, 0, 32, min_ptr=min_ptr), timeout=MARGIN_S):
+                sent.set()
+    began = int(requests._counters[4]) + 1
+    learner = threading.Thread(target=send, daemon=True)
+    learner.start()
+    deadline = time.monotonic() + MARGIN_S
+    while requests._counters[4] != began:
+        assert time.monotonic() < deadline, "the learner's put did not begin"
+        time.sleep(0.001)
+    return learner, sent
+
+
+@contextlib.contextmanager
+def _a_get_beside_the_first_reading(h: PackerHandle) -> Iterator[Any]:
+    """For the block, the first reading of the request channel's free places comes
+    after a collector attaching beside (without the claim lock) set UNSURE and got
+    tick 1 up to the release of its place; yields the channel's own semaphore of
+    places, which it has again after the block."""
+    requests = h.requests
+    spaces = requests._spaces
+
+    def beside() -> None:  # its attach, then its get of tick 1 up to the release
+        h.packer_state[8] = 1  # UNSURE
+        assert requests._items.acquire(timeout=1.0)
+        requests._counters[0] += 1
+    requests._spaces = _ReadAfter(spaces, beside)
+    try:
+        yield spaces
+    finally:
+        requests._spaces = spaces
+
+
 @IN_ORDER
 def test_a_restart_gives_back_the_place_a_predecessor_surely_dead_lost() -> None:
     """The attach of a collector in place of one killed inside its get, after it
@@ -1402,22 +1465,10 @@ def test_a_get_of_a_collector_attaching_beside_the_restart_is_not_given_back(
     read yet, INV-DATA). UNSURE is read after the measurement."""
     rb, h = make()
     requests = h.requests
-    unreached = rb.ptr + 10**6
-    for tick in range(2):
-        assert requests.put(request(tick, tick, 32, min_ptr=unreached))
-    _get_killed_after_its_count(requests)  # read tick 0, never freed its place
+    _requests_waiting_for_rows(rb, requests, 2)  # read tick 0, never freed its place
     _dead_predecessor(h)
-    spaces = requests._spaces
-
-    def beside() -> None:  # its attach, then its get of tick 1 up to the release
-        h.packer_state[8] = 1  # UNSURE
-        assert requests._items.acquire(timeout=1.0)
-        requests._counters[0] += 1
-    requests._spaces = _ReadAfter(spaces, beside)
-    try:
+    with _a_get_beside_the_first_reading(h) as spaces:
         Packer.attach(h, rb)
-    finally:
-        requests._spaces = spaces
     spaces.release()  # the get beside frees its place
     assert requests.backlog + spaces.get_value() <= requests.capacity
     assert requests.lost_spaces == 1  # the dead one's, which nobody may give back now
@@ -1432,10 +1483,7 @@ def test_an_item_a_collector_attaching_beside_the_restart_took_is_not_given_back
     it (a request read twice, or a slot never written)."""
     rb, h = make()
     requests = h.requests
-    unreached = rb.ptr + 10**6
-    for tick in range(2):
-        assert requests.put(request(tick, tick, 32, min_ptr=unreached))
-    assert requests._items.acquire(timeout=1.0)  # a get killed before its count
+    _requests_waiting_for_rows(rb, requests, 2, killed=_get_killed_before_its_count)
     _dead_predecessor(h)
     items = requests._items
 
@@ -1462,10 +1510,7 @@ def test_a_get_of_a_collector_attaching_beside_a_later_give_back_is_not_given_ba
     mutant passing no ``alone`` at the service call's reading gave 5 places of 4)."""
     rb, h = make()
     requests = h.requests
-    unreached = rb.ptr + 10**6
-    for tick in range(2):
-        assert requests.put(request(tick, tick, 32, min_ptr=unreached))
-    _get_killed_after_its_count(requests)  # read tick 0, never freed its place
+    unreached = _requests_waiting_for_rows(rb, requests, 2)  # tick 0 read, not freed
     _dead_predecessor(h)
     requests._counters[4] += 1  # the learner's put of tick 2 began
     packer = Packer.attach(h, rb)
@@ -1473,16 +1518,8 @@ def test_a_get_of_a_collector_attaching_beside_a_later_give_back_is_not_given_ba
     spaces = requests._spaces
     assert spaces.acquire(timeout=1.0)  # the put takes its place and ends
     _end_a_put(requests, *request(2, 0, 32, min_ptr=unreached))
-
-    def beside() -> None:  # its attach, then its get of tick 1 up to the release
-        h.packer_state[8] = 1  # UNSURE
-        assert requests._items.acquire(timeout=1.0)
-        requests._counters[0] += 1
-    requests._spaces = _ReadAfter(spaces, beside)
-    try:
+    with _a_get_beside_the_first_reading(h):
         assert not packer.service(timeout=0)  # reads again, then gets tick 2
-    finally:
-        requests._spaces = spaces
     spaces.release()  # the get beside frees its place
     assert requests.backlog + spaces.get_value() <= requests.capacity
     assert requests.lost_spaces == 1 and not packer.places_owed
@@ -1497,7 +1534,6 @@ def test_a_restart_while_the_learner_waits_for_a_place_gives_it_back_once_it_got
     without a put under way comes while the restart attaches (only its gets free a
     place), so nothing can be given back then; the restart gives the place back at a
     later service call, once the learner's put has its place."""
-    import threading
     import time
 
     def within(done: Callable[[], bool]) -> bool:
@@ -1510,19 +1546,9 @@ def test_a_restart_while_the_learner_waits_for_a_place_gives_it_back_once_it_got
 
     rb, h = make()
     requests = h.requests
-    unreached = rb.ptr + 10**6  # a request read waits for rows: nothing is packed
-    for tick in range(3):
-        assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
-    _get_killed_after_its_count(requests)  # read tick 0, never freed its place
+    unreached = _requests_waiting_for_rows(rb, requests, 3)  # tick 0 read, not freed
     assert requests.put(request(3, 1, 32, min_ptr=unreached))  # no place free now
-    sent = threading.Event()
-
-    def send() -> None:
-        if requests.put(request(4, 0, 32, min_ptr=unreached), timeout=MARGIN_S):
-            sent.set()
-    learner = threading.Thread(target=send, daemon=True)
-    learner.start()
-    assert within(lambda: requests._counters[4] == 5)  # its put began: it waits
+    learner, sent = _a_learner_waiting_for_a_place(requests, min_ptr=unreached)
     _dead_predecessor(h)
     packer = Packer.attach(h, rb)
     assert requests.lost_spaces == 1 and not sent.is_set()
@@ -1542,7 +1568,6 @@ def test_a_restart_gives_the_learner_a_place_when_every_place_was_lost(
     lost", 3 of 3, helper-118). The restart gives back all but the place the
     learner's put may hold: the put gets one, the restart serves the request, and
     gives the last place back at a later call."""
-    import threading
     import time
 
     rb, h = make()
@@ -1552,16 +1577,7 @@ def test_a_restart_gives_the_learner_a_place_when_every_place_was_lost(
         assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
         _get_killed_after_its_count(requests)
     assert requests.lost_spaces == requests.capacity and requests.backlog == 0
-    sent = threading.Event()
-
-    def send() -> None:
-        if requests.put(request(4, 0, 32), timeout=MARGIN_S):
-            sent.set()
-    learner = threading.Thread(target=send, daemon=True)
-    learner.start()
-    deadline = time.monotonic() + MARGIN_S
-    while requests._counters[4] != 5 and time.monotonic() < deadline:
-        time.sleep(0.001)  # its put began: it waits for a place
+    learner, sent = _a_learner_waiting_for_a_place(requests)
     _dead_predecessor(h)
     packer = Packer.attach(h, rb)
     try:
@@ -1590,9 +1606,7 @@ def test_a_second_restart_at_once_is_refused_while_the_learner_waits_for_a_place
     channel: two readers, which the lock is there to refuse (helper-115: two fork
     children released by one barrier both attached in 19 of 20 trials, 0 of 20 at
     565ea65). The attach reads once and leaves the rest to its ``service`` calls."""
-    import contextlib
     import os
-    import threading
     import time
     from types import SimpleNamespace
 
@@ -1602,22 +1616,9 @@ def test_a_second_restart_at_once_is_refused_while_the_learner_waits_for_a_place
 
     rb, h = make()
     requests = h.requests
-    unreached = rb.ptr + 10**6  # a request read waits for rows: nothing is packed
-    for tick in range(3):
-        assert requests.put(request(tick, tick % 2, 32, min_ptr=unreached))
-    _get_killed_after_its_count(requests)
+    unreached = _requests_waiting_for_rows(rb, requests, 3)
     assert requests.put(request(3, 1, 32, min_ptr=unreached))  # no place free now
-    sent = threading.Event()
-
-    def send() -> None:
-        with contextlib.suppress(ChannelClosed):
-            if requests.put(request(4, 0, 32, min_ptr=unreached), timeout=MARGIN_S):
-                sent.set()
-    learner = threading.Thread(target=send, daemon=True)
-    learner.start()
-    deadline = time.monotonic() + MARGIN_S
-    while requests._counters[4] != 5 and time.monotonic() < deadline:
-        time.sleep(0.001)  # its put began: it waits for a place
+    learner, sent = _a_learner_waiting_for_a_place(requests, min_ptr=unreached)
     _dead_predecessor(h)
     ctx = mp.get_context("spawn")
     answers = ctx.Queue()
