@@ -155,15 +155,34 @@ def test_a_rank_with_wrong_input_says_so_in_one_line_before_its_rendezvous(
         env: dict[str, str], argv: list[str], message: str) -> None:
     """Each of these was a traceback (or, for a rank past the world, a rendezvous that
     waited for ever); a usage error names the input and exits 2."""
-    given = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1",
-             "MASTER_PORT": "1", **env}
-    for name, value in given.items():
-        monkeypatch.setenv(name, value)
+    as_rank_0(monkeypatch, 1, **env)
     with pytest.raises(SystemExit) as info:
         main(argv)
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert message in err and "Traceback" not in err, err
+
+
+def as_rank_0(monkeypatch: pytest.MonkeyPatch, world_size: int, **env: str) -> None:
+    """Give this process the environment torchrun gives rank 0 of ``world_size``
+    (``env`` set over it)."""
+    given = {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": str(world_size),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", **env}
+    for name, value in given.items():
+        monkeypatch.setenv(name, value)
+
+
+def rendezvous_fails(monkeypatch: pytest.MonkeyPatch) -> None:
+    """This process is rank 0 of 2 under torchrun, and its rendezvous runs out of
+    time (a peer that never came), with no network used."""
+    import torch.distributed as dist
+
+    as_rank_0(monkeypatch, 2)
+
+    def store_timeout(*args: object, **kwargs: object) -> None:
+        raise dist.DistStoreError("wait timeout after 5000ms, keys: /default_pg/0//cpu//0/1")
+
+    monkeypatch.setattr(dist, "init_process_group", store_timeout)
 
 
 def test_a_torchrun_rank_takes_the_demos_options(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -172,9 +191,7 @@ def test_a_torchrun_rank_takes_the_demos_options(monkeypatch: pytest.MonkeyPatch
     ring depth, the liveness timeout or the learner's threads."""
     import replay_fsm.distributed as distributed
 
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
+    as_rank_0(monkeypatch, 1)
     seen: list[DemoConfig] = []
     monkeypatch.setattr(distributed, "rank_main",
                         lambda config: seen.append(config) or {"interrupted": False})
@@ -1155,14 +1172,7 @@ def test_a_rendezvous_that_runs_out_of_the_peer_timeout_says_so(
 
     from replay_fsm.distributed import rank_main
 
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
-
-    def store_timeout(*args: object, **kwargs: object) -> None:
-        raise dist.DistStoreError("wait timeout after 5000ms, keys: /default_pg/0//cpu//0/1")
-
-    monkeypatch.setattr(dist, "init_process_group", store_timeout)
+    rendezvous_fails(monkeypatch)
     with pytest.raises(RuntimeError, match=r"did not join it for 5 s \(peer_timeout") as info:
         rank_main(DemoConfig(ticks=2, device="cpu", out=str(tmp_path), peer_timeout=5.0,
                              progress=False))
@@ -1175,19 +1185,10 @@ def test_rank_main_called_in_a_process_leaves_its_parent_death_signal_as_it_was(
     """rank_main asks the kernel for a SIGTERM when its launcher ends; called from
     Python in a process of the caller's (a test, a notebook), it left that request
     on the caller for good: before 0, after 15 (helper-125)."""
-    import torch.distributed as dist
-
     from replay_fsm.distributed import rank_main
     from replay_fsm.signals import parent_death_signal
 
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
-
-    def no_rendezvous(*args: object, **kwargs: object) -> None:
-        raise dist.DistStoreError("no rendezvous here")
-
-    monkeypatch.setattr(dist, "init_process_group", no_rendezvous)
+    rendezvous_fails(monkeypatch)
     before = parent_death_signal()
     assert before is not None
     with pytest.raises(RuntimeError, match="rendezvous failed"):
@@ -1214,21 +1215,6 @@ def test_the_agreement_all_reduce_puts_its_flags_on_the_groups_device(
     with pytest.raises((KeyboardInterrupt, RuntimeError)):  # meta: no .item()
         ai.all_reduce_mean([])
     assert seen == ["meta"], seen
-
-
-def rendezvous_fails(monkeypatch: pytest.MonkeyPatch) -> None:
-    """This process is rank 0 of 2 under torchrun, and its rendezvous runs out of
-    time (a peer that never came), with no network used."""
-    import torch.distributed as dist
-
-    for name, value in {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2",
-                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}.items():
-        monkeypatch.setenv(name, value)
-
-    def store_timeout(*args: object, **kwargs: object) -> None:
-        raise dist.DistStoreError("wait timeout after 5000ms, keys: /default_pg/0//cpu//0/1")
-
-    monkeypatch.setattr(dist, "init_process_group", store_timeout)
 
 
 def test_a_torchrun_rank_names_the_options_it_was_given(
