@@ -37,6 +37,7 @@ spread is the noise floor a change must stand out of). Written to
 
 from __future__ import annotations
 
+import abc
 import argparse
 import contextlib
 import hashlib
@@ -245,24 +246,46 @@ def foreign_parts(root: object, name: str, family: Collection[str]) -> list[str]
     return found
 
 
-class Warm:
-    """The learner's three calls, ring depth 2, with the batch ready (``warm_``)."""
+class PipelineSide(abc.ABC):
+    """A side's pipeline over 4096 random rows, 256 of them a tick, built with
+    ``options``: its first ticks requested (``start``), then ``warm_up`` ticks run;
+    closed again if either raises."""
 
-    def __init__(self, lib: ModuleType, collector: str, warm_up: int) -> None:
+    def __init__(self, lib: ModuleType, warm_up: int, **options: Any) -> None:
         import torch
         rb = lib.ReplayBuffer(4096, 16, 4)
         rb.add_packed(torch.randn(4096, rb.width))
         self.n, self.tick = 256, 0
-        self.pipe = lib.Pipeline(rb, sample_count=self.n, ring_depth=2, collector=collector)
+        self.pipe = lib.Pipeline(rb, sample_count=self.n, **options)
         try:
-            self.pipe.start_prepare(0, self.n)
+            self.start()
             self.block(warm_up)
         except BaseException:
             self.pipe.close()
             raise
 
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Request the ticks the first ``block`` expects under way."""
+
+    @abc.abstractmethod
     def block(self, ticks: int) -> list[int]:
         """``ticks`` more ticks; each one's time (ns)."""
+
+    def close(self) -> None:
+        self.pipe.close()
+
+
+class Warm(PipelineSide):
+    """The learner's three calls, ring depth 2, with the batch ready (``warm_``)."""
+
+    def __init__(self, lib: ModuleType, collector: str, warm_up: int) -> None:
+        super().__init__(lib, warm_up, ring_depth=2, collector=collector)
+
+    def start(self) -> None:
+        self.pipe.start_prepare(0, self.n)
+
+    def block(self, ticks: int) -> list[int]:
         samples, pipe, n = [], self.pipe, self.n
         for tick in range(self.tick, self.tick + ticks):
             pipe.wait_until_ready(tick, n)  # not timed
@@ -274,30 +297,21 @@ class Warm:
         self.tick += ticks
         return samples
 
-    def close(self) -> None:
-        self.pipe.close()
 
-
-class Cold:
+class Cold(PipelineSide):
     """The learner's calls with the caches evicted where its step runs, as
     ``learner_overhead.cold_pipeline`` makes them (``cold_``)."""
 
     def __init__(self, lib: ModuleType, collector: str, warm_up: int, evict: Any) -> None:
-        import torch
-        rb = lib.ReplayBuffer(4096, 16, 4)
-        rb.add_packed(torch.randn(4096, rb.width))
-        self.n, self.tick, self.evict = 256, 0, evict
-        self.pipe = lib.Pipeline(rb, sample_count=self.n, ring_depth=3, collector=collector,
-                                 packer_threads=1, liveness_timeout=60)
-        try:
-            self.pipe.start_prepare(0, self.n)
-            self.pipe.start_prepare(1, self.n)
-            if not self.pipe.wait_until_ready(1, self.n, timeout=120):
-                raise RuntimeError("the packer served nothing within 120 s")
-            self.block(warm_up)
-        except BaseException:
-            self.pipe.close()
-            raise
+        self.evict = evict
+        super().__init__(lib, warm_up, ring_depth=3, collector=collector, packer_threads=1,
+                         liveness_timeout=60)
+
+    def start(self) -> None:
+        self.pipe.start_prepare(0, self.n)
+        self.pipe.start_prepare(1, self.n)
+        if not self.pipe.wait_until_ready(1, self.n, timeout=120):
+            raise RuntimeError("the packer served nothing within 120 s")
 
     def block(self, ticks: int) -> list[int]:
         samples, pipe, n = [], self.pipe, self.n
@@ -314,9 +328,6 @@ class Cold:
             samples.append(t1 - t0 + time.perf_counter_ns() - t2)
         self.tick += ticks
         return samples
-
-    def close(self) -> None:
-        self.pipe.close()
 
 
 class ColdHandoff:
