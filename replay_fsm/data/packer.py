@@ -812,9 +812,8 @@ class Packer:
         if waited_s > self.writer_patience_s:
             raise CollectorDied(
                 f"tick {tick}: the learner's gather of it has waited {waited_s:.1f} s "
-                f"({setting('liveness_timeout')} {self.writer_patience_s:g} s) for rows "
-                "an add is "
-                "writing: its writer is stopped or hung inside it")
+                f"({setting('liveness_timeout')} {self.writer_patience_s:g} s) "
+                "for rows an add is writing: its writer is stopped or hung inside it")
 
     def _draw(self, seed: int, size: int) -> torch.Tensor:
         if (seed, size) == self._drawn:
