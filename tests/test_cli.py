@@ -219,10 +219,10 @@ def test_a_bad_setting_is_named_as_the_option_that_sets_it(
             (["sac", "--env", "Pendulum-v1", "--batch-size", "-1"],
              "--batch-size must be >= 1, got -1"),
             # the settings a message names inside its text, not only the one it opens
-            # with ("2**63 - ticks]", "sampling='sync' reads", helper-122)
-            (["sac", "--env", "Pendulum-v1", "--seed", "-1"],
-             "--seed must be an int in [0, 2**63 - --ticks] (tick t's batch is drawn "
-             "with seed + t), got -1"),
+            # with ("the ticks to run (ticks 40;", "sampling='sync' reads", helper-122)
+            (["sac", "--env", "Pendulum-v1", "--seed", "-1", "--ticks", "40"],
+             "--seed must be an int >= 0 and at most 2**63 minus the ticks to run "
+             "(--ticks 40; tick t's batch is drawn with seed + t), got -1"),
             (["sac", "--env", "Pendulum-v1", "--sampling", "sync", "--capacity", "10",
               "--ticks", "2"],
              "--sampling='sync' reads the storage while the collector appends, so the "

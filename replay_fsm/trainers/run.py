@@ -200,9 +200,9 @@ class SACConfig:
         except (TypeError, ValueError):
             seed = -1  # refused below, with the bound the run's ticks set
         if not 0 <= seed <= MAX_SEED - (self.ticks - 1):
-            raise ValueError(f"{setting('seed')} must be an int in [0, 2**63 - "
-                             f"{setting('ticks')}] (tick t's batch is drawn with seed + t), "
-                             f"got {self.seed!r}")
+            raise ValueError(f"{setting('seed')} must be an int >= 0 and at most 2**63 minus "
+                             f"the ticks to run ({setting('ticks')} {self.ticks}; tick t's "
+                             f"batch is drawn with seed + t), got {self.seed!r}")
         as_seconds("liveness_timeout", self.liveness_timeout)
         available_device(self.device)  # the library's error, before anything starts
         if self.learner_threads is not None and as_int(
