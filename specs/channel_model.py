@@ -2,13 +2,14 @@
 
 The code it models: ``replay_fsm/data/channel.py`` (``Channel.put``, ``get``,
 ``restore_taken``, ``restore_spaces``) and the restart's use of them in
-``replay_fsm/data/packer.py`` (``Packer.attach``, ``service``'s ``places_owed``
-retry, the ``UNSURE`` cell). specs/LEARNER_PACKS.md says what it found; run
+``replay_fsm/data/packer.py`` (``Packer.attach``, ``service``'s ``items_owed`` and
+``places_owed`` retries, the ``UNSURE`` cell). specs/LEARNER_PACKS.md says what it found; run
 ``python specs/channel_model.py [NAME ...]`` (each case, or those whose name holds
 a NAME; ``-v`` prints a path to each fault), or tests/test_channel_model.py. Built
 by helper-115 (the ring), helper-118 (UNSURE read after the measurement, the rule
-for a put under way) and helper-121 (a collector attaching without the claim lock
-beside later ``service`` readings), 2026-12-07.
+for a put under way), helper-121 (a collector attaching without the claim lock
+beside later ``service`` readings), 2026-12-07, and helper-126 (the items' reading
+retried at ``service`` calls, item C).
 
 A  (soundness) where the restart reads UNSURE: before its measurement (the old
    code) or after it, just before it gives anything back (the code now), against
@@ -17,6 +18,10 @@ A  (soundness) where the restart reads UNSURE: before its measurement (the old
 B  (liveness) the learner waiting for a place while every place is lost: a reading
    that finds a put in flight (begun == settled + 1, begun unmoved) gives back the
    shortfall minus one (the code now) or nothing (before).
+C  (liveness) the attach's reading of the items finds the learner's put between its
+   count and its release all through (the learner descheduled there): the item D
+   took is given back at a later service call's reading (the code now), or never
+   (before: R reads every record one behind, and the newest never).
 
 Actors, every interleaving explored:
 - P, the learner, the one producer: PUTS puts as Channel.put makes them (closed
@@ -26,8 +31,9 @@ Actors, every interleaving explored:
 - D, the collector that dies: one get (items acquire, closed check, read slot, head
   store, spaces release), killed at any step (its stores reach memory: it exited).
 - R, the restart, once D is dead: the attach (restore_taken's reading, retried or
-  given up at will; restore_spaces' one reading), then for ever: a service call
-  (restore_spaces' one reading while places are owed) and a get(timeout=0).
+  given up at will, the items then owed; restore_spaces' one reading), then for
+  ever: a service call (restore_taken's one reading while items are owed, then
+  restore_spaces' while places are) and a get(timeout=0).
 - A2 (item A): a collector attaching beside R without the claim lock: stores UNSURE,
   then gets for ever. R then only attaches (no gets), so that every fault found is
   a give-back's, not two readers' sharing the head.
@@ -42,7 +48,8 @@ Checked at every step: a slot store reaching memory over a record not read
 read"); a record read twice ("read twice"); and, as ghost counts, places or items
 given back beyond those truly lost or taken ("over-give places/items"). Liveness
 (no timeouts for P): from every reachable state, one where every put is done (or the
-channel closed) is reachable ("stuck" counts the states from which none is).
+channel closed) is reachable ("stuck" counts the states from which none is); with
+``reads_live``, every put done and every record it counted read.
 """
 # ruff: noqa: B023 (each step's closures run within the step that makes them)
 
@@ -60,7 +67,8 @@ G_ACQ, G_CHK, G_READ, G_HEAD, G_REL, G_DONE = range(6)
 
 def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
             signal=False, timeouts=True, d_get=True, a2=False, unsure_after=True,
-            in_flight=True, mutant=None, liveness=False, limit=3_000_000, a2_svc=False):
+            in_flight=True, mutant=None, liveness=False, limit=3_000_000, a2_svc=False,
+            items_retry=True, reads_live=False):
     put_order = list(PUT)
     if mutant == "begun after acquire":
         put_order = [P_CHK, P_ACQ, P_BEGUN, P_CHK2, P_WRITE, P_TAIL, P_SETTLED, P_REL,
@@ -93,7 +101,7 @@ def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
     # D: (pc, buf, dead)          R: (phase, j, regs, owed, buf)   A2: (pc, buf)
     def initial():
         return (tuple(mem0[k] for k in keys), frozenset(range(h0)), lost0, 0, taken0, 0,
-                (0, 0, (), 0, 0), (G_ACQ, (), not d_get), ("it", 0, (), True, ()),
+                (0, 0, (), 0, 0), (G_ACQ, (), not d_get), ("it", 0, (), (False, True), ()),
                 (-1, ()) if a2 else None, 0)
 
     bad = defaultdict(int)
@@ -245,7 +253,7 @@ def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
                 succ.append(("Dt", m, rs, nl, given, (dpc, (), True), nt))
 
         # ---- R
-        phase, j, regs, owed, rbuf = R
+        phase, j, regs, owed, rbuf = R  # owed: (items, places) still to give back
         r_on = dead if mutant != "D alive" else True
         if r_on and phase != "end":
             def rd(key):
@@ -256,28 +264,57 @@ def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
                 if key == "tail2":
                     return view(memt, rbuf, "tail")
                 return view(memt, rbuf, key)
-            if phase == "it":  # restore_taken at the attach
+
+            def service(owed2, buf):
+                """A service call's first step: its readings while anything is owed
+                (the items first, as ``Packer._give_back``); the next get, or the end
+                where R only attaches."""
+                if owed2[0]:
+                    return ("svi", 0, (), owed2, buf)
+                if owed2[1] or not a2:
+                    return ("svc", 0, (), owed2, buf)
+                return ("end", 0, (), owed2, buf)
+
+            def after_service(owed2, buf):
+                if not a2:
+                    return ("get", G_ACQ, (), owed2, buf)
+                return service(owed2, buf) if a2_svc else ("end", 0, (), owed2, buf)
+
+            if phase in ("it", "svi"):  # restore_taken: the attach's, then service's
                 if j == 0 and not unsure_after and view(memt, rbuf, "unsure"):
-                    succ.append(("R", memt, rs, lost, given, ("end" if a2 else "svc", 0,
-                                                            (), False, rbuf)))
+                    nxt = (("end" if a2 else "svc", 0, (), (False, False), rbuf)
+                           if phase == "it" else after_service((False, False), rbuf))
+                    succ.append(("R", memt, rs, lost, given, nxt))
                 elif j < len(it_reads):
                     key = it_reads[j]
                     regs2 = regs + ((key, rd(key)),)
                     if key == "tail2":
                         rg = dict(regs2)
-                        if not (rg["tail"] == rg["released"] == rg["released2"]
+                        unchecked = phase == "svi" and mutant == "service's items: no check"
+                        if not unchecked and not (
+                                rg["tail"] == rg["released"] == rg["released2"]
                                 == rg["tail2"]):
-                            # retry, or the patience is out: 0 given back
-                            succ.append(("R", memt, rs, lost, given, ("it", 0, (), owed, rbuf)))
-                            succ.append(("R", memt, rs, lost, given, ("sp", 0, (), owed, rbuf)))
+                            # no reading: the attach retries, or its patience is out
+                            # (0 given back, the item owed where ``items_retry``);
+                            # a service call reads once
+                            if phase == "it":
+                                succ.append(("R", memt, rs, lost, given,
+                                             ("it", 0, (), owed, rbuf)))
+                                succ.append(("R", memt, rs, lost, given,
+                                             ("sp", 0, (), (items_retry, owed[1]), rbuf)))
+                            else:
+                                succ.append(("R", memt, rs, lost, given,
+                                             ("svc", 0, (), owed, rbuf)))
                             regs2 = None
                     if regs2 is not None:
-                        succ.append(("R", memt, rs, lost, given, ("it", j + 1, regs2, owed,
+                        succ.append(("R", memt, rs, lost, given, (phase, j + 1, regs2, owed,
                                                                 rbuf)))
                 else:
                     rg = dict(regs)
                     n = rg["tail"] - rg["head"] - rg["items"]
-                    if rg["closed"] or n <= 0 or rg.get("unsure"):
+                    unsure = rg.get("unsure") and not (
+                        phase == "svi" and mutant == "service's items: alone unasked")
+                    if rg["closed"] or n <= 0 or unsure:
                         n = 0
                     if n and rbuf:
                         pass  # a locked release waits for the buffer
@@ -285,16 +322,16 @@ def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
                         m = setm(memt, items=memt[kidx["items"]] + n)
                         if n:
                             gave[1] += 1
-                        succ.append(("Ri", m, rs, lost, given, ("sp", 0, (), owed, rbuf),
-                                     n))
+                        succ.append(("Ri", m, rs, lost, given,
+                                     ("sp" if phase == "it" else "svc", 0, (),
+                                      (False, owed[1]), rbuf), n))
             elif phase in ("sp", "svc"):  # restore_spaces: attach's, then service's
-                if phase == "svc" and not owed:
-                    succ.append(("R", memt, rs, lost, given,
-                                 ("end" if a2 else "get", G_ACQ, (), owed, rbuf)))
+                if phase == "svc" and not owed[1]:
+                    succ.append(("R", memt, rs, lost, given, after_service(owed, rbuf)))
                 elif (phase == "svc" and j == 0 and not unsure_after
                       and view(memt, rbuf, "unsure")):
                     succ.append(("R", memt, rs, lost, given,
-                                 ("end" if a2 else "get", G_ACQ, (), False, rbuf)))
+                                 after_service((False, False), rbuf)))
                 elif j < len(sp_reads):
                     key = sp_reads[j]
                     succ.append(("R", memt, rs, lost, given,
@@ -328,14 +365,20 @@ def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
                         m = setm(memt, spaces=memt[kidx["spaces"]] + give)
                         if give:
                             gave[0] += 1
-                        after = ("svc" if a2_svc else "end") if a2 else "get"
-                        succ.append(("R", m, rs, lost, given + give,
-                                     (after, 0 if a2_svc else G_ACQ, (), owed2, rbuf)))
+                        owed3 = (owed[0], owed2)
+                        if phase == "sp" and a2 and not a2_svc:
+                            nxt = ("end", 0, (), owed3, rbuf)
+                        elif phase == "sp" and a2:
+                            nxt = service(owed3, rbuf)
+                        else:
+                            nxt = after_service(owed3, rbuf)
+                        succ.append(("R", m, rs, lost, given + give, nxt))
             elif phase == "get":
                 for m, rs2, pc2, b2, note in get_steps(j, rbuf, rs):
                     if note == "empty" or pc2 == G_DONE:
-                        succ.append(("R", m, rs2, lost, given,
-                                     ("end" if note == "closed" else "svc", 0, (), owed, b2)))
+                        nxt = (("end", 0, (), owed, b2) if note == "closed"
+                               else service(owed, b2))
+                        succ.append(("R", m, rs2, lost, given, nxt))
                     else:
                         succ.append(("R", m, rs2, lost, given, ("get", pc2, (), owed, b2)))
         if rbuf:
@@ -398,7 +441,9 @@ def explore(*, cap=2, puts=2, t0=0, h0=0, lost0=0, taken0=0, closer=False,
                     raise RuntimeError("state limit")
     stuck = 0
     if liveness:
-        goal = [s for s in seen if s[6][0] >= puts or s[0][kidx["closed"]]]
+        goal = [s for s in seen if s[0][kidx["closed"]] or (
+            s[6][0] >= puts and (not reads_live or (
+                not s[6][2] and s[0][kidx["head"]] == s[0][kidx["tail"]])))]
         ok = set(goal)
         work = list(goal)
         while work:
@@ -485,6 +530,31 @@ CASES += [
     ("B sound: cap 3, all lost, signal+timeouts", dict(cap=3, lost0=3, puts=3, signal=True)),
     ("B sound: cap 3, 1 lost 2 records, closer",
      dict(cap=3, lost0=1, t0=2, puts=2, closer=True, signal=True)),
+]
+
+# item C: the attach's reading of the items given up while the learner's put is
+# between its count and its release, and read again at service calls (or never)
+C = dict(cap=2, timeouts=False, liveness=True, reads_live=True)
+CASES += [
+    ("C fixed: D killed anywhere, 2 puts", dict(C, puts=2)),
+    ("C fixed: item taken, 1 record, 2 puts", dict(C, t0=1, taken0=1, puts=2, d_get=False)),
+    ("C fixed: cap 3, D killed anywhere, 3 puts", dict(C, cap=3, puts=3)),
+    ("C fixed: with timeouts, a closer, a signal",
+     dict(cap=2, puts=2, closer=True, signal=True)),
+    ("C mutant: service's items reading unchecked", dict(C, puts=2,
+                                                         mutant="service's items: no check"),
+     "over"),
+    ("C main (given up for good): D killed anywhere",
+     dict(C, puts=2, items_retry=False), "stuck"),
+    ("C main: item taken, 1 record", dict(C, t0=1, taken0=1, puts=2, d_get=False,
+                                          items_retry=False), "stuck"),
+    ("A2 svc fixed: items owed, 1 taken, 2 records",
+     dict(A2, cap=3, t0=2, taken0=1, d_get=False)),
+    ("A2 svc mutant: service's items reading asks no alone",
+     dict(A2, cap=3, t0=2, taken0=1, d_get=False, mutant="service's items: alone unasked"),
+     "over"),
+    ("A2 svc main (UNSURE before): items owed",
+     dict(A2, cap=3, t0=2, taken0=1, d_get=False, unsure_after=False), "over"),
 ]
 
 

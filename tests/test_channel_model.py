@@ -14,7 +14,8 @@ import pytest
 
 PATH = Path(__file__).resolve().parent.parent / "specs" / "channel_model.py"
 FAST = ("B sound: all lost, ring empty", "B main (no in-flight rule)", "B mutant: no check",
-        "A fixed (UNSURE read after)", "A main (UNSURE read before)")
+        "A fixed (UNSURE read after)", "A main (UNSURE read before)",
+        "C fixed: item taken, 1 record", "C main: item taken, 1 record")
 
 
 def model() -> ModuleType:

@@ -948,7 +948,8 @@ def test_a_put_between_its_count_and_its_release_is_not_taken_for_a_dead_get(
     assert ch._items.acquire(timeout=1.0)  # as if the put had not released it yet
     ch._counters[3] -= 1
     assert ch.unreleased == 1
-    assert ch.restore_taken(0.01) == 0  # the put never ends: nothing given back
+    assert ch.restore_taken(0.01) is None  # the put never ends: nothing given back
+    assert ch.restore_taken(0.0) is None  # one reading, none under way: ask again
     assert ch.get(timeout=0) is None
 
     def the_put_ends(seconds: float) -> None:  # the producer runs while this one sleeps
@@ -1142,15 +1143,34 @@ def _get_killed_before_its_count(ch: Channel) -> None:
     assert ch._items.acquire(timeout=1.0)
 
 
-def _end_a_put(ch: Channel, *values: int) -> None:
-    """What a put that took its place does from there: writes its record, counts
-    it, settles, releases its item."""
+def _count_a_put(ch: Channel, *values: int) -> None:
+    """What a put that took its place does from there up to its release: writes
+    its record, counts it, settles (its producer is descheduled there, say)."""
     i = ch._counters[1] % ch.capacity
     ch._bytes[i * ch._record.size:(i + 1) * ch._record.size] = ch._record.pack(*values, -1)
     ch._counters[1] += 1
     ch._counters[5] = ch._counters[4]
+
+
+def _release_a_put(ch: Channel) -> None:
+    """The rest of a put that counted its record: releases its item."""
     ch._items.release()
     ch._counters[3] = ch._counters[1]
+
+
+def _end_a_put(ch: Channel, *values: int) -> None:
+    """What a put that took its place does from there: writes its record, counts
+    it, settles, releases its item."""
+    _count_a_put(ch, *values)
+    _release_a_put(ch)
+
+
+def _put_up_to_its_release(ch: Channel, *values: int) -> None:
+    """A put from its start to its release, not made: the learner's put held up
+    between counting its record and releasing its item."""
+    ch._counters[4] += 1
+    assert ch._spaces.acquire(timeout=1.0)
+    _count_a_put(ch, *values)
 
 
 class _ReadAfter:
@@ -1524,6 +1544,71 @@ def test_a_get_of_a_collector_attaching_beside_a_later_give_back_is_not_given_ba
     assert requests.backlog + spaces.get_value() <= requests.capacity
     assert requests.lost_spaces == 1 and not packer.places_owed
 
+
+
+@IN_ORDER
+def test_a_restart_gives_the_item_back_once_the_learners_put_held_up_at_its_attach_ends(
+        ) -> None:
+    """The attach of a collector in place of one killed inside its get reads what
+    the items semaphore lacks only where no put of the learner's is between
+    counting its request and releasing its item. It read for 0.05 s at most, then
+    gave nothing back, for good: a learner descheduled inside its put longer than
+    that (a busy machine) left the restart reading every request with the next
+    one's item, and the newest with none (the learner's wait for it failed the
+    run: "no get can take"). The attach reads once; each ``service`` call reads
+    again until the put has ended, and gives the item back then: every request is
+    served, each with its own item, none twice, none lost."""
+    rb, h = make()
+    requests = h.requests
+    assert requests.put(request(0, 0, 32))
+    assert requests._items.acquire(timeout=1.0)  # its get took the item, and it died
+    _put_up_to_its_release(requests, *request(1, 1, 32))  # the learner, held up
+    _dead_predecessor(h)
+    packer = Packer.attach(h, rb)  # all through its reading: held up longer than it
+    assert not packer.service(timeout=0)  # still held up: nothing given back, or read
+    assert requests.unreleased == 2 and requests.taken == 0
+    _release_a_put(requests)  # the learner runs again, and its put ends
+    assert packer.service(timeout=0) and packer.service(timeout=0)
+    assert [decode(PackDone, *h.done.get(timeout=MARGIN_S)).tick  # type: ignore[misc]
+            for _ in range(2)] == [0, 1]
+    assert not packer.service(timeout=0) and h.done.get(timeout=0) is None
+    assert requests.unreleased == 0 and requests._items.get_value() == 0  # none twice
+    assert not packer.items_owed
+
+
+@IN_ORDER
+def test_an_item_a_collector_attaching_beside_a_later_give_back_took_is_not_given_back(
+        ) -> None:
+    """As for places: the attach could not read what the items semaphore lacks
+    (the learner's put was held up between its count and its release), and a later
+    ``service`` call reads again. A collector attaching beside it then, without the
+    claim lock, sets UNSURE and takes an item in its get: read only before that
+    reading, UNSURE would let its item be given back too (a get then takes an item
+    no request is behind). Kills the mutant passing no ``alone`` at the service
+    call's reading of the items."""
+    rb, h = make()
+    requests = h.requests
+    unreached = rb.ptr + 10**6
+    assert requests.put(request(0, 0, 32, min_ptr=unreached))
+    assert requests._items.acquire(timeout=1.0)  # a get killed before its count
+    _put_up_to_its_release(requests, *request(1, 1, 32, min_ptr=unreached))
+    _dead_predecessor(h)
+    packer = Packer.attach(h, rb)
+    assert packer.items_owed and requests.unreleased == 2  # kept back
+    _release_a_put(requests)
+    items = requests._items
+
+    def beside() -> None:  # its attach, and its get's acquire
+        h.packer_state[8] = 1  # UNSURE
+        assert items.acquire(timeout=1.0)
+    requests._items = _ReadAfter(items, beside)
+    try:
+        assert not packer.service(timeout=0)  # reads again, then finds no item
+    finally:
+        requests._items = items
+    requests._counters[0] += 1  # the get beside counts tick 0 read
+    assert items.get_value() <= requests.backlog
+    assert not packer.items_owed
 
 
 @IN_ORDER

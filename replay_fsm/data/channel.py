@@ -284,16 +284,18 @@ class Channel:
         return row, text
 
     def restore_taken(self, patience_s: float,
-                      alone: Callable[[], bool] | None = None) -> int:
+                      alone: Callable[[], bool] | None = None) -> int | None:
         """Give back the items that consumers killed inside their ``get`` took (between
         taking an item and counting its record taken), so that every record is read
         with its own item again; returns how many were given back. Without it, the
         next ``get`` takes the oldest such record with a later record's item, every
         record after it one behind, and the newest waits until another is put.
 
-        For a consumer that takes the place of one gone, before its first get: no
-        other consumer may be alive (a live one inside its get would be counted
-        as killed there), and no ``get`` or ``post_local`` of this process under way.
+        For a consumer that takes the place of one gone, between its own gets (its
+        first, or any later: a whole get takes an item and counts a record, and
+        leaves the shortfall as it was): no other consumer may be alive (a live one
+        inside its get would be counted as killed there), and no ``get`` or
+        ``post_local`` of this process under way.
         ``alone`` (None: always True) is asked once the shortfall is measured, before
         anything is given back: False, another consumer may have begun beside this
         one meanwhile, and nothing is given back (asked before the measurement, it
@@ -301,8 +303,10 @@ class Channel:
         What the items semaphore lacks is measured at an instant when no put is
         between counting its record and releasing its item (that put's item would
         be counted as taken too); read again until one is found, for at most
-        ``patience_s`` seconds (a producer stopped inside its put): 0 then, nothing
-        given back. 0 too on a closed channel, where the semaphore's value cannot
+        ``patience_s`` seconds (0: read once). None where none came (a put between
+        its count and its release all through: the producer descheduled, or
+        stopped), nothing given back: ask again later, as the put's release needs
+        no get to come. 0 on a closed channel, where the semaphore's value cannot
         be read (macOS), and on a CPU that may show the put's stores out of order
         (``STORES_IN_ORDER`` False).
         """
@@ -320,8 +324,10 @@ class Channel:
             # equal and unmoved around the semaphore's read, no put was between.
             if tail == released and counters[3] == released and counters[1] == tail:
                 break
-            if counters[2] or time.monotonic() > deadline:
+            if counters[2]:
                 return 0
+            if time.monotonic() >= deadline:
+                return None
             time.sleep(0.001)
         taken = tail - counters[0] + len(self._local) - items
         if counters[2] or taken <= 0 or (alone is not None and not alone()):

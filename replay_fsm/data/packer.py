@@ -436,9 +436,11 @@ class Packer:
         # Requests this side wrote chunks of and did not fail in itself (another
         # writer of the same request may have failed, and posted the error).
         self.packed_count = 0
-        # Whether places of the request channel that the process attached before
-        # this one lost are still to be given back: the attach could not measure
-        # them (``_restore_places``, at each service call until it can).
+        # Whether the items and the places of the request channel that the process
+        # attached before this one took and lost are still to be given back: the
+        # attach could not measure them (``_give_back``, at each service call until
+        # it can).
+        self.items_owed = False
         self.places_owed = False
 
     @classmethod
@@ -458,7 +460,10 @@ class Packer:
         claim lock it died holding. A process killed in the few bytecodes between
         taking a request's item off the channel and counting it taken is not counted
         as having read it: the restart gives that item back and reads the request
-        next (``Channel.restore_taken``). Where the dead process cannot be judged
+        next (``Channel.restore_taken``; where the learner's put was between
+        counting a request and releasing its item all through the attach's reading,
+        at a later ``service`` call, however long the learner was held up there).
+        Where the dead process cannot be judged
         dead (another pid namespace) nothing is given back: the restart reads each
         request with the next one's item, a request behind, so the run goes on while
         the learner sends more; a wait for the newest with nothing more sent, which
@@ -523,13 +528,15 @@ class Packer:
                         # Killed inside its get, it took a request's item and never
                         # counted the request read: this process reads that request
                         # next, with its own item again, not every request one
-                        # behind. A short patience: a second restart waiting for the
-                        # lock for LEARNER_CHECK_S would attach without it, beside
-                        # this one.
-                        handle.requests.restore_taken(LEARNER_CHECK_S / 5, handle.sure)
+                        # behind. One reading, no wait under the lock (a second
+                        # restart waiting for it for LEARNER_CHECK_S would attach
+                        # without it, beside this one): with the learner's put
+                        # between its count and its release, ``service`` reads again.
+                        packer.items_owed = handle.requests.restore_taken(
+                            0.0, handle.sure) is None
                         # Or it counted the request read and never freed its place.
-                        # One reading, no wait: with the learner's put under way,
-                        # all but the place it may hold (``service`` reads again).
+                        # One reading too: with the learner's put under way, all
+                        # but the place it may hold (``service`` reads again).
                         packer.places_owed = handle.requests.restore_spaces(
                             0.0, handle.sure) is None
                 else:
@@ -577,8 +584,8 @@ class Packer:
         now = self._beat[0] = time.monotonic_ns()
         if self._left_by_learner(now):
             return False
-        if self.places_owed:
-            self._restore_places()
+        if self.items_owed or self.places_owed:
+            self._give_back()
         try:
             if self._pending is None:
                 got = self.handle.requests.get(timeout=0)
@@ -606,16 +613,22 @@ class Packer:
         except ChannelClosed:
             return False
 
-    def _restore_places(self) -> None:
-        """Give back the places of the request channel that the process attached
-        before this one lost, which the attach could not measure whole: a request
-        was being sent all along, and the place its put may hold was kept back.
-        Asked again at every call, between gets, while this process is the
-        channel's one reader (no attach beside it since)."""
+    def _give_back(self) -> None:
+        """Give back the items and places of the request channel that the process
+        attached before this one took and lost, which the attach could not measure:
+        the learner's put was between counting its request and releasing its item,
+        or a request was being sent all along (the place its put may hold was kept
+        back). Asked again at every call, between gets, while this process is the
+        channel's one reader (no attach beside it since): a put's release needs no
+        get, and a descheduled learner's put ends, however long it is held up."""
         if not self._alone():
-            self.places_owed = False
+            self.items_owed = self.places_owed = False
             return
-        self.places_owed = self.handle.requests.restore_spaces(0.0, self._alone) is None
+        requests = self.handle.requests
+        if self.items_owed:
+            self.items_owed = requests.restore_taken(0.0, self._alone) is None
+        if self.places_owed:
+            self.places_owed = requests.restore_spaces(0.0, self._alone) is None
 
     def _alone(self) -> bool:
         """Whether this process is still the request channel's one reader: the

@@ -603,7 +603,8 @@ class ExternalCollector(ChannelLink):
         """Gone when the request channel's newest record can never be taken: a
         collector process killed inside its get, between taking a record's item and
         counting the record taken, left the channel one item short for good. The
-        collector attached after it gives the item back (``Packer.attach``), but not
+        collector attached after it gives the item back (``Packer.attach``, or a
+        ``service`` call of it once a send under way at the attach has ended), but not
         where it could not judge that process dead (another pid namespace): it then
         reads that record with the next item, and every later one with the item of
         the one after it, so the newest waits until the learner sends another; a
