@@ -843,6 +843,84 @@ def test_serve_due_goes_on_past_a_request_the_learner_packed_itself() -> None:
     assert not h.requests.backlog
 
 
+def _spin_guard(packer: Packer, monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Record the timeout of each of ``packer``'s service calls; the 50th raises (a
+    serve_due that retries at once, for as long as it spins)."""
+    calls: list[float] = []
+    real = packer.service
+
+    def service(timeout: float = 0.0) -> bool:
+        calls.append(timeout)
+        if len(calls) >= 50:
+            raise AssertionError(f"service called {len(calls)} times: a spin")
+        return real(timeout)
+    monkeypatch.setattr(packer, "service", service)
+    return calls
+
+
+class _PutEndsOnWait:
+    """The items semaphore of a channel whose producer is held up inside its put
+    (its record counted, its item not released): it runs again, and ends the put,
+    once the consumer waits on the semaphore (not when it only tries it)."""
+
+    def __init__(self, ch: Channel) -> None:
+        self._ch, self._semaphore = ch, ch._items
+        self.waits = 0
+
+    def acquire(self, *args: Any, **kwargs: Any) -> bool:
+        if kwargs.get("timeout") is not None:
+            self.waits += 1
+            if self.waits == 1:
+                self._ch._items = self._semaphore
+                _release_a_put(self._ch)
+        return bool(self._semaphore.acquire(*args, **kwargs))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._semaphore, name)
+
+
+def test_serve_due_waits_for_an_item_on_its_way_on_the_semaphore(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request counted whose item is not released yet (the learner's put held up
+    between its count and its release: descheduled there, on a busy machine) is
+    due and served now, as any other; serve_due retried it at once, a core spun
+    for as long as the learner was held up (the very core it may need to run on).
+    It waits on the channel's semaphore now, and serves it once the item comes."""
+    rb, h = make(rows=100)
+    packer = Packer(h, rb)
+    requests = h.requests
+    assert requests.put(request(0, 0, 32, min_ptr=100))
+    _put_up_to_its_release(requests, *request(1, 1, 32, min_ptr=100))
+    calls = _spin_guard(packer, monkeypatch)
+    waiting = _PutEndsOnWait(requests)
+    requests._items = waiting  # type: ignore[assignment]
+    assert packer.serve_due() == 2
+    assert _done_ptrs(h, 2) == [(0, 100), (1, 100)]
+    assert waiting.waits == 1 and len(calls) == 4  # served, tried, waited, emptied
+    assert not requests.backlog and requests._items.get_value() == 0
+
+
+def test_serve_due_returns_where_no_item_comes_and_serves_the_request_later(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request whose item a collector killed inside its get took, and nobody gave
+    back (no restart measured it: this process never attached in its place), waits
+    for the next request's item; serve_due spun until the learner sent one, which
+    a lock-step learner only does after the rows serve_due holds off. It returns,
+    and the request stays: served once the next request is sent, with that one's
+    item (one behind, as ``service`` reads it)."""
+    rb, h = make(rows=100)
+    packer = Packer(h, rb)
+    requests = h.requests
+    assert requests.put(request(0, 0, 32, min_ptr=100))
+    assert requests._items.acquire(timeout=1.0)  # the dead collector's get took it
+    calls = _spin_guard(packer, monkeypatch)
+    assert packer.serve_due() == 0 and len(calls) == 1
+    assert requests.backlog == 1 and requests.unreleased == 1  # kept, not lost
+    assert requests.put(request(1, 1, 32, min_ptr=100))
+    assert packer.serve_due() == 1
+    assert _done_ptrs(h, 1) == [(0, 100)]
+
+
 def test_serve_due_returns_on_an_empty_or_closed_channel() -> None:
     rb, h = make(rows=100)
     packer = Packer(h, rb)
@@ -901,6 +979,25 @@ def test_a_consumer_killed_inside_its_get_has_its_item_given_back() -> None:
     assert [ch.get(timeout=1.0), ch.get(timeout=1.0)] == [([1], None), ([2], None)]
     assert ch.get(timeout=0) is None
     assert ch.restore_taken(1.0) == 0  # nothing taken: nothing given back
+
+
+def test_a_get_can_take_a_record_whose_item_is_there_or_on_its_way() -> None:
+    """``get_can_take`` tells a record worth waiting for (its item there, or its
+    put between its count and its release) from one whose item a consumer killed
+    inside its get took, which no wait brings."""
+    ch = Channel(4, 1)
+    assert not ch.get_can_take  # empty
+    assert ch.put([1])
+    assert ch.get_can_take
+    assert ch._items.acquire(timeout=1.0)  # the dead consumer's get: item, no count
+    assert not ch.get_can_take
+    _put_up_to_its_release(ch, 2)
+    assert ch.get_can_take  # its release brings an item
+    _release_a_put(ch)
+    assert ch.get_can_take and ch.get(timeout=0) == ([1], None)
+    assert not ch.get_can_take  # record 2 waits on the next put's item
+    ch.post_local([3])
+    assert ch.get_can_take
 
 
 def test_on_a_cpu_that_may_reorder_a_puts_stores_nothing_is_given_back(

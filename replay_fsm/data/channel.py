@@ -157,6 +157,26 @@ class Channel:
         return max(0, self.backlog - items)
 
     @property
+    def get_can_take(self) -> bool:
+        """Whether a ``get`` takes a record now, or once a put under way (between
+        counting its record and releasing its item) releases that item: False when
+        no item is there and no put is bringing one, the records counted (if any)
+        waiting on items that consumers killed inside their ``get`` took
+        (``restore_taken``). A snapshot for the consumer between its gets, to tell
+        an item worth waiting for from one that never comes; a put that begins
+        after it is not seen. Where the semaphore's value cannot be read (macOS),
+        only a put under way counts; where the CPU may show a put's stores out of
+        order (``STORES_IN_ORDER`` False), a hint, never a give-back's ground."""
+        counters = self._counters
+        if counters[1] != counters[3]:
+            return True  # a put between its count and its ``released`` store
+        # Every put counted by then had released its item before its ``released``.
+        try:
+            return self._items.get_value() > 0
+        except NotImplementedError:
+            return False
+
+    @property
     def lost_spaces(self) -> int | None:
         """Places of the ring that neither hold a record nor are free: a consumer
         killed inside its ``get`` between counting its record taken and freeing the

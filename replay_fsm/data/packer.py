@@ -646,21 +646,37 @@ class Packer:
         every chunk the learner packed itself, or a claim whose lock stayed taken
         (a learner descheduled while holding it, on a loaded machine). Those are
         passed or retried here; the requests behind them would otherwise be served
-        later, at a larger ptr. Returns when the channel is empty, the request at
-        its head is not due yet, or the channels closed (a dead learner too).
+        later, at a larger ptr. A request counted whose item is on its way (the
+        learner's put between its count and its release) is waited for on the
+        channel's semaphore, not in a spin. Returns when the channel is empty, the
+        request at its head is not due yet, or cannot be taken until the learner
+        sends another (a collector killed inside its get took its item, and no
+        give-back came: ``Channel.get_can_take``), or the channels closed (a dead
+        learner too).
         """
-        served = 0
+        served, wait = 0, 0.0
+        requests = self.handle.requests
         while not self.closed:
-            if self.service():
+            if self.service(timeout=wait):
                 served += 1
+                wait = 0.0
                 continue
             pending = self._pending
             if pending is not None:
                 if self.replay_buffer.ptr < pending.min_snapshot_ptr:
                     return served  # not due: this process's next rows make it so
+                wait = 0.0
                 continue  # due, and its claim lock stayed taken: try again
-            if not self.handle.requests.backlog:
+            if not requests.backlog or not requests.get_can_take:
+                # Empty, or its oldest request waits on an item that a collector
+                # killed inside its get took, and no give-back came: the next
+                # request's item brings it, as ``service`` reads it then.
                 return served
+            # A request counted, its item on its way (the learner's put between its
+            # count and its release, the learner descheduled there): waited for on
+            # the semaphore, a slice at a time, where a retry at once spun a core
+            # until the learner ran again.
+            wait = LEARNER_CHECK_S
         return served
 
     def take(self, request: PackRequest, timeout: float,
