@@ -1525,6 +1525,25 @@ def _a_get_beside_the_first_reading(h: PackerHandle) -> Iterator[Any]:
         requests._spaces = spaces
 
 
+@contextlib.contextmanager
+def _an_item_taken_beside_the_first_reading(h: PackerHandle) -> Iterator[Any]:
+    """For the block, the first reading of the request channel's items comes after a
+    collector attaching beside (without the claim lock) set UNSURE and took an item in
+    its get, not counted yet; yields the channel's own semaphore of items, which it has
+    again after the block."""
+    requests = h.requests
+    items = requests._items
+
+    def beside() -> None:  # its attach, and its get's acquire
+        h.packer_state[8] = 1  # UNSURE
+        assert items.acquire(timeout=1.0)
+    requests._items = _ReadAfter(items, beside)
+    try:
+        yield items
+    finally:
+        requests._items = items
+
+
 @IN_ORDER
 def test_a_restart_gives_back_the_place_a_predecessor_surely_dead_lost() -> None:
     """The attach of a collector in place of one killed inside its get, after it
@@ -1602,16 +1621,8 @@ def test_an_item_a_collector_attaching_beside_the_restart_took_is_not_given_back
     requests = h.requests
     _requests_waiting_for_rows(rb, requests, 2, killed=_get_killed_before_its_count)
     _dead_predecessor(h)
-    items = requests._items
-
-    def beside() -> None:  # its attach, and its get's acquire
-        h.packer_state[8] = 1  # UNSURE
-        assert items.acquire(timeout=1.0)
-    requests._items = _ReadAfter(items, beside)
-    try:
+    with _an_item_taken_beside_the_first_reading(h) as items:
         Packer.attach(h, rb)
-    finally:
-        requests._items = items
     requests._counters[0] += 1  # the get beside counts tick 0 read
     assert items.get_value() <= requests.backlog
 
@@ -1693,16 +1704,8 @@ def test_an_item_a_collector_attaching_beside_a_later_give_back_took_is_not_give
     packer = Packer.attach(h, rb)
     assert packer.items_owed and requests.unreleased == 2  # kept back
     _release_a_put(requests)
-    items = requests._items
-
-    def beside() -> None:  # its attach, and its get's acquire
-        h.packer_state[8] = 1  # UNSURE
-        assert items.acquire(timeout=1.0)
-    requests._items = _ReadAfter(items, beside)
-    try:
+    with _an_item_taken_beside_the_first_reading(h) as items:
         assert not packer.service(timeout=0)  # reads again, then finds no item
-    finally:
-        requests._items = items
     requests._counters[0] += 1  # the get beside counts tick 0 read
     assert items.get_value() <= requests.backlog
     assert not packer.items_owed
