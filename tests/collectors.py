@@ -202,7 +202,7 @@ def hold_slots(slots: Any, seconds: float) -> None:
 
 def seed_collector(rb: Any, requests: Any, ready: Any, slots: Any, stop: Any, *,
                    crash_after: int | None = None, how: str = "raise",
-                   add_every_s: float | None = None, serve_after_s: float = 0.0) -> None:
+                   add_every_s: float | None = None, serve_when: Any = None) -> None:
     """A seed-style collector loop (a thread or a spawned process) until ``stop`` is
     set: take a request, hold it while the buffer has fewer than ``min_snapshot_ptr``
     rows, pack it, put the ready dict.
@@ -211,9 +211,9 @@ def seed_collector(rb: Any, requests: Any, ready: Any, slots: Any, stop: Any, *,
     with it pending: ``how`` = "raise" (an exception escapes), "caught" (caught and the
     loop returns, as UniLab's collector entry point does: the process exits 0) or
     "exit" (``os._exit(3)``). ``add_every_s``: add a row that often (a live collector).
-    ``serve_after_s``: hold each request that long before packing it (a slow one).
+    ``serve_when``: an event; each request is held until it is set (a slow one).
     """
-    served, held, taken, last_add = 0, None, 0.0, time.monotonic()
+    served, held, last_add = 0, None, time.monotonic()
     try:
         while not stop.is_set():
             if add_every_s is not None and time.monotonic() - last_add >= add_every_s:
@@ -224,12 +224,11 @@ def seed_collector(rb: Any, requests: Any, ready: Any, slots: Any, stop: Any, *,
                     held = requests.get(timeout=0.01)
                 except queue.Empty:
                     continue
-                taken = time.monotonic()
             if crash_after is not None and served >= crash_after:
                 if how == "exit":
                     os._exit(3)
                 raise RuntimeError("the seed-style collector crashed")
-            if (time.monotonic() - taken < serve_after_s
+            if ((serve_when is not None and not serve_when.is_set())
                     or rows_of(rb)[0] < int(held.get("min_snapshot_ptr", 0))):
                 time.sleep(0.002)
                 continue

@@ -248,15 +248,40 @@ def test_a_slow_collector_that_adds_rows_is_not_taken_for_dead(
     assert not worker.is_alive() and not failed
 
 
-def test_a_child_process_that_does_not_hold_the_slots_may_exit_meanwhile() -> None:
-    """Only the learner's children that hold collector_pack_shared_slots are watched."""
+def test_a_child_process_that_does_not_hold_the_slots_may_exit_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Only the learner's children that hold collector_pack_shared_slots are watched.
+    The collector serves once the helper has exited and a look for dead slot holders
+    begun after that has ended: before, it served 3 s after the request, and a helper
+    slower than that to start and exit (a spawned interpreter on a loaded machine;
+    1.4 s seen beside two busy loops, helper-128) was still alive then."""
+    looks, count = threading.Condition(), [0]
+    dead = SlotHolders.dead
+
+    def counted(self: SlotHolders) -> Any:
+        try:
+            return dead(self)
+        finally:
+            with looks:
+                count[0] += 1
+                looks.notify_all()
+    monkeypatch.setattr(SlotHolders, "dead", counted)
     rb = filled("seed-style")
-    collector = Collector(rb, "thread", add_every_s=0.05, serve_after_s=3.0)
+    seen_gone = threading.Event()
+    collector = Collector(rb, "thread", add_every_s=0.05, serve_when=seen_gone)
     pipe = collector.pipeline(rb)
     helper = mp.get_context("spawn").Process(target=time.sleep, args=(0.3,))
+
+    def after_the_helper() -> None:
+        helper.join(4 * MARGIN_S)
+        with looks:  # the second look from now began after the exit
+            after = count[0] + 2
+            if looks.wait_for(lambda: count[0] >= after, MARGIN_S):
+                seen_gone.set()
     try:
         helper.start()
         pipe.start_prepare(0, N)  # sees the helper alive
+        threading.Thread(target=after_the_helper, daemon=True).start()
         assert pipe.wait_until_ready(0, N)
         assert helper.exitcode == 0  # it exited while the learner waited
     finally:
