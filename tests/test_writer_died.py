@@ -530,7 +530,10 @@ def test_add_waiting_s_counts_every_waiting_add_and_none_behind_this_process() -
     thread's add ended (Ctrl-C here, or got the lock): a collector then waited for
     ever behind a dead learner's pause, its watch thread told no add waits. And a wait
     behind a pause or add of this process's own (alive) is not counted: the watch
-    thread ended a collector whose own thread saved under a pause (helper-70)."""
+    thread ended a collector whose own thread saved under a pause (helper-70). The
+    thread's wait is known to have begun once its record is seen; what is counted is
+    checked against that instant, not against the Ctrl-C's timer (a thread that began
+    its add 0.1 s late, on a loaded machine, failed a fixed threshold)."""
     import time
 
     ctx = mp.get_context("spawn")
@@ -543,12 +546,18 @@ def test_add_waiting_s_counts_every_waiting_add_and_none_behind_this_process() -
         assert held.wait(MARGIN_S)
         waiter = threading.Thread(target=rb.add_packed, args=(rows,), daemon=True)
         waiter.start()
+        deadline = time.monotonic() + MARGIN_S
+        while not rb._add_waits and time.monotonic() < deadline:
+            time.sleep(0.001)  # a poll for the add's wait record, not a wait for the thread
+        assert rb._add_waits, "the thread's add never began its wait"
+        seen = time.monotonic_ns()  # the thread has waited since before this
         timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
         timer.start()
         with pytest.raises(KeyboardInterrupt):
             rb.add_packed(rows)  # waits beside the thread's add, until the Ctrl-C
         timer.join()
-        assert waiter.is_alive() and rb.add_waiting_s() > 0.2
+        at_least = (time.monotonic_ns() - seen) / 1e9  # over 0.3 s: the timer's
+        assert waiter.is_alive() and rb.add_waiting_s() >= at_least > 0.3
     finally:
         release.set()
         holder.join(MARGIN_S)
