@@ -525,21 +525,14 @@ def test_rows_that_stop_coming_fail_the_run_after_its_liveness_timeout(
     there for 5 s was waited out (the pipeline's default stall_timeout is 60 s). The
     error names the config's fields to change, not the pipeline's stall_timeout and
     min_snapshot_ptr (helper-104); nor the command line's --liveness-timeout, which a
-    DemoConfig's user did not type (the CLI writes its options: test_cli)."""
-    import time
-
-    from replay_fsm.demo import env
+    DemoConfig's user did not type (the CLI writes its options: test_cli). The
+    environment hangs until the run ends its collector (not for a fixed 5 s, which a
+    loaded machine's looks might not have covered for 1 s of the bound)."""
     from replay_fsm.errors import DataStalled
 
-    step, calls = env.PointMass.step, [0]
+    from .support import stall_the_warm_ups
 
-    def stalling(self, action):  # type: ignore[no-untyped-def]
-        calls[0] += 1
-        if calls[0] == 5:  # after 4 steps of 128 envs: short of the warm-up rows
-            time.sleep(5.0)
-        return step(self, action)
-
-    monkeypatch.setattr(env.PointMass, "step", stalling)
+    stall_the_warm_ups(monkeypatch)
     with pytest.raises(DataStalled, match=r"^tick 0 waits for 32768 rows \(the warm-up, 4 x "
                        r"sample_count\); the replay buffer has had \d+ for \d+\.\d s "
                        r"\(liveness_timeout\): "):
