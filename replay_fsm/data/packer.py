@@ -436,6 +436,9 @@ class Packer:
         # Requests this side wrote chunks of and did not fail in itself (another
         # writer of the same request may have failed, and posted the error).
         self.packed_count = 0
+        # Requests read whose every chunk the learner had claimed (it packed them
+        # itself), dropped unserved: ``serve_due`` goes on past them.
+        self._dropped = 0
         # Whether the items and the places of the request channel that the process
         # attached before this one took and lost are still to be given back: the
         # attach could not measure them (``_give_back``, at each service call until
@@ -607,6 +610,7 @@ class Packer:
             self._pending = None
             if chunk == NO_CHUNK:
                 self._last_seed = request.seed  # the learner packed it: speculate on
+                self._dropped += 1
                 return False
             self._pack(request, chunk)
             return True
@@ -657,6 +661,7 @@ class Packer:
         served, wait = 0, 0.0
         requests = self.handle.requests
         while not self.closed:
+            dropped = self._dropped
             if self.service(timeout=wait):
                 served += 1
                 wait = 0.0
@@ -667,6 +672,12 @@ class Packer:
                     return served  # not due: this process's next rows make it so
                 wait = 0.0
                 continue  # due, and its claim lock stayed taken: try again
+            if self._dropped != dropped:
+                # The learner packed it itself: the next may be due, its item there
+                # (which ``get_can_take`` cannot see where the semaphore's value
+                # cannot be read: macOS).
+                wait = 0.0
+                continue
             if not requests.backlog or not requests.get_can_take:
                 # Empty, or its oldest request waits on an item that a collector
                 # killed inside its get took, and no give-back came: the next
