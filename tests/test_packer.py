@@ -1091,6 +1091,30 @@ def test_a_put_between_its_count_and_its_release_is_not_taken_for_a_dead_get(
     assert ch.get(timeout=0) is None
 
 
+@IN_ORDER
+def test_a_give_back_with_no_patience_reads_once_and_never_sleeps(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart whose attach could not measure what was lost reads again at every
+    ``service`` call (a collector's every environment step) with a patience of 0:
+    one reading, never a sleep, however coarse the clock (here one that has not
+    moved since the deadline was taken)."""
+    from types import SimpleNamespace
+
+    from replay_fsm.data import channel as channel_module
+
+    def sleep(seconds: float) -> None:
+        raise AssertionError(f"slept {seconds} s")
+    monkeypatch.setattr(channel_module, "time", SimpleNamespace(
+        monotonic=lambda: 100.0, sleep=sleep))
+    ch = Channel(4, 1)
+    assert ch.put([1])
+    assert ch._items.acquire(timeout=1.0)  # as if the put had not released it yet
+    ch._counters[3] -= 1
+    assert ch.restore_taken(0.0) is None
+    ch._counters[4] += 1  # the next put went for a place
+    assert ch.restore_spaces(0.0) == 0  # none lost; the put may take one
+
+
 class _Asked:
     """A channel's semaphore that records how each acquire was asked."""
 
