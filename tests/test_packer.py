@@ -1755,6 +1755,53 @@ def test_an_item_a_collector_attaching_beside_a_later_give_back_took_is_not_give
 
 
 @IN_ORDER
+def test_a_restart_attaching_again_before_a_service_still_gives_the_item_back() -> None:
+    """The restart's attach could not read what the items semaphore lacks (the
+    learner's put held up between its count and its release), and this process
+    attached again before any ``service`` call (a retry: the first Packer dropped).
+    What the first attach owed was its Packer object's alone: the second owed
+    nothing, and read every request with the next one's item, the newest with
+    none ("no get can take"). It is the handle's (``packer_state``): the second's
+    service gives the item back. The first Packer, used after it (two readers in
+    one process: unsupported), reads again and gives nothing more."""
+    rb, h = make()
+    requests = h.requests
+    assert requests.put(request(0, 0, 32))
+    assert requests._items.acquire(timeout=1.0)  # its get took the item, and it died
+    _put_up_to_its_release(requests, *request(1, 1, 32))  # the learner, held up
+    _dead_predecessor(h)
+    first = Packer.attach(h, rb)
+    assert first.items_owed  # kept back
+    packer = Packer.attach(h, rb)  # this process again, before any service
+    _release_a_put(requests)  # the learner runs again, and its put ends
+    assert packer.service(timeout=0) and packer.service(timeout=0)
+    assert [decode(PackDone, *h.done.get(timeout=MARGIN_S)).tick  # type: ignore[misc]
+            for _ in range(2)] == [0, 1]
+    assert not packer.items_owed
+    assert not first.service(timeout=0) and not first.items_owed
+    assert requests.unreleased == 0 and requests._items.get_value() == 0  # none twice
+
+
+@IN_ORDER
+def test_a_restart_attaching_again_before_a_service_still_gives_the_place_back() -> None:
+    """As above, for the place a predecessor killed after counting its request read
+    lost: the attach kept it back (the learner's put was under way), and the
+    Packer of this process's next attach gives it back at its service call."""
+    rb, h = make()
+    requests = h.requests
+    unreached = _requests_waiting_for_rows(rb, requests, 2)  # tick 0 read, not freed
+    _dead_predecessor(h)
+    requests._counters[4] += 1  # the learner's put of tick 2 began
+    assert Packer.attach(h, rb).places_owed and requests.lost_spaces == 1  # kept back
+    packer = Packer.attach(h, rb)  # this process again, before any service
+    assert requests._spaces.acquire(timeout=1.0)  # the put takes its place and ends
+    _end_a_put(requests, *request(2, 0, 32, min_ptr=unreached))
+    assert not packer.service(timeout=0)  # gives the place back, gets tick 1
+    assert requests.lost_spaces == 0 and not packer.places_owed
+    assert requests.backlog + requests._spaces.get_value() == requests.capacity
+
+
+@IN_ORDER
 def test_a_restart_while_the_learner_waits_for_a_place_gives_it_back_once_it_got_one(
         ) -> None:
     """The learner, sending a request while the collector was dead, waits for a

@@ -65,10 +65,13 @@ GENERATION, NEXT, WRITTEN, FAILED, SNAPSHOT_PTR, START_NS, PACKER_OWES = range(7
 # packer_state's cells: the attached packer's pid and heartbeat, the learner's pid,
 # the attached packer's owner record (3 cells), then, set when a packer attaches after
 # another process's (gone: attach refuses a live one), how many requests had been read
-# off the request channel then and that predecessor's pid; last, set for good by an
+# off the request channel then and that predecessor's pid; set for good by an
 # attach that could not make sure no other reader of the request channel lives (its
-# predecessor could not be judged dead, or the claim lock stayed taken).
+# predecessor could not be judged dead, or the claim lock stayed taken); last, whether
+# the attached process still owes the items and the places that its predecessors
+# took and lost (``Packer.items_owed``): a Packer of its next attach owes them too.
 PID, BEAT, LEARNER, RECORD, READ_BEFORE, PREDECESSOR, UNSURE = 0, 1, 2, 3, 6, 7, 8
+ITEMS_OWED, PLACES_OWED = 9, 10
 # This process's learner-watch threads, one per (learner pid, replay buffer object):
 # a collector that attaches again (a retry, one pipeline after another) reuses its
 # thread, where each attach started one more, each looking every LEARNER_CHECK_S for
@@ -185,8 +188,9 @@ class PackerHandle:
     # [pid, heartbeat monotonic ns] of the attached packer (pid 0: none yet), the pid
     # of the learner that created the handle, the attached packer's (token, pid
     # namespace, time namespace) record as ``owner`` makes it (a pid may be reused,
-    # the record names one process), and the requests read before it attached with
-    # the pid of the packer process before it (0, 0: none); shared.
+    # the record names one process), the requests read before it attached with
+    # the pid of the packer process before it (0, 0: none), UNSURE, and what the
+    # attached process still owes the request channel (ITEMS_OWED, PLACES_OWED); shared.
     packer_state: torch.Tensor
     # Per slot (int64, shared; read and set only under claim_lock, a spawn Lock): the
     # generation of the request being written, its next chunk to claim, its chunks
@@ -201,7 +205,7 @@ class PackerHandle:
     @classmethod
     def create(cls, ring_depth: int, sample_count: int, width: int, buffer_id: int = 0
                ) -> PackerHandle:
-        state = small_shared_zeros(UNSURE + 1, dtype=torch.int64)
+        state = small_shared_zeros(PLACES_OWED + 1, dtype=torch.int64)
         state[LEARNER] = os.getpid()
         return cls(
             # Twice the ring: besides one live request per slot, at most ring_depth
@@ -442,7 +446,8 @@ class Packer:
         # Whether the items and the places of the request channel that the process
         # attached before this one took and lost are still to be given back: the
         # attach could not measure them (``_give_back``, at each service call until
-        # it can).
+        # it can). Kept in the handle's ITEMS_OWED and PLACES_OWED cells too, for
+        # this process's next attach.
         self.items_owed = False
         self.places_owed = False
 
@@ -482,10 +487,12 @@ class Packer:
         place itself, one too many: a request written over before it is read); the
         place then stays lost, and once every place of the channel is, the
         learner's next request fails the run ("request channel stayed full ...: N of
-        its M places were lost"). The restart must attach before the learner's next
-        wait or poll: one that finds the attached collector dead and none attached
-        in its place fails the run (``CollectorDied``: "the collector process (pid
-        P) is gone").
+        its M places were lost"). What is left to a later ``service`` call is the
+        handle's to give back, not one Packer object's: the Packer of this
+        process's next attach to it (a retry) gives it back at its calls. The
+        restart must attach before the learner's next wait or poll: one that finds
+        the attached collector dead and none attached in its place fails the run
+        (``CollectorDied``: "the collector process (pid P) is gone").
         A process the learner ``watch``es is not restarted: its death fails the run
         whatever attached since ("... exited with code C").
 
@@ -504,6 +511,14 @@ class Packer:
             # collector restarted with its dead predecessor's pid (given it again, or
             # in another pid namespace, as a restarted container's first process).
             again = pid == os.getpid() and (not record[0] or record == owner.me())
+            if again:
+                # What this process's attach before could not give back yet, this
+                # Packer gives back (that one may be dropped: a retry). Used beside
+                # it, two readers (unsupported): one after the other on one thread,
+                # the later reading finds nothing more; from two threads, one may
+                # count the other's get under way as lost, one given back too many.
+                packer.items_owed = bool(handle.packer_state[ITEMS_OWED])
+                packer.places_owed = bool(handle.packer_state[PLACES_OWED])
             # Judged by its record: its pid may name another process since (a collector
             # restarted after a SIGKILL); from another pid namespace (a restarted
             # container) it cannot be judged, and the restart attaches.
@@ -546,6 +561,9 @@ class Packer:
                     handle.packer_state[UNSURE] = 1
             elif not locked:
                 handle.packer_state[UNSURE] = 1  # another attach may run beside it
+            if not again:  # the cells are this process's now
+                handle.packer_state[ITEMS_OWED] = int(packer.items_owed)
+                handle.packer_state[PLACES_OWED] = int(packer.places_owed)
             handle.packer_state[RECORD:RECORD + 3] = torch.tensor(owner.me())
             handle.packer_state[BEAT] = time.monotonic_ns()
             handle.packer_state[PID] = os.getpid()
@@ -628,11 +646,15 @@ class Packer:
         if not self._alone():
             self.items_owed = self.places_owed = False
             return
-        requests = self.handle.requests
+        requests, state = self.handle.requests, self.handle.packer_state
+        # A reading that counts settles the handle's debt too: it measured the whole
+        # shortfall, whichever Packer of this process owed it.
         if self.items_owed:
             self.items_owed = requests.restore_taken(0.0, self._alone) is None
+            state[ITEMS_OWED] = int(self.items_owed)
         if self.places_owed:
             self.places_owed = requests.restore_spaces(0.0, self._alone) is None
+            state[PLACES_OWED] = int(self.places_owed)
 
     def _alone(self) -> bool:
         """Whether this process is still the request channel's one reader: the
