@@ -525,7 +525,7 @@ def test_torchrun_runs_two_ranks_of_the_module_to_the_end(tmp_path: Path) -> Non
     assert not (out / "trace.json").exists()  # torchrun merges no trace (README)
 
 
-@pytest.mark.slow
+@pytest.mark.deep  # 45 s: the peer's 5 s, then torch's launcher waits its own 30 s
 @pytest.mark.timeout(300)
 def test_a_stuck_rank_ends_the_job_after_the_peer_timeout(tmp_path: Path) -> None:
     """Rank 2 of 3 stops (SIGSTOP) at tick 3: the others, waiting in the all-reduce,
@@ -571,7 +571,8 @@ if __name__ == "__main__":
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("tick, signum, collector", [
     (0, signal.SIGINT, "running"),  # in the warm-up's wait for rows
-    (3, signal.SIGINT, "running"),
+    # the deep tier's: the SIGTERM and frozen cases stop the ranks at that step too
+    pytest.param(3, signal.SIGINT, "running", marks=pytest.mark.deep),
     (3, signal.SIGTERM, "running"),  # a batch scheduler's stop (SLURM, systemd)
     (3, signal.SIGINT, "frozen"),  # the run looks hung: its user presses Ctrl-C
 ])
@@ -764,7 +765,8 @@ def test_a_signal_to_a_rank_as_it_starts_up_ends_the_run_at_once(
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads /proc")
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("signum", [  # SIGTERM takes the same way: the deep tier's
+    signal.SIGINT, pytest.param(signal.SIGTERM, marks=pytest.mark.deep)])
 def test_a_stop_while_the_launcher_starts_the_ranks_ends_every_one_quietly(
         tmp_path: Path, signum: int) -> None:
     """Sent to the whole job (a terminal's Ctrl-C, ``timeout``'s SIGTERM) once the

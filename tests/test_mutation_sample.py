@@ -80,14 +80,20 @@ SAMPLE: dict[str, Mutant] = {
 
 def test_every_sampled_mutant_still_applies() -> None:
     """Fast tier: each sampled edit is still in the source, exactly once."""
-    assert 8 <= len(SAMPLE) <= 12
+    assert 8 <= len(SAMPLE) <= 12 and DEEP <= SAMPLE.keys()
     for name, mutant in SAMPLE.items():
         assert mutant.occurrences() == 1, f"{name} no longer applies; pick its successor"
 
 
+# Killed only once its test's liveness bound runs out (about 30 s of CI's time): the
+# deep tier's, with make verify.
+DEEP = {"replay_fsm.runtime.pipeline.xǁPipelineǁ_judge_locked__mutmut_23"}
+
+
 @pytest.mark.slow
 @pytest.mark.timeout(RUN_TIMEOUT_S + 60)
-@pytest.mark.parametrize("name", list(SAMPLE))
+@pytest.mark.parametrize("name", [pytest.param(name, marks=pytest.mark.deep)
+                                  if name in DEEP else name for name in SAMPLE])
 def test_sampled_mutant_is_killed(name: str, tmp_path: Path) -> None:
     assert_killed(name, SAMPLE[name], copy_package(tmp_path))
 

@@ -447,7 +447,7 @@ def test_a_warm_up_that_stops_filling_names_the_configs_fields(
                r"learner waited for 64 rows \(it has written \d+\)$")
 
 
-@pytest.mark.slow  # the collector's start-up, then a liveness bound of MARGIN_S
+@pytest.mark.deep  # the collector's start-up, then a liveness bound of MARGIN_S: 33 s
 def test_a_stopped_collector_is_killed_at_once_not_waited_for() -> None:
     """A collector process that stops (SIGSTOP, stuck) fails the run once no row came
     for liveness_timeout (DataStalled: the pipeline's stall_timeout had stayed at its

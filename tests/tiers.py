@@ -4,7 +4,8 @@ fast: always. slow: in CI (``CI=true``) or with ``REPLAY_FSM_SLOW=1``. deep: wit
 ``REPLAY_FSM_DEEP=1``, which ``make verify`` sets and CI does not: the SPIN and
 refinement checks at ring depth 3 and the benchmarks' quick runs (the suite's and
 compare_revisions'), which CI's time does not fit; CI runs the same checks at ring
-depth 2.
+depth 2. Also the end-to-end tests that only wait out a long bound, or repeat a case
+that CI runs another way (specs/INVARIANTS.md says which).
 """
 
 from __future__ import annotations
