@@ -352,6 +352,52 @@ class StallingBuffer(ReplayBuffer):
 
 
 
+class TornMidAdd(ReplayBuffer):
+    """A buffer whose every ``every``-th add after ``arm`` stops with the left half of
+    each of its rows' columns written (every row of the add torn in the storage, its
+    regions odd), releases ``halfway`` and waits for ``go_on`` (``patience_s`` at most:
+    then the add raises) before it writes the rest; once ``free`` is set, adds go
+    straight through. Its semaphores and event travel to a spawned writer with it.
+    A gather's retry round that finds rows still being written (``_yield_to_writer``)
+    lets a stopped add go on: the one taken from ``halfway`` (``held``) or any other,
+    counted in ``let_go``."""
+
+    halfway: Any = None
+    go_on: Any = None
+    free: Any = None
+    patience_s = 0.0
+    every = 1
+    adds = 0  # the writer's adds since arm, in its process
+    held = False  # the reader's: a stop taken from halfway, not yet let go
+    let_go = 0  # the reader's: the stops its gathers let go on
+
+    def arm(self, ctx: Any, patience_s: float, every: int) -> None:
+        self.halfway, self.go_on = ctx.Semaphore(0), ctx.Semaphore(0)
+        self.free, self.patience_s, self.every = ctx.Event(), patience_s, every
+
+    def _copy_in(self, start: int, rows: torch.Tensor) -> None:
+        if self.free is None or self.free.is_set():
+            super()._copy_in(start, rows)
+            return
+        self.adds += 1
+        if self.adds % self.every:
+            super()._copy_in(start, rows)
+            return
+        half = self.width // 2
+        self.storage[start:start + rows.shape[0], :half] = rows[:, :half]
+        self.halfway.release()
+        if not self.go_on.acquire(timeout=self.patience_s):
+            raise AssertionError(f"no gather let the add of rows {start}.. go on within "
+                                 f"{self.patience_s} s")
+        super()._copy_in(start, rows)
+
+    def _yield_to_writer(self) -> None:
+        if self.held or (self.halfway is not None and self.halfway.acquire(block=False)):
+            self.held, self.let_go = False, self.let_go + 1
+            self.go_on.release()
+        super()._yield_to_writer()
+
+
 class AskThenStall(ReplayBuffer):
     """A gather of rows of region 0 that sees it written whole during its copy and
     again during its first retry round (its number moves by 2 each time: lapped), so

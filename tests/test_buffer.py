@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import threading
+import time
 from collections.abc import Callable
 
 import numpy as np
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from replay_fsm.data.buffer import ReplayBuffer
 
-from .collectors import add_whole_rings, constant_rows, write_ids
+from .collectors import TornMidAdd, add_whole_rings, constant_rows, write_ids
 from .support import MARGIN_S, finishes_within
 
 
@@ -445,26 +446,55 @@ def _assert_untorn(batch: torch.Tensor) -> None:
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
 def test_inv_row_gathers_never_see_a_torn_row(writer: str) -> None:
-    """INV-ROW: rows whose every column carries the same id, written while gathered."""
-    rb = ReplayBuffer(4096, 120, 16, region_rows=64)
-    rb.add_packed(constant_rows(rb, 1, 4096))
-    batches, batch = 300, 1024
-    if writer == "thread":
-        w = threading.Thread(target=write_ids, args=(rb, batches, batch, 10_000))
-    else:
-        w = mp.get_context("spawn").Process(target=write_ids,
-                                            args=(rb, batches, batch, 10_000))
+    """INV-ROW: rows whose every column carries the same id, written while gathered.
+    Gathers go on back to back while a writer (a thread or a process) adds; every
+    tenth add stops with the left half of its rows' columns written, all 1024 of
+    them torn in the storage (``TornMidAdd``), until a gather's retry round lets it
+    go on. So 30 gathers meet an add halfway whatever the schedule (drawn while the
+    adds ran free, every gather could fall between two adds): a gather begun during
+    the stop must read the add's rows again, and return them whole, none older than
+    the add. Mutants of replay_fsm/data/buffer.py that fail it, thread and process,
+    at the first stop: ``_changed_since`` that always answers None (no gather reads
+    again) or ignores odd numbers (``before != self._seq`` only), and
+    ``_end_region_write`` called before ``_copy_in`` (in ``_write_region``)."""
+    ctx = mp.get_context("spawn")
+    rb = TornMidAdd(4096, 120, 16, region_rows=64)
+    rb.add_packed(constant_rows(rb, 1, 4096))  # row p holds id p + 1
+    batches, batch, every = 300, 1024, 10  # add k: rows (k % 4) * 1024.., 10_000 + k * 1024..
+    rb.arm(ctx, MARGIN_S, every)
+    args = (rb, batches, batch, 10_000)
+    w = (threading.Thread(target=write_ids, args=args, daemon=True) if writer == "thread"
+         else ctx.Process(target=write_ids, args=args, daemon=True))
     out = torch.empty(2048, rb.width)
     gen = torch.Generator().manual_seed(0)
     start_ptr = rb.ptr
-    w.start()
-    gathers = 0
-    while w.is_alive() or gathers < 50:
-        idx = torch.randint(0, rb.size, (2048,), generator=gen)
+
+    def gathered() -> torch.Tensor:
+        idx = torch.randint(0, 4096, (2048,), generator=gen)
         _assert_untorn(rb.gather(idx, out))
-        gathers += 1
-    w.join(60)
+        assert (((out[:, 0] - 10_000) % 4096 == idx) | (out[:, 0] == idx + 1)).all()
+        return idx
+    w.start()
+    try:
+        until = time.monotonic() + MARGIN_S
+        while rb.let_go < batches // every:
+            gathered()  # meets the adds wherever they are (a stop too, at times)
+            k = every * (rb.let_go + 1) - 1  # the add to stop next
+            rb.held = rb.halfway.acquire(block=False)
+            if not rb.held:
+                assert time.monotonic() < until, f"add {k} never stopped halfway"
+                continue
+            idx = gathered()
+            assert not rb.held, f"the gather met add {k} halfway and never read it again"
+            new = idx // 1024 == k % 4  # the add's rows, of it or a later add: none older
+            assert (out[new, 0] >= 10_000 + k * 1024).all()
+            until = time.monotonic() + MARGIN_S
+    finally:
+        rb.free.set()
+        rb.go_on.release()  # an add stopped when a check failed goes on
+        w.join(MARGIN_S)
     assert rb.ptr == start_ptr + batches * batch
+    assert writer == "thread" or w.exitcode == 0  # type: ignore[union-attr]
 
 
 @pytest.mark.parametrize("writer", ["thread", "process"])
