@@ -54,11 +54,29 @@ class SlotsOnlyLink(CollectorLink):
 def finishes_within(fn: Callable[[], Any], timeout: float = MARGIN_S
                     ) -> tuple[bool, list[Any]]:
     """Run ``fn`` in a daemon thread: whether it returned within ``timeout``, and
-    ``[its result]`` if it did. A call that blocks on stays blocked in that thread."""
+    ``[its result]`` if it did. What it raised within ``timeout`` is raised here, so an
+    assert inside ``fn`` fails the caller (it once came back as ``(True, [])``, which a
+    caller reading only the first passed). A call that blocks on stays blocked in that
+    thread; what it raises after the caller stopped waiting is printed there, as any
+    thread's."""
     got: list[Any] = []
-    thread = threading.Thread(target=lambda: got.append(fn()), daemon=True)
+    raised: list[BaseException] = []
+    gave_up = threading.Event()
+
+    def run() -> None:
+        try:
+            got.append(fn())
+        except BaseException as exc:
+            raised.append(exc)  # before the test below: no order of the two loses it
+            if gave_up.is_set():
+                raise
+
+    thread = threading.Thread(target=run, daemon=True)
     thread.start()
     thread.join(timeout)
+    gave_up.set()
+    if raised:
+        raise raised[0]
     return not thread.is_alive(), got
 
 
