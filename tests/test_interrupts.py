@@ -9,6 +9,7 @@ interrupt on another thread fails it chained, and nothing hangs."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -329,33 +330,59 @@ def test_a_ctrl_c_while_the_learner_takes_its_lock_back_after_its_own_pack() -> 
     # external, never attached: the learner packs the batch itself
     pipe = Pipeline(rb, sample_count=64, collector="external", liveness_timeout=60)
     pipe.start_prepare(0, 64)
-    packed: list[bool] = []
-    holding: list[bool] = []
+    packed, holding = threading.Event(), threading.Event()
+    # What failed on either thread, raised by the test: a daemon thread's error is only
+    # printed, and the library may take the learner's as its pack's and go on.
+    failed: list[BaseException] = []
+
+    def check(ok: bool, what: str) -> None:
+        if not ok:
+            failed.append(AssertionError(f"{what} within {MARGIN_S} s"))
+            raise failed[-1]
+
     take_chunks = pipe._link.take
 
     def take_then_let_the_holder_in(*args: Any, **kwargs: Any) -> Any:
         took = take_chunks(*args, **kwargs)  # its pack-done message needs the lock
-        packed.append(True)
-        while not holding:  # the holder takes the lock the learner let go of
-            time.sleep(0.001)
+        packed.set()
+        # the holder takes the lock the learner let go of
+        check(holding.wait(MARGIN_S), "the holder took no lock")
         return took
 
     pipe._link.take = take_then_let_the_holder_in  # type: ignore[method-assign]
 
-    def hold_the_lock_and_interrupt() -> None:
-        while not packed:
+    def poll(done: Callable[[], bool], what: str) -> None:
+        """Until ``done()``: the main thread's frame, which nothing signals."""
+        deadline = time.monotonic() + MARGIN_S
+        while not done():
+            check(time.monotonic() < deadline, what)
             time.sleep(0.001)
+
+    def waits_to_take_it_back() -> bool:
+        frame = retaking()
+        return frame is not None and frame.f_lineno == line
+
+    def raised_there() -> bool:  # the wait ended, or the handler raised in it
+        frame = retaking()
+        return frame is None or frame.f_locals.get("interrupted") is not None
+
+    def hold_the_lock_and_interrupt() -> None:
+        check(packed.wait(MARGIN_S), "the learner packed nothing")
         with pipe._lock:
-            holding.append(True)
-            while (frame := retaking()) is None or frame.f_lineno != line:
-                time.sleep(0.001)  # until it waits to take the lock back
+            holding.set()
+            poll(waits_to_take_it_back, "the learner did not wait to take the lock back")
             signal.pthread_kill(main.ident or 0, signal.SIGINT)
-            while (frame := retaking()) is not None and frame.f_locals.get(
-                    "interrupted") is None:
-                time.sleep(0.001)  # until the handler raised there
+            poll(raised_there, "the SIGINT did not raise in the learner's wait")
+
+    def holder_body() -> None:
+        try:
+            hold_the_lock_and_interrupt()
+        except BaseException as exc:  # noqa: BLE001 - raised by the test below
+            if exc not in failed:
+                failed.append(exc)
 
     before = signal.signal(signal.SIGINT, signal.default_int_handler)
-    holder = threading.Thread(target=hold_the_lock_and_interrupt, daemon=True)
+    holder = threading.Thread(target=holder_body, daemon=True)
     holder.start()
     try:
         with pytest.raises(KeyboardInterrupt) as info:
@@ -363,6 +390,8 @@ def test_a_ctrl_c_while_the_learner_takes_its_lock_back_after_its_own_pack() -> 
     finally:
         signal.signal(signal.SIGINT, before)
         holder.join(MARGIN_S)
+        if failed:
+            raise failed[0]
     assert type(info.value) is KeyboardInterrupt and not holder.is_alive()
     assert pipe.closed
     pipe.close()
