@@ -488,14 +488,17 @@ def test_sigterm_at_any_bytecode_of_the_learners_calls_leaves_a_conforming_trace
     """SIGTERM at the k-th bytecode of a tick's calls (in the pipeline, in torch's
     Python, in threading's Condition.wait): the loop stops with the interrupt
     itself, and the trace conforms. Without steps, many of them tore the trace, or
-    turned the interrupt into 'cannot release un-acquired lock'. CI tries every 5th
+    turned the interrupt into 'cannot release un-acquired lock'. CI tries every 15th
     bytecode of a tick whose wait ends at once and each one of DENSE, then each
     one of Condition.wait in a tick that waits there (the pipeline's clock is the
     sweep's: whether a wait enters Condition.wait does not depend on how fast the
     machine runs the traced bytecodes). The deep tier does the same over two
-    ticks, with every bytecode of the first kind."""
+    ticks, with every bytecode of the first kind. Every 15th still finds each
+    learner step left unmarked: with no step marked, 92 of its 614 fail and 9 of the
+    61 in Condition.wait; without _request's mark 20, _release's 16, _acquire's 25,
+    _wait's the 9 in Condition.wait."""
     deep = tier_runs("deep")
-    traced, stride = (2, 1) if deep else (1, 5)
+    traced, stride = (2, 1) if deep else (1, 15)
     tried, failures = 0, []
     for wait_s, every, dense in ((0.0, stride, DENSE), (0.015, 0, WAIT)):
         functions, raised, conformance = _run_interrupted_at(None, traced, wait_s)
